@@ -1,0 +1,233 @@
+//! What every participant of a HiveFS cluster needs to find the others.
+//!
+//! Owns: a service's persistent identity (`node.toml`: uuid and assigned id),
+//! registration with mgmtd, the heartbeat loop, and a cached, periodically
+//! refreshed view of nodes and targets used to route requests by node or
+//! target id. It must not hold policy (choosers, states): mgmtd decides,
+//! this crate only reads.
+
+use hivefs_net::{Pool, Pools};
+use hivefs_proto::{Capacity, NodeInfo, Reply, Request, TargetCapacity, TargetInfo};
+use hivefs_types::error::{ErrorCode, FsError};
+use hivefs_types::ids::{NodeId, NodeType, TargetId};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tracing::{debug, info, warn};
+
+/// A service's identity, persisted in `<data dir>/node.toml` so that a
+/// restarted service registers under the same uuid and gets its old id back.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct NodeIdentity {
+    pub uuid: String,
+    #[serde(default)]
+    pub node_id: Option<u32>,
+}
+
+pub fn new_uuid() -> String {
+    let b: [u8; 16] = rand::random();
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+}
+
+/// Writes a file atomically: temp file, fsync, rename, fsync of the directory.
+pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
+    ));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+impl NodeIdentity {
+    pub fn load_or_create(dir: &Path) -> std::io::Result<NodeIdentity> {
+        let p = dir.join("node.toml");
+        match std::fs::read_to_string(&p) {
+            Ok(s) => toml::from_str(&s).map_err(|e| {
+                std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", p.display()))
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let id = NodeIdentity { uuid: new_uuid(), node_id: None };
+                id.save(dir)?;
+                Ok(id)
+            }
+            Err(e) => Err(std::io::Error::new(e.kind(), format!("{}: {e}", p.display()))),
+        }
+    }
+
+    pub fn save(&self, dir: &Path) -> std::io::Result<()> {
+        let s = toml::to_string(self).expect("identity serialises");
+        write_atomic(&dir.join("node.toml"), s.as_bytes())
+    }
+}
+
+/// Registers this node with mgmtd (retrying until mgmtd answers or
+/// `deadline` passes) and persists the assigned id.
+pub async fn register_node(
+    mgmt: &Pool,
+    node_type: NodeType,
+    dir: &Path,
+    identity: &mut NodeIdentity,
+    addr: &str,
+    deadline: Duration,
+) -> Result<NodeId, FsError> {
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    let req = Request::RegisterNode { node_type, uuid: identity.uuid.clone(), addr: addr.to_string(), hostname };
+    let start = tokio::time::Instant::now();
+    loop {
+        match mgmt.rpc(&req).await {
+            Ok(Reply::NodeRegistered { node }) => {
+                if let Some(old) = identity.node_id {
+                    if old != node.0 {
+                        return Err(FsError::new(
+                            ErrorCode::Invalid,
+                            format!("mgmtd {} assigned node id {node}, but this {node_type} node was {old}: wrong mgmtd or a lost registry", mgmt.addr()),
+                        ));
+                    }
+                } else {
+                    identity.node_id = Some(node.0);
+                    identity.save(dir).map_err(|e| FsError::new(ErrorCode::Io, format!("{}: {e}", dir.display())))?;
+                }
+                info!(%node, %node_type, "registered with mgmtd {}", mgmt.addr());
+                return Ok(node);
+            }
+            Ok(other) => return Err(FsError::new(ErrorCode::Protocol, format!("unexpected reply {other:?}"))),
+            Err(e) if e.code == ErrorCode::Auth => return Err(e),
+            Err(e) if start.elapsed() < deadline => {
+                debug!("mgmtd not reachable yet: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Sends heartbeats forever; `sample` is called for fresh capacity figures.
+pub fn spawn_heartbeat<F>(mgmt: Arc<Pool>, node_type: NodeType, node: NodeId, every: Duration, sample: F)
+where
+    F: Fn() -> (Vec<TargetCapacity>, Option<Capacity>) + Send + 'static,
+{
+    tokio::spawn(async move {
+        loop {
+            let (targets, meta) = sample();
+            if let Err(e) = mgmt.rpc(&Request::Heartbeat { node_type, node, targets, meta }).await {
+                warn!("heartbeat to mgmtd {} failed: {e}", mgmt.addr());
+            }
+            tokio::time::sleep(every).await;
+        }
+    });
+}
+
+/// A snapshot of the registry as seen from mgmtd.
+#[derive(Default, Debug)]
+pub struct ClusterView {
+    pub nodes: HashMap<(NodeType, NodeId), NodeInfo>,
+    pub targets: HashMap<TargetId, TargetInfo>,
+    pub root_owner: Option<NodeId>,
+}
+
+/// The routing map plus the connection pools to reach everything in it.
+pub struct Cluster {
+    pools: Pools,
+    mgmt: Arc<Pool>,
+    view: RwLock<Arc<ClusterView>>,
+}
+
+impl Cluster {
+    pub fn new(mgmt_addr: &str, pools: Pools) -> Arc<Cluster> {
+        let mgmt = pools.get(mgmt_addr);
+        Arc::new(Cluster { pools, mgmt, view: RwLock::new(Arc::default()) })
+    }
+
+    pub fn mgmt(&self) -> Arc<Pool> {
+        self.mgmt.clone()
+    }
+
+    pub fn pools(&self) -> &Pools {
+        &self.pools
+    }
+
+    pub fn view(&self) -> Arc<ClusterView> {
+        self.view.read().expect("view lock").clone()
+    }
+
+    /// Reloads nodes, targets and the root owner from mgmtd.
+    pub async fn refresh(&self) -> Result<Arc<ClusterView>, FsError> {
+        let nodes = match self.mgmt.rpc(&Request::ListNodes { node_type: None }).await? {
+            Reply::Nodes(n) => n,
+            r => return Err(FsError::new(ErrorCode::Protocol, format!("unexpected reply {r:?}"))),
+        };
+        let targets = match self.mgmt.rpc(&Request::ListTargets).await? {
+            Reply::Targets(t) => t,
+            r => return Err(FsError::new(ErrorCode::Protocol, format!("unexpected reply {r:?}"))),
+        };
+        let root_owner = match self.mgmt.rpc(&Request::GetRootOwner).await? {
+            Reply::RootOwner(o) => o,
+            r => return Err(FsError::new(ErrorCode::Protocol, format!("unexpected reply {r:?}"))),
+        };
+        let v = Arc::new(ClusterView {
+            nodes: nodes.into_iter().map(|n| ((n.node_type, n.id), n)).collect(),
+            targets: targets.into_iter().map(|t| (t.id, t)).collect(),
+            root_owner,
+        });
+        *self.view.write().expect("view lock") = v.clone();
+        Ok(v)
+    }
+
+    /// Refreshes the view every `every` in the background.
+    pub fn spawn_refresh(self: &Arc<Self>, every: Duration) {
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(c) = me.upgrade() else { return };
+                if let Err(e) = c.refresh().await {
+                    debug!("cluster view refresh failed: {e}");
+                }
+            }
+        });
+    }
+
+    /// Address of a node, refreshing the view once if it is unknown.
+    pub async fn node_addr(&self, node_type: NodeType, node: NodeId) -> Result<String, FsError> {
+        if let Some(n) = self.view().nodes.get(&(node_type, node)) {
+            return Ok(n.addr.clone());
+        }
+        let v = self.refresh().await?;
+        v.nodes
+            .get(&(node_type, node))
+            .map(|n| n.addr.clone())
+            .ok_or_else(|| FsError::new(ErrorCode::NotFound, format!("{node_type} node {node} is not registered with mgmtd")))
+    }
+
+    pub async fn node_pool(&self, node_type: NodeType, node: NodeId) -> Result<Arc<Pool>, FsError> {
+        Ok(self.pools.get(&self.node_addr(node_type, node).await?))
+    }
+
+    /// The pool of the storage node that holds `target`.
+    pub async fn target_pool(&self, target: TargetId) -> Result<Arc<Pool>, FsError> {
+        let node = match self.view().targets.get(&target) {
+            Some(t) => t.node,
+            None => {
+                let v = self.refresh().await?;
+                v.targets.get(&target).map(|t| t.node).ok_or_else(|| {
+                    FsError::new(ErrorCode::NotFound, format!("storage target {target} is not registered with mgmtd"))
+                })?
+            }
+        };
+        self.node_pool(NodeType::Storage, node).await
+    }
+}

@@ -1,0 +1,63 @@
+//! Reading and writing whole frames on a byte stream.
+
+use hivefs_proto::{FrameError, FrameHeader, FrameKind, HEADER_LEN};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// One received frame.
+pub struct Frame {
+    pub header: FrameHeader,
+    pub body: Vec<u8>,
+    pub payload: Vec<u8>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("connection closed")]
+    Closed,
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Frame(#[from] FrameError),
+}
+
+/// Reads one frame. Lengths are validated by the header decoder before any
+/// buffer is allocated, so a peer cannot make us allocate more than the limits.
+pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Frame, ReadError> {
+    let mut hb = [0u8; HEADER_LEN];
+    match r.read_exact(&mut hb).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(ReadError::Closed),
+        Err(e) => return Err(e.into()),
+    }
+    let header = FrameHeader::decode(&hb)?;
+    let mut body = vec![0u8; header.body_len as usize];
+    r.read_exact(&mut body).await?;
+    let mut payload = vec![0u8; header.payload_len as usize];
+    r.read_exact(&mut payload).await?;
+    Ok(Frame { header, body, payload })
+}
+
+/// Writes one frame (not flushed).
+pub async fn write_frame<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    kind: FrameKind,
+    request_id: u64,
+    body: &[u8],
+    payload: &[u8],
+) -> std::io::Result<()> {
+    let header = FrameHeader {
+        body_version: hivefs_proto::BODY_VERSION,
+        kind,
+        msg_type: hivefs_proto::body_type_id(body),
+        flags: 0,
+        request_id,
+        body_len: u32::try_from(body.len()).map_err(std::io::Error::other)?,
+        payload_len: u32::try_from(payload.len()).map_err(std::io::Error::other)?,
+    };
+    w.write_all(&header.encode()).await?;
+    w.write_all(body).await?;
+    if !payload.is_empty() {
+        w.write_all(payload).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,28 @@
+//! HiveFS transport.
+//!
+//! Owns connections: the handshake (protocol version and shared-secret
+//! challenge/response), framing on a byte stream, many requests in flight per
+//! connection (matched by request id), per-request timeouts, bounded
+//! connection pools per peer, and the server loop with its limits
+//! (connections, in-flight requests per connection, frame sizes).
+//!
+//! It knows nothing of what requests mean: services plug in a [`Handler`].
+//! The connection code is generic over any `AsyncRead + AsyncWrite` stream;
+//! only `listen`/`connect` are TCP-specific, so another transport (RDMA) can
+//! be added beside them without touching the services.
+
+pub mod auth;
+pub mod client;
+pub mod io;
+pub mod server;
+
+pub use auth::{generate_secret_file, load_secret, Secret};
+pub use client::{call_once, ClientConfig, Pool, Pools};
+pub use server::{serve, Handler, Peer, ServerConfig, ServerHandle};
+
+use hivefs_types::error::{ErrorCode, FsError};
+
+/// Transport-level failure, converted to an [`FsError`] for callers.
+pub(crate) fn unavailable(addr: &str, what: impl std::fmt::Display) -> FsError {
+    FsError::new(ErrorCode::Unavailable, format!("{addr}: {what}"))
+}

@@ -1,0 +1,49 @@
+//! The HiveFS wire protocol.
+//!
+//! Every message is a frame: a fixed 24-byte header ([`FrameHeader`]), a body
+//! (a versioned, postcard-encoded [`Request`], [`Response`] or handshake
+//! message) and an optional raw data payload (file bytes) that is never
+//! re-encoded. This crate owns the byte formats and their limits; it must not
+//! do I/O. Decoders never panic and never allocate more than the limits below,
+//! whatever the input: they are fuzzed (`fuzz/`).
+//!
+//! Message variants are append-only: a variant's index is its wire type id,
+//! so existing variants are never reordered or removed.
+
+pub mod frame;
+pub mod msg;
+
+pub use frame::{FrameError, FrameHeader, FrameKind, HEADER_LEN, MAX_BODY_LEN, MAX_PAYLOAD_LEN};
+pub use msg::*;
+
+/// Version of the frame layout and handshake. Peers with another version are refused.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Version of the message body encoding carried in every header.
+pub const BODY_VERSION: u8 = 1;
+
+/// Encodes a body with postcard.
+pub fn encode_body<T: serde::Serialize>(v: &T) -> Vec<u8> {
+    // Serialising plain data into a Vec cannot fail.
+    postcard::to_allocvec(v).expect("postcard encoding into a Vec")
+}
+
+/// Decodes a body; trailing bytes are an error (a frame is one message).
+pub fn decode_body<'a, T: serde::Deserialize<'a>>(b: &'a [u8]) -> Result<T, FrameError> {
+    let (v, rest) = postcard::take_from_bytes(b).map_err(|e| FrameError::Body(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(FrameError::Body(format!("{} trailing bytes after message", rest.len())));
+    }
+    Ok(v)
+}
+
+/// The wire type id of an encoded body: its leading varint (the enum variant index).
+pub fn body_type_id(body: &[u8]) -> u16 {
+    let mut v: u32 = 0;
+    for (i, b) in body.iter().take(3).enumerate() {
+        v |= u32::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            break;
+        }
+    }
+    v.min(u32::from(u16::MAX)) as u16
+}

@@ -1,0 +1,226 @@
+//! Message bodies. Requests of all services share one enum so that a type id
+//! names a message unambiguously; a service answers requests that are not its
+//! own with `ErrorCode::NotSupported`.
+
+use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, Timespec};
+use hivefs_types::error::FsError;
+use hivefs_types::ids::{EntryId, NodeId, NodeType, PoolId, TargetId};
+use hivefs_types::pattern::DirPattern;
+use serde::{Deserialize, Serialize};
+
+/// Handshake messages (frame kind `Hello`). See `hivefs-net` for the exchange.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Hello {
+    /// Server → client, first frame on every connection.
+    Server { protocol_version: u16, node_type: NodeType, nonce: [u8; 32], auth_required: bool },
+    /// Client → server: its nonce and HMAC(secret, "client" | server nonce | client nonce).
+    Client { protocol_version: u16, nonce: [u8; 32], mac: Vec<u8> },
+    /// Server → client: HMAC(secret, "server" | client nonce | server nonce), proving the server knows the secret too.
+    Accepted { mac: Vec<u8> },
+    Refused { reason: String },
+}
+
+/// Identity of the user on whose behalf a namespace operation runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capacity {
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    pub total_inodes: u64,
+    pub free_inodes: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetCapacity {
+    pub target: TargetId,
+    pub capacity: Capacity,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reachability {
+    Online,
+    ProbablyOffline,
+    Offline,
+}
+
+impl Reachability {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Reachability::Online => "online",
+            Reachability::ProbablyOffline => "probably-offline",
+            Reachability::Offline => "offline",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub id: NodeId,
+    pub node_type: NodeType,
+    /// Address the service listens on, `host:port`.
+    pub addr: String,
+    pub hostname: String,
+    /// Milliseconds since the last heartbeat or registration.
+    pub last_seen_ms: u64,
+    pub reachability: Reachability,
+    /// Metadata nodes: space of their metadata target.
+    pub capacity: Option<Capacity>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetInfo {
+    pub id: TargetId,
+    pub node: NodeId,
+    pub pool: PoolId,
+    pub capacity: Capacity,
+    pub last_seen_ms: u64,
+    pub reachability: Reachability,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub id: EntryId,
+    pub kind: FileKind,
+}
+
+/// `rename` flags (as Linux's renameat2).
+pub const RENAME_NOREPLACE: u32 = 1;
+pub const RENAME_EXCHANGE: u32 = 2;
+/// `setxattr` flags (as Linux).
+pub const XATTR_CREATE: u32 = 1;
+pub const XATTR_REPLACE: u32 = 2;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    Ping,
+
+    // ---- management (mgmtd) ----
+    /// Registers a node. A node that presents a uuid already known gets its old id back.
+    RegisterNode { node_type: NodeType, uuid: String, addr: String, hostname: String },
+    /// Registers a storage target of a registered node (by the uuid in its `target.toml`).
+    RegisterTarget { node: NodeId, uuid: String },
+    Heartbeat { node_type: NodeType, node: NodeId, targets: Vec<TargetCapacity>, meta: Option<Capacity> },
+    ListNodes { node_type: Option<NodeType> },
+    ListTargets,
+    /// Owner of the root directory (the first metadata node ever registered).
+    GetRootOwner,
+
+    // ---- metadata (meta) ----
+    Lookup { parent: EntryId, name: Vec<u8> },
+    GetAttr { id: EntryId },
+    SetAttr { id: EntryId, attr: SetAttr, caller: Caller },
+    /// Creates a non-directory, non-symlink entry (regular file, fifo, socket, device).
+    Create { parent: EntryId, name: Vec<u8>, kind: FileKind, mode: u32, rdev: u32, excl: bool, caller: Caller },
+    Mkdir { parent: EntryId, name: Vec<u8>, mode: u32, caller: Caller },
+    Unlink { parent: EntryId, name: Vec<u8> },
+    Rmdir { parent: EntryId, name: Vec<u8> },
+    Rename { parent: EntryId, name: Vec<u8>, new_parent: EntryId, new_name: Vec<u8>, flags: u32 },
+    /// Lists entries with names after `after` (exclusive), in name order, at most `max` of them.
+    ReadDir { dir: EntryId, after: Option<Vec<u8>>, max: u32 },
+    Symlink { parent: EntryId, name: Vec<u8>, target: Vec<u8>, caller: Caller },
+    ReadLink { id: EntryId },
+    Link { id: EntryId, new_parent: EntryId, new_name: Vec<u8> },
+    GetXattr { id: EntryId, name: Vec<u8> },
+    SetXattr { id: EntryId, name: Vec<u8>, value: Vec<u8>, flags: u32 },
+    ListXattr { id: EntryId },
+    RemoveXattr { id: EntryId, name: Vec<u8> },
+    SetDirPattern { id: EntryId, pattern: DirPattern },
+    /// A client opens a file; the server counts opens so that an unlinked open file keeps its data.
+    Open { id: EntryId, write: bool },
+    /// The last handle of a client on a file is gone.
+    Release { id: EntryId, write: bool },
+    /// A client reports the size it computed from the chunk files after writing (on close and fsync).
+    UpdateSize { id: EntryId, size: u64, mtime: Option<Timespec> },
+    MetaStat,
+
+    // ---- storage ----
+    /// Payload: the bytes to write at `offset` of the chunk file.
+    WriteChunk { target: TargetId, entry: EntryId, offset: u64 },
+    ReadChunk { target: TargetId, entry: EntryId, offset: u64, len: u32 },
+    TruncateChunk { target: TargetId, entry: EntryId, len: u64 },
+    UnlinkChunk { target: TargetId, entry: EntryId },
+    StatChunk { target: TargetId, entry: EntryId },
+    FsyncChunk { target: TargetId, entry: EntryId },
+}
+
+impl Request {
+    /// Requests that may be sent again after a timeout without changing the outcome.
+    pub fn is_idempotent(&self) -> bool {
+        matches!(
+            self,
+            Request::Ping
+                | Request::RegisterNode { .. }
+                | Request::RegisterTarget { .. }
+                | Request::Heartbeat { .. }
+                | Request::ListNodes { .. }
+                | Request::ListTargets
+                | Request::GetRootOwner
+                | Request::Lookup { .. }
+                | Request::GetAttr { .. }
+                | Request::ReadDir { .. }
+                | Request::ReadLink { .. }
+                | Request::GetXattr { .. }
+                | Request::ListXattr { .. }
+                | Request::MetaStat
+                | Request::UpdateSize { .. }
+                | Request::WriteChunk { .. }
+                | Request::ReadChunk { .. }
+                | Request::TruncateChunk { .. }
+                | Request::UnlinkChunk { .. }
+                | Request::StatChunk { .. }
+                | Request::FsyncChunk { .. }
+        )
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    Ok,
+    Pong { node_type: NodeType, node: NodeId },
+    NodeRegistered { node: NodeId },
+    TargetRegistered { target: TargetId, pool: PoolId },
+    Nodes(Vec<NodeInfo>),
+    Targets(Vec<TargetInfo>),
+    RootOwner(Option<NodeId>),
+    Entry(EntryAttr),
+    DirPage { entries: Vec<DirEntry>, more: bool },
+    LinkTarget(Vec<u8>),
+    Xattr(Vec<u8>),
+    XattrNames(Vec<Vec<u8>>),
+    MetaStat { files: u64, dirs: u64, capacity: Capacity },
+    Written(u32),
+    /// The frame's payload carries the bytes read (short at the end of the chunk file).
+    Data,
+    ChunkLen(u64),
+}
+
+pub type Response = Result<Reply, FsError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{body_type_id, decode_body, encode_body};
+
+    #[test]
+    fn request_round_trip_and_type_id() {
+        let r = Request::Lookup { parent: EntryId::ROOT, name: b"a".to_vec() };
+        let b = encode_body(&r);
+        assert_eq!(decode_body::<Request>(&b).unwrap(), r);
+        assert_eq!(body_type_id(&b), 7);
+        let resp: Response = Err(FsError::new(hivefs_types::ErrorCode::NotFound, "x"));
+        assert_eq!(decode_body::<Response>(&encode_body(&resp)).unwrap(), resp);
+    }
+
+    #[test]
+    fn trailing_garbage_is_an_error() {
+        let mut b = encode_body(&Request::Ping);
+        b.push(0);
+        assert!(decode_body::<Request>(&b).is_err());
+    }
+}

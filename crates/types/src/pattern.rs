@@ -1,0 +1,241 @@
+//! Stripe patterns and the RAID0 offset mapping.
+//!
+//! A file offset `o` with chunk size `cs` over `n` targets lives in chunk
+//! `c = o / cs`, on stripe target `t = c % n`, at local offset
+//! `(c / n) * cs + o % cs` inside that target's single chunk file.
+
+use crate::ids::{PoolId, TargetId};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+pub const CHUNK_SIZE_MIN: u32 = 4 << 10;
+pub const CHUNK_SIZE_MAX: u32 = 1 << 30;
+pub const CHUNK_SIZE_DEFAULT: u32 = 512 << 10;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PatternKind {
+    Raid0,
+    BuddyMirror,
+}
+
+/// The fixed layout of one file's data, chosen at creation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pattern {
+    pub kind: PatternKind,
+    pub chunk_size: u32,
+    /// Stripe targets in stripe order; `targets.len()` is the stripe count.
+    pub targets: Vec<TargetId>,
+}
+
+/// One contiguous piece of a byte range, inside a single chunk of one target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    /// Index into `Pattern::targets`.
+    pub stripe_index: usize,
+    /// Offset inside that target's chunk file.
+    pub local_offset: u64,
+    /// Offset of this piece inside the caller's buffer.
+    pub buf_offset: usize,
+    pub len: usize,
+}
+
+/// Target chooser used when a file is created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum Chooser {
+    Random,
+    RoundRobin,
+    RandomizedRoundRobin,
+    #[default]
+    Balanced,
+}
+
+impl Chooser {
+    pub const ALL: [Chooser; 4] =
+        [Chooser::Random, Chooser::RoundRobin, Chooser::RandomizedRoundRobin, Chooser::Balanced];
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Chooser::Random => "random",
+            Chooser::RoundRobin => "roundrobin",
+            Chooser::RandomizedRoundRobin => "randomized-roundrobin",
+            Chooser::Balanced => "balanced",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Chooser> {
+        Self::ALL.into_iter().find(|c| c.name() == s)
+    }
+}
+
+impl fmt::Display for Chooser {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Stripe settings of a directory, applied to files created in it and
+/// inherited by its new subdirectories.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirPattern {
+    pub chunk_size: u32,
+    /// 0 means "all targets of the pool".
+    pub stripe_count: u32,
+    pub pool: PoolId,
+    pub chooser: Chooser,
+}
+
+impl Default for DirPattern {
+    fn default() -> Self {
+        DirPattern {
+            chunk_size: CHUNK_SIZE_DEFAULT,
+            stripe_count: 0,
+            pool: PoolId::DEFAULT,
+            chooser: Chooser::Balanced,
+        }
+    }
+}
+
+/// Checks a chunk size: a power of two from 4 KiB to 1 GiB.
+pub fn validate_chunk_size(cs: u64) -> Result<u32, String> {
+    if !cs.is_power_of_two() || cs < u64::from(CHUNK_SIZE_MIN) || cs > u64::from(CHUNK_SIZE_MAX) {
+        return Err(format!(
+            "chunk size {cs} is invalid: it must be a power of two from 4 KiB to 1 GiB"
+        ));
+    }
+    Ok(cs as u32)
+}
+
+impl Pattern {
+    pub fn stripe_count(&self) -> usize {
+        self.targets.len()
+    }
+
+    fn cs(&self) -> u64 {
+        u64::from(self.chunk_size)
+    }
+
+    /// Maps a file offset to `(stripe index, local offset)`.
+    pub fn locate(&self, offset: u64) -> (usize, u64) {
+        let n = self.targets.len() as u64;
+        let chunk = offset / self.cs();
+        let idx = (chunk % n) as usize;
+        let local = (chunk / n) * self.cs() + offset % self.cs();
+        (idx, local)
+    }
+
+    /// Splits `[offset, offset+len)` into per-chunk pieces in file order.
+    pub fn pieces(&self, offset: u64, len: usize) -> Vec<Piece> {
+        let mut out = Vec::with_capacity(len / self.chunk_size as usize + 2);
+        let mut done = 0usize;
+        while done < len {
+            let o = offset + done as u64;
+            let in_chunk = (self.cs() - o % self.cs()) as usize;
+            let take = in_chunk.min(len - done);
+            let (stripe_index, local_offset) = self.locate(o);
+            out.push(Piece { stripe_index, local_offset, buf_offset: done, len: take });
+            done += take;
+        }
+        out
+    }
+
+    /// Length of stripe target `idx`'s chunk file for a file of `size` bytes
+    /// written densely (or truncated to `size`).
+    pub fn chunk_file_len(&self, size: u64, idx: usize) -> u64 {
+        let cs = self.cs();
+        let n = self.targets.len() as u64;
+        let idx = idx as u64;
+        let full_chunks = size / cs;
+        let tail = size % cs;
+        // Chunks 0..full_chunks are complete; chunk `full_chunks` holds `tail` bytes.
+        let full_here = full_chunks / n + u64::from(full_chunks % n > idx);
+        let mut len = full_here * cs;
+        if tail > 0 && full_chunks % n == idx {
+            len += tail;
+        }
+        len
+    }
+
+    /// The smallest file size that explains a chunk file of `len` bytes on
+    /// stripe target `idx` (inverse of the mapping for the last byte).
+    pub fn size_from_chunk_len(&self, len: u64, idx: usize) -> u64 {
+        if len == 0 {
+            return 0;
+        }
+        let cs = self.cs();
+        let n = self.targets.len() as u64;
+        let last = len - 1;
+        let local_chunk = last / cs;
+        let chunk = local_chunk * n + idx as u64;
+        chunk * cs + last % cs + 1
+    }
+
+    /// File size implied by the chunk file lengths of all stripe targets.
+    pub fn size_from_chunk_lens(&self, lens: &[u64]) -> u64 {
+        lens.iter().enumerate().map(|(i, &l)| self.size_from_chunk_len(l, i)).max().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn pat(cs: u32, n: u32) -> Pattern {
+        Pattern { kind: PatternKind::Raid0, chunk_size: cs, targets: (1..=n).map(TargetId).collect() }
+    }
+
+    #[test]
+    fn locate_matches_brief_formula() {
+        let p = pat(4096, 3);
+        assert_eq!(p.locate(0), (0, 0));
+        assert_eq!(p.locate(4095), (0, 4095));
+        assert_eq!(p.locate(4096), (1, 0));
+        assert_eq!(p.locate(3 * 4096 + 5), (0, 4096 + 5));
+    }
+
+    #[test]
+    fn chunk_sizes_are_validated() {
+        assert!(validate_chunk_size(4096).is_ok());
+        assert!(validate_chunk_size(1 << 30).is_ok());
+        assert!(validate_chunk_size(2048).is_err());
+        assert!(validate_chunk_size(5000).is_err());
+        assert!(validate_chunk_size(2 << 30).is_err());
+    }
+
+    /// Naive oracle: walk every byte of the file.
+    fn oracle_lens(p: &Pattern, size: u64) -> Vec<u64> {
+        let mut lens = vec![0u64; p.stripe_count()];
+        for o in 0..size {
+            let (i, l) = p.locate(o);
+            lens[i] = lens[i].max(l + 1);
+        }
+        lens
+    }
+
+    proptest! {
+        #[test]
+        fn pieces_cover_range_exactly(cs_shift in 12u32..15, n in 1u32..9, off in 0u64..200_000, len in 0usize..100_000) {
+            let p = pat(1 << cs_shift, n);
+            let pieces = p.pieces(off, len);
+            let mut next = 0usize;
+            for pc in &pieces {
+                prop_assert_eq!(pc.buf_offset, next);
+                prop_assert!(pc.len > 0);
+                let (i, l) = p.locate(off + pc.buf_offset as u64);
+                prop_assert_eq!((i, l), (pc.stripe_index, pc.local_offset));
+                // A piece never crosses a chunk boundary.
+                prop_assert!((pc.local_offset % u64::from(p.chunk_size)) + pc.len as u64 <= u64::from(p.chunk_size));
+                next += pc.len;
+            }
+            prop_assert_eq!(next, len);
+        }
+
+        #[test]
+        fn chunk_lens_match_oracle_and_invert(cs_shift in 12u32..14, n in 1u32..6, size in 0u64..60_000) {
+            let p = pat(1 << cs_shift, n);
+            let lens: Vec<u64> = (0..p.stripe_count()).map(|i| p.chunk_file_len(size, i)).collect();
+            prop_assert_eq!(&lens, &oracle_lens(&p, size));
+            prop_assert_eq!(p.size_from_chunk_lens(&lens), size);
+        }
+    }
+}
