@@ -142,6 +142,13 @@ where
     }
     let client_nonce = nonce();
     let mac = match &cfg.secret {
+        // A server that does not ask for the secret cannot prove it has it either.
+        Some(_) if !auth_required => {
+            return Err(FsError::new(
+                ErrorCode::Auth,
+                format!("{addr}: server does not authenticate, but we hold a shared secret; refusing it"),
+            ))
+        }
         Some(s) => s.mac(b"client", &server_nonce, &client_nonce),
         None if auth_required => {
             return Err(FsError::new(
@@ -159,7 +166,7 @@ where
     let f = read_frame(rd).await.map_err(|e| unavailable(addr, format_args!("handshake: {e}")))?;
     match decode_body::<Hello>(&f.body) {
         Ok(Hello::Accepted { mac }) => {
-            if let (Some(s), true) = (&cfg.secret, auth_required) {
+            if let Some(s) = &cfg.secret {
                 if !s.verify(b"server", &client_nonce, &server_nonce, &mac) {
                     return Err(FsError::new(ErrorCode::Auth, format!("{addr}: server failed to prove the shared secret")));
                 }

@@ -1,0 +1,346 @@
+//! Admin commands: `nodes`, `targets`, `entry info`, `pattern get|set`.
+//! They talk to a running file system found through a mount point
+//! (`--mount`) or directly through mgmtd (`--mgmtd`, `--secret-file`).
+
+use crate::services::{mount_record_path, MountRecord};
+use crate::util::{absolute, hivefs_mounts, human, parse_size, print_table};
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Subcommand};
+use hivefs_client::{Client, Ent, Options};
+use hivefs_net::{call_once, ClientConfig, Secret};
+use hivefs_proto::{Reply, Request};
+use hivefs_types::attr::{EntryAttr, FileKind};
+use hivefs_types::pattern::{validate_chunk_size, Chooser, DirPattern};
+use hivefs_types::PoolId;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[derive(Args, Debug, Clone)]
+pub struct Conn {
+    /// A mount point of the file system to talk to.
+    #[arg(long)]
+    pub mount: Option<PathBuf>,
+    /// Address of mgmtd (instead of --mount).
+    #[arg(long)]
+    pub mgmtd: Option<String>,
+    /// Shared secret file (with --mgmtd).
+    #[arg(long)]
+    pub secret_file: Option<PathBuf>,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum EntryCmd {
+    /// Show an entry's id, owner metadata node and stripe pattern.
+    Info {
+        /// A path inside a mounted HiveFS.
+        path: PathBuf,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PatternCmd {
+    /// Show a directory's stripe settings.
+    Get {
+        /// A directory inside a mounted HiveFS.
+        dir: PathBuf,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change a directory's stripe settings for files created afterwards (inherited by new subdirectories).
+    Set {
+        /// A directory inside a mounted HiveFS.
+        dir: PathBuf,
+        /// Chunk size: power of two from 4k to 1g.
+        #[arg(long)]
+        chunk_size: Option<String>,
+        /// Stripe count: a number, or "all" for every target of the pool.
+        #[arg(long)]
+        stripe: Option<String>,
+        /// Target chooser: random, roundrobin, randomized-roundrobin, balanced.
+        #[arg(long)]
+        chooser: Option<String>,
+        /// Storage pool id.
+        #[arg(long)]
+        pool: Option<u16>,
+    },
+}
+
+struct Resolved {
+    mgmtd: String,
+    secret: Option<Secret>,
+}
+
+fn load_secret_opt(p: Option<&Path>) -> Result<Option<Secret>> {
+    p.map(|p| hivefs_net::load_secret(p).map_err(|e| anyhow!(e))).transpose()
+}
+
+fn from_mount(mnt: &Path) -> Result<Resolved> {
+    let mnt = std::fs::canonicalize(mnt).with_context(|| format!("{}", mnt.display()))?;
+    let rec = mount_record_path(&mnt);
+    let s = std::fs::read_to_string(&rec)
+        .with_context(|| format!("{} is not a HiveFS mount of this machine (no {})", mnt.display(), rec.display()))?;
+    let r: MountRecord = toml::from_str(&s).map_err(|e| anyhow!("{}: {e}", rec.display()))?;
+    Ok(Resolved { mgmtd: r.mgmtd, secret: load_secret_opt(r.secret_file.as_deref())? })
+}
+
+fn resolve(c: &Conn) -> Result<Resolved> {
+    match (&c.mount, &c.mgmtd) {
+        (Some(m), _) => from_mount(m),
+        (None, Some(addr)) => Ok(Resolved { mgmtd: addr.clone(), secret: load_secret_opt(c.secret_file.as_deref())? }),
+        (None, None) => {
+            let mounts = hivefs_mounts();
+            match mounts.as_slice() {
+                [(m, _)] => from_mount(m),
+                [] => bail!("no HiveFS is mounted here; give --mount MNT or --mgmtd ADDR"),
+                _ => bail!("several HiveFS mounts exist; choose one with --mount MNT"),
+            }
+        }
+    }
+}
+
+/// Finds the mount containing `path` and the path relative to its root.
+fn locate(path: &Path) -> Result<(PathBuf, String)> {
+    let abs = absolute(path)?;
+    let canon = std::fs::canonicalize(&abs).with_context(|| format!("{}", path.display()))?;
+    let mut best: Option<PathBuf> = None;
+    for (m, _) in hivefs_mounts() {
+        if canon.starts_with(&m) && best.as_ref().is_none_or(|b| m.as_os_str().len() > b.as_os_str().len()) {
+            best = Some(m);
+        }
+    }
+    let m = best.ok_or_else(|| anyhow!("{} is not inside a HiveFS mount", path.display()))?;
+    let rel = canon.strip_prefix(&m).expect("prefix checked").to_string_lossy().into_owned();
+    Ok((m, rel))
+}
+
+fn rt() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
+}
+
+async fn client_for(mnt: &Path) -> Result<Arc<Client>> {
+    let r = from_mount(mnt)?;
+    Client::connect(Options::new(r.mgmtd, r.secret)).await.map_err(|e| anyhow!("{e}"))
+}
+
+pub fn nodes(c: Conn) -> Result<()> {
+    let r = resolve(&c)?;
+    let reply = rt()?
+        .block_on(call_once(&r.mgmtd, &ClientConfig::new(r.secret), &Request::ListNodes { node_type: None }))
+        .map_err(|e| anyhow!("{e}"))?;
+    let Reply::Nodes(mut nodes) = reply else { bail!("unexpected reply from mgmtd") };
+    nodes.sort_by_key(|n| (n.node_type as u8, n.id));
+    if c.json {
+        println!("{}", serde_json::to_string_pretty(&nodes.iter().map(|n| serde_json::json!({
+            "id": n.id.0, "type": n.node_type.to_string(), "address": n.addr, "hostname": n.hostname,
+            "last_seen_ms": n.last_seen_ms, "state": n.reachability.as_str(),
+        })).collect::<Vec<_>>())?);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = nodes
+        .iter()
+        .map(|n| {
+            vec![
+                n.node_type.to_string(),
+                n.id.to_string(),
+                n.addr.clone(),
+                n.hostname.clone(),
+                n.reachability.as_str().into(),
+                format!("{:.1}s", n.last_seen_ms as f64 / 1000.0),
+            ]
+        })
+        .collect();
+    print_table(&["TYPE", "ID", "ADDRESS", "HOST", "STATE", "LAST SEEN"], &rows);
+    Ok(())
+}
+
+pub fn targets(c: Conn) -> Result<()> {
+    let r = resolve(&c)?;
+    let reply = rt()?
+        .block_on(call_once(&r.mgmtd, &ClientConfig::new(r.secret), &Request::ListTargets))
+        .map_err(|e| anyhow!("{e}"))?;
+    let Reply::Targets(mut ts) = reply else { bail!("unexpected reply from mgmtd") };
+    ts.sort_by_key(|t| t.id);
+    if c.json {
+        println!("{}", serde_json::to_string_pretty(&ts.iter().map(|t| serde_json::json!({
+            "id": t.id.0, "node": t.node.0, "pool": t.pool.0,
+            "total_bytes": t.capacity.total_bytes, "free_bytes": t.capacity.free_bytes,
+            "total_inodes": t.capacity.total_inodes, "free_inodes": t.capacity.free_inodes,
+            "state": t.reachability.as_str(), "last_seen_ms": t.last_seen_ms,
+        })).collect::<Vec<_>>())?);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = ts
+        .iter()
+        .map(|t| {
+            vec![
+                t.id.to_string(),
+                t.node.to_string(),
+                t.pool.to_string(),
+                human(t.capacity.free_bytes),
+                human(t.capacity.total_bytes),
+                t.reachability.as_str().into(),
+            ]
+        })
+        .collect();
+    print_table(&["TARGET", "NODE", "POOL", "FREE", "TOTAL", "STATE"], &rows);
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct EntryInfo {
+    path: String,
+    entry_id: String,
+    kind: String,
+    owner_meta_node: u32,
+    size: u64,
+    chunk_size: Option<u32>,
+    stripe_count: Option<usize>,
+    targets: Option<Vec<u32>>,
+    dir_pattern: Option<PatternInfo>,
+}
+
+#[derive(Serialize)]
+struct PatternInfo {
+    chunk_size: u32,
+    stripe_count: String,
+    pool: u16,
+    chooser: String,
+}
+
+fn pattern_info(p: &DirPattern) -> PatternInfo {
+    PatternInfo {
+        chunk_size: p.chunk_size,
+        stripe_count: if p.stripe_count == 0 { "all".into() } else { p.stripe_count.to_string() },
+        pool: p.pool.0,
+        chooser: p.chooser.to_string(),
+    }
+}
+
+async fn resolve_path(path: &Path) -> Result<(Arc<Client>, String, EntryAttr)> {
+    let (m, rel) = locate(path)?;
+    let c = client_for(&m).await?;
+    let a = c.resolve(&rel).await.map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    Ok((c, rel, a))
+}
+
+pub fn entry(cmd: EntryCmd) -> Result<()> {
+    let EntryCmd::Info { path, json } = cmd;
+    let (_, rel, a) = rt()?.block_on(resolve_path(&path))?;
+    let info = EntryInfo {
+        path: format!("/{rel}"),
+        entry_id: a.id.to_string(),
+        kind: format!("{:?}", a.kind).to_lowercase(),
+        owner_meta_node: a.owner.0,
+        size: a.size,
+        chunk_size: a.pattern.as_ref().map(|p| p.chunk_size),
+        stripe_count: a.pattern.as_ref().map(|p| p.targets.len()),
+        targets: a.pattern.as_ref().map(|p| p.targets.iter().map(|t| t.0).collect()),
+        dir_pattern: a.dir_pattern.as_ref().map(pattern_info),
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&info)?);
+        return Ok(());
+    }
+    println!("Path:          {}", info.path);
+    println!("Entry ID:      {}", info.entry_id);
+    println!("Type:          {}", info.kind);
+    println!("Metadata node: {}", info.owner_meta_node);
+    if let Some(p) = &a.pattern {
+        println!("Size:          {}", a.size);
+        println!("Pattern:       RAID0, chunk size {}", human(u64::from(p.chunk_size)));
+        println!("Stripe count:  {}", p.targets.len());
+        let t: Vec<String> = p.targets.iter().map(|t| t.to_string()).collect();
+        println!("Targets:       {}", t.join(", "));
+    }
+    if let Some(d) = &info.dir_pattern {
+        println!(
+            "Stripe for new files: chunk size {}, stripe count {}, pool {}, chooser {}",
+            human(u64::from(d.chunk_size)),
+            d.stripe_count,
+            d.pool,
+            d.chooser
+        );
+    }
+    Ok(())
+}
+
+pub fn pattern(cmd: PatternCmd) -> Result<()> {
+    match cmd {
+        PatternCmd::Get { dir, json } => {
+            let (_, _, a) = rt()?.block_on(resolve_path(&dir))?;
+            let p = a.dir_pattern.as_ref().ok_or_else(|| anyhow!("{} is not a directory", dir.display()))?;
+            let info = pattern_info(p);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&info)?);
+            } else {
+                println!("chunk size:   {}", human(u64::from(info.chunk_size)));
+                println!("stripe count: {}", info.stripe_count);
+                println!("pool:         {}", info.pool);
+                println!("chooser:      {}", info.chooser);
+            }
+            Ok(())
+        }
+        PatternCmd::Set { dir, chunk_size, stripe, chooser, pool } => {
+            let chunk = chunk_size
+                .map(|s| parse_size(&s).and_then(|b| validate_chunk_size(b).map_err(|e| anyhow!(e))))
+                .transpose()?;
+            let stripe = stripe
+                .map(|s| {
+                    if s == "all" {
+                        Ok(0)
+                    } else {
+                        s.parse::<u32>()
+                            .ok()
+                            .filter(|n| *n > 0)
+                            .ok_or_else(|| anyhow!("invalid stripe count {s:?}: a positive number or \"all\""))
+                    }
+                })
+                .transpose()?;
+            let chooser = chooser
+                .map(|s| {
+                    Chooser::parse(&s).ok_or_else(|| {
+                        anyhow!("unknown chooser {s:?}: use random, roundrobin, randomized-roundrobin or balanced")
+                    })
+                })
+                .transpose()?;
+            rt()?.block_on(async {
+                let (c, _, a) = resolve_path(&dir).await?;
+                if a.kind != FileKind::Dir {
+                    bail!("{} is not a directory: patterns are set on directories", dir.display());
+                }
+                let mut p = a.dir_pattern.clone().unwrap_or_default();
+                if let Some(cs) = chunk {
+                    p.chunk_size = cs;
+                }
+                if let Some(s) = stripe {
+                    p.stripe_count = s;
+                }
+                if let Some(ch) = chooser {
+                    p.chooser = ch;
+                }
+                if let Some(pl) = pool {
+                    p.pool = PoolId(pl);
+                }
+                let a = c.set_dir_pattern(Ent::from(&a), p).await.map_err(|e| anyhow!("{}: {e}", dir.display()))?;
+                let info = pattern_info(a.dir_pattern.as_ref().expect("directory"));
+                println!(
+                    "{}: chunk size {}, stripe count {}, pool {}, chooser {}",
+                    dir.display(),
+                    human(u64::from(info.chunk_size)),
+                    info.stripe_count,
+                    info.pool,
+                    info.chooser
+                );
+                Ok(())
+            })
+        }
+    }
+}

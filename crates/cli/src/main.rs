@@ -1,0 +1,66 @@
+//! The `hivefs` binary: one executable for every role (services, mount,
+//! on-demand file systems, admin). It parses arguments and calls the
+//! libraries; it holds no file-system logic of its own.
+
+mod admin;
+mod services;
+mod up;
+mod util;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "hivefs", version, about = "HiveFS: a parallel file system for HPC and AI clusters")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Start a whole file system on this machine (mgmtd, metadata, storage, mount) and return once it is mounted.
+    Up(up::UpArgs),
+    /// Unmount and stop everything `hivefs up` started in --dir (data is kept).
+    Down(up::DownArgs),
+    /// Show what runs where for a file system started by `hivefs up`.
+    Status(up::StatusArgs),
+    /// Run the management service (registry of nodes and targets, heartbeats).
+    Mgmtd(services::MgmtdArgs),
+    /// Run a metadata service (one metadata target: part of the namespace).
+    Meta(services::MetaArgs),
+    /// Run a storage service (one or more storage targets holding chunk files), or format targets with --init.
+    Storage(services::StorageArgs),
+    /// Mount a HiveFS with FUSE (in the foreground, until unmounted or signalled).
+    Mount(services::MountArgs),
+    /// List the metadata and storage nodes with their state.
+    Nodes(admin::Conn),
+    /// List the storage targets with node, space and state.
+    Targets(admin::Conn),
+    /// Entry commands.
+    #[command(subcommand)]
+    Entry(admin::EntryCmd),
+    /// Stripe pattern of directories.
+    #[command(subcommand)]
+    Pattern(admin::PatternCmd),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Up(a) => up::up(a),
+        Cmd::Down(a) => up::down(a),
+        Cmd::Status(a) => up::status(a),
+        Cmd::Mgmtd(a) => services::run_mgmtd(a),
+        Cmd::Meta(a) => services::run_meta(a),
+        Cmd::Storage(a) => services::run_storage(a),
+        Cmd::Mount(a) => services::run_mount(a),
+        Cmd::Nodes(c) => admin::nodes(c),
+        Cmd::Targets(c) => admin::targets(c),
+        Cmd::Entry(c) => admin::entry(c),
+        Cmd::Pattern(c) => admin::pattern(c),
+    };
+    if let Err(e) = r {
+        eprintln!("hivefs: {e:#}");
+        std::process::exit(1);
+    }
+}

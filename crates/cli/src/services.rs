@@ -1,0 +1,231 @@
+//! `hivefs mgmtd|meta|storage|mount`: run one service in the foreground
+//! until SIGTERM/SIGINT. Config comes from a TOML file (`--config`), then
+//! flags override single keys.
+
+use crate::util::{init_logging, load_config, wait_for_signal};
+use anyhow::{anyhow, Context, Result};
+use clap::Args;
+use hivefs_client::{Client, Options};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tracing::info;
+
+#[derive(Args, Debug)]
+pub struct Common {
+    /// TOML config file; every key has a default, unknown keys are refused.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Data directory of the service.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Address to listen on, host:port.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Shared secret file for connection authentication (must not be readable by others).
+    #[arg(long)]
+    pub secret_file: Option<PathBuf>,
+    /// Log level (error, warn, info, debug, trace); HIVEFS_LOG overrides.
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+}
+
+#[derive(Args, Debug)]
+pub struct MgmtdArgs {
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args, Debug)]
+pub struct MetaArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Address of mgmtd, host:port.
+    #[arg(long)]
+    pub mgmtd: Option<String>,
+    /// Address other nodes use to reach this one (default: the listen address).
+    #[arg(long)]
+    pub advertise: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct StorageArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Address of mgmtd, host:port.
+    #[arg(long)]
+    pub mgmtd: Option<String>,
+    /// Address other nodes use to reach this one (default: the listen address).
+    #[arg(long)]
+    pub advertise: Option<String>,
+    /// A storage target directory (repeat for several targets).
+    #[arg(long = "target")]
+    pub targets: Vec<PathBuf>,
+    /// Uuid of the file system the targets belong to.
+    #[arg(long)]
+    pub fs_uuid: Option<String>,
+    /// Format the target directories (needs --fs-uuid) and exit.
+    #[arg(long)]
+    pub init: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct MountArgs {
+    /// Address of mgmtd, host:port.
+    #[arg(long, default_value = "127.0.0.1:8008")]
+    pub mgmtd: String,
+    /// Shared secret file.
+    #[arg(long)]
+    pub secret_file: Option<PathBuf>,
+    /// Only the mounting user may use the mount (default: every user, allow_other).
+    #[arg(long)]
+    pub private: bool,
+    /// Threads reading /dev/fuse (requests themselves run concurrently on the async runtime).
+    #[arg(long, default_value_t = 2)]
+    pub fuse_threads: usize,
+    /// Log level.
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+    /// Empty directory to mount on.
+    pub mountpoint: PathBuf,
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")
+}
+
+fn apply_common(c: &Common, dir: &mut PathBuf, listen: &mut String, secret: &mut Option<PathBuf>) {
+    if let Some(d) = &c.dir {
+        *dir = d.clone();
+    }
+    if let Some(l) = &c.listen {
+        *listen = l.clone();
+    }
+    if let Some(s) = &c.secret_file {
+        *secret = Some(s.clone());
+    }
+}
+
+pub fn run_mgmtd(a: MgmtdArgs) -> Result<()> {
+    init_logging(&a.common.log_level);
+    let mut cfg: hivefs_mgmtd::Config = load_config(a.common.config.as_deref())?;
+    apply_common(&a.common, &mut cfg.dir, &mut cfg.listen, &mut cfg.secret_file);
+    runtime()?.block_on(async {
+        let svc = hivefs_mgmtd::start(cfg).await.map_err(|e| anyhow!("mgmtd: {e}"))?;
+        info!("mgmtd serving on {}", svc.local_addr);
+        wait_for_signal().await;
+        info!("mgmtd stopping");
+        Ok(())
+    })
+}
+
+pub fn run_meta(a: MetaArgs) -> Result<()> {
+    init_logging(&a.common.log_level);
+    let mut cfg: hivefs_meta::Config = load_config(a.common.config.as_deref())?;
+    apply_common(&a.common, &mut cfg.dir, &mut cfg.listen, &mut cfg.secret_file);
+    if let Some(m) = a.mgmtd {
+        cfg.mgmtd = m;
+    }
+    if a.advertise.is_some() {
+        cfg.advertise = a.advertise;
+    }
+    runtime()?.block_on(async {
+        let svc = hivefs_meta::start(cfg).await.map_err(|e| anyhow!("meta: {e}"))?;
+        info!("metadata node {} serving on {}", svc.node_id, svc.local_addr);
+        wait_for_signal().await;
+        info!("metadata node stopping");
+        Ok(())
+    })
+}
+
+pub fn run_storage(a: StorageArgs) -> Result<()> {
+    init_logging(&a.common.log_level);
+    let mut cfg: hivefs_storage::Config = load_config(a.common.config.as_deref())?;
+    apply_common(&a.common, &mut cfg.dir, &mut cfg.listen, &mut cfg.secret_file);
+    if let Some(m) = a.mgmtd {
+        cfg.mgmtd = m;
+    }
+    if a.advertise.is_some() {
+        cfg.advertise = a.advertise;
+    }
+    if !a.targets.is_empty() {
+        cfg.targets = a.targets;
+    }
+    if a.fs_uuid.is_some() {
+        cfg.fs_uuid = a.fs_uuid;
+    }
+    if a.init {
+        let fs = cfg.fs_uuid.clone().ok_or_else(|| anyhow!("--init needs --fs-uuid (or fs_uuid in the config)"))?;
+        anyhow::ensure!(!cfg.targets.is_empty(), "--init needs at least one --target DIR");
+        for t in &cfg.targets {
+            hivefs_storage::init_target(t, &fs).map_err(|e| anyhow!("{e}"))?;
+            println!("formatted storage target {}", t.display());
+        }
+        return Ok(());
+    }
+    runtime()?.block_on(async {
+        let svc = hivefs_storage::start(cfg).await.map_err(|e| anyhow!("storage: {e}"))?;
+        info!("storage node {} serving targets {:?} on {}", svc.node_id, svc.targets, svc.local_addr);
+        wait_for_signal().await;
+        info!("storage node stopping");
+        Ok(())
+    })
+}
+
+/// Where a mount records how to reach its file system, for admin commands given `--mount`.
+pub fn mount_record_path(mnt: &Path) -> PathBuf {
+    let key: String = mnt
+        .to_string_lossy()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    PathBuf::from("/run/hivefs/mounts").join(format!("{key}.toml"))
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct MountRecord {
+    pub mgmtd: String,
+    pub secret_file: Option<PathBuf>,
+    pub pid: u32,
+}
+
+pub fn run_mount(a: MountArgs) -> Result<()> {
+    init_logging(&a.log_level);
+    let mnt = crate::util::absolute(&a.mountpoint)?;
+    hivefs_fuse::check_mountpoint(&mnt).map_err(|e| anyhow!(e))?;
+    let secret = match &a.secret_file {
+        Some(p) => Some(hivefs_net::load_secret(p).map_err(|e| anyhow!(e))?),
+        None => None,
+    };
+    let rt = runtime()?;
+    let client = rt.block_on(async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match Client::connect(Options::new(a.mgmtd.clone(), secret.clone())).await {
+                Ok(c) => return Ok(c),
+                Err(e) if e.code == hivefs_types::ErrorCode::Auth => return Err(anyhow!("{e}")),
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    tracing::debug!("file system not ready: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(anyhow!("cannot reach the file system through mgmtd {}: {e}", a.mgmtd)),
+            }
+        }
+    })?;
+    let record = mount_record_path(&mnt);
+    if let Some(d) = record.parent() {
+        let _ = std::fs::create_dir_all(d);
+    }
+    let rec = MountRecord { mgmtd: a.mgmtd.clone(), secret_file: a.secret_file.clone(), pid: std::process::id() };
+    let _ = std::fs::write(&record, toml::to_string(&rec)?);
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel();
+    rt.spawn(async move {
+        wait_for_signal().await;
+        let _ = stop_tx.send(());
+    });
+    let opts = hivefs_fuse::MountOptions { allow_other: !a.private, fuse_threads: a.fuse_threads };
+    info!("mounting HiveFS (mgmtd {}) on {}", a.mgmtd, mnt.display());
+    let r = hivefs_fuse::mount(client, rt.handle().clone(), &mnt, &opts, stop_rx);
+    let _ = std::fs::remove_file(&record);
+    info!("{} unmounted", mnt.display());
+    r.with_context(|| format!("mount on {}", mnt.display()))
+}

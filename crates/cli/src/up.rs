@@ -1,0 +1,521 @@
+//! On-demand file systems on one machine: `hivefs up`, `down`, `status`.
+//!
+//! `up` keeps everything under one directory: `fs.toml` (the layout, fixed at
+//! the first `up`), the shared secret, and one sub-directory per service with
+//! its config, data, log and pid file. Running `up` again starts only what is
+//! not running and brings back the same file system.
+
+use crate::services::mount_record_path;
+use crate::util::{absolute, is_mounted, parse_size, pid_alive, print_table, read_pid};
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use hivefs_client::{Client, Options};
+use hivefs_net::{call_once, ClientConfig};
+use hivefs_proto::{Reachability, Reply, Request};
+use hivefs_types::ids::NodeType;
+use hivefs_types::pattern::{validate_chunk_size, DirPattern};
+use serde::{Deserialize, Serialize};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// Directory holding the whole file system (services' data, logs, pids).
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Where to mount it (created if missing; must be empty).
+    #[arg(long)]
+    pub mount: Option<PathBuf>,
+    /// Number of metadata servers.
+    #[arg(long)]
+    pub meta: Option<u32>,
+    /// Number of storage servers.
+    #[arg(long)]
+    pub storage: Option<u32>,
+    /// Storage targets per storage server.
+    #[arg(long)]
+    pub targets_per_storage: Option<u32>,
+    /// Chunk size of the root directory (power of two, 4k to 1g).
+    #[arg(long)]
+    pub chunk_size: Option<String>,
+    /// Stripe count of the root directory (0 = all targets).
+    #[arg(long)]
+    pub stripe: Option<u32>,
+    /// Address the services bind to.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Seconds to wait for services and the mount to come up.
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct DownArgs {
+    /// Directory given to `hivefs up`.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Detach a busy or dead mount lazily instead of failing (`umount -l`).
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// Directory given to `hivefs up`.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The layout of an on-demand file system, fixed at its first `up`.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct Layout {
+    pub fs_uuid: String,
+    pub host: String,
+    pub mountpoint: PathBuf,
+    pub meta: u32,
+    pub storage: u32,
+    pub targets_per_storage: u32,
+    pub chunk_size: u32,
+    pub stripe: u32,
+    pub mgmtd_port: u16,
+    pub meta_ports: Vec<u16>,
+    pub storage_ports: Vec<u16>,
+}
+
+impl Layout {
+    pub fn mgmtd_addr(&self) -> String {
+        format!("{}:{}", self.host, self.mgmtd_port)
+    }
+
+    /// (name, role, port, service dir)
+    pub fn services(&self, dir: &Path) -> Vec<(String, &'static str, u16, PathBuf)> {
+        let mut v = vec![("mgmtd".to_string(), "mgmtd", self.mgmtd_port, dir.join("mgmtd"))];
+        for (i, p) in self.meta_ports.iter().enumerate() {
+            let n = format!("meta{}", i + 1);
+            v.push((n.clone(), "meta", *p, dir.join(n)));
+        }
+        for (i, p) in self.storage_ports.iter().enumerate() {
+            let n = format!("storage{}", i + 1);
+            v.push((n.clone(), "storage", *p, dir.join(n)));
+        }
+        v
+    }
+}
+
+fn free_port(host: &str) -> Result<u16> {
+    let l = std::net::TcpListener::bind((host, 0)).with_context(|| format!("cannot bind to {host}"))?;
+    Ok(l.local_addr()?.port())
+}
+
+pub fn load_layout(dir: &Path) -> Result<Layout> {
+    let p = dir.join("fs.toml");
+    let s = std::fs::read_to_string(&p)
+        .with_context(|| format!("{} is not a HiveFS directory (no fs.toml); run `hivefs up --dir {}` first", dir.display(), dir.display()))?;
+    toml::from_str(&s).map_err(|e| anyhow!("{}: {e}", p.display()))
+}
+
+fn layout_for(a: &UpArgs, dir: &Path) -> Result<Layout> {
+    if dir.join("fs.toml").exists() {
+        let l = load_layout(dir)?;
+        let check = |name: &str, given: Option<u32>, have: u32| -> Result<()> {
+            if let Some(g) = given {
+                if g != have {
+                    bail!("{} was created with --{name} {have}; it cannot change to {g} (use a new --dir)", dir.display());
+                }
+            }
+            Ok(())
+        };
+        check("meta", a.meta, l.meta)?;
+        check("storage", a.storage, l.storage)?;
+        check("targets-per-storage", a.targets_per_storage, l.targets_per_storage)?;
+        if let Some(m) = &a.mount {
+            if absolute(m)? != l.mountpoint {
+                bail!("{} is mounted at {} (given --mount {})", dir.display(), l.mountpoint.display(), m.display());
+            }
+        }
+        return Ok(l);
+    }
+    let mount = a.mount.clone().ok_or_else(|| anyhow!("a new file system needs --mount MOUNTPOINT"))?;
+    let meta = a.meta.unwrap_or(1);
+    let storage = a.storage.unwrap_or(2);
+    let tps = a.targets_per_storage.unwrap_or(4);
+    anyhow::ensure!((1..=64).contains(&meta), "--meta must be 1 to 64");
+    anyhow::ensure!((1..=256).contains(&storage), "--storage must be 1 to 256");
+    anyhow::ensure!((1..=64).contains(&tps), "--targets-per-storage must be 1 to 64");
+    let cs = parse_size(a.chunk_size.as_deref().unwrap_or("512k"))?;
+    let chunk_size = validate_chunk_size(cs).map_err(|e| anyhow!(e))?;
+    let mut ports = Vec::new();
+    for _ in 0..(1 + meta + storage) {
+        ports.push(free_port(&a.host)?);
+    }
+    Ok(Layout {
+        fs_uuid: hivefs_cluster::new_uuid(),
+        host: a.host.clone(),
+        mountpoint: absolute(&mount)?,
+        meta,
+        storage,
+        targets_per_storage: tps,
+        chunk_size,
+        stripe: a.stripe.unwrap_or(0),
+        mgmtd_port: ports[0],
+        meta_ports: ports[1..=meta as usize].to_vec(),
+        storage_ports: ports[1 + meta as usize..].to_vec(),
+    })
+}
+
+fn log_tail(path: &Path) -> String {
+    let s = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(8)..].join("\n")
+}
+
+fn spawn_service(name: &str, args: &[String], sdir: &Path) -> Result<i32> {
+    std::fs::create_dir_all(sdir).with_context(|| format!("cannot create {}", sdir.display()))?;
+    let log_path = sdir.join(format!("{name}.log"));
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
+    let exe = std::env::current_exe().context("cannot find the hivefs executable")?;
+    let child = Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("cannot start {name}"))?;
+    let pid = child.id() as i32;
+    std::fs::write(sdir.join(format!("{name}.pid")), format!("{pid}\n"))?;
+    // The child is reaped by whoever outlives it; we do not wait for it.
+    std::mem::forget(child);
+    Ok(pid)
+}
+
+fn service_running(sdir: &Path, name: &str) -> Option<i32> {
+    read_pid(&sdir.join(format!("{name}.pid"))).filter(|&p| pid_alive(p))
+}
+
+fn wait_until<F: FnMut() -> Result<bool>>(what: &str, timeout: Duration, mut f: F) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        if f()? {
+            return Ok(());
+        }
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn check_alive(name: &str, sdir: &Path) -> Result<()> {
+    if service_running(sdir, name).is_none() {
+        bail!("{name} exited; last lines of {}:\n{}", sdir.join(format!("{name}.log")).display(), log_tail(&sdir.join(format!("{name}.log"))));
+    }
+    Ok(())
+}
+
+pub fn up(a: UpArgs) -> Result<()> {
+    let dir = absolute(&a.dir)?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let layout = layout_for(&a, &dir)?;
+    let timeout = Duration::from_secs(a.timeout);
+    let first_up = !dir.join("fs.toml").exists();
+    if first_up {
+        hivefs_cluster::write_atomic(&dir.join("fs.toml"), toml::to_string(&layout)?.as_bytes())?;
+    }
+    let secret = dir.join("secret");
+    hivefs_net::generate_secret_file(&secret).with_context(|| format!("cannot write {}", secret.display()))?;
+    let secret_s = secret.display().to_string();
+    let mgmtd = layout.mgmtd_addr();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let ccfg = ClientConfig::new(Some(hivefs_net::load_secret(&secret).map_err(|e| anyhow!(e))?));
+
+    let mut started = Vec::new();
+    for (name, role, port, sdir) in layout.services(&dir) {
+        if service_running(&sdir, &name).is_some() {
+            continue;
+        }
+        let listen = format!("{}:{port}", layout.host);
+        let d = sdir.display().to_string();
+        let mut args: Vec<String> =
+            vec![role.into(), "--dir".into(), d, "--listen".into(), listen, "--secret-file".into(), secret_s.clone()];
+        if role != "mgmtd" {
+            args.extend(["--mgmtd".into(), mgmtd.clone()]);
+        }
+        if role == "storage" {
+            args.extend(["--fs-uuid".into(), layout.fs_uuid.clone()]);
+            for t in 1..=layout.targets_per_storage {
+                let tdir = sdir.join(format!("target{t}"));
+                std::fs::create_dir_all(&tdir)?;
+                hivefs_storage::init_target(&tdir, &layout.fs_uuid).map_err(|e| anyhow!("{e}"))?;
+                args.extend(["--target".into(), tdir.display().to_string()]);
+            }
+        }
+        spawn_service(&name, &args, &sdir)?;
+        started.push(name.clone());
+        if role == "mgmtd" {
+            wait_until("mgmtd to answer", timeout, || {
+                check_alive(&name, &sdir)?;
+                Ok(rt.block_on(call_once(&mgmtd, &ccfg, &Request::Ping)).is_ok())
+            })?;
+        }
+    }
+
+    // Every node and target registered and online.
+    let want_targets = (layout.storage * layout.targets_per_storage) as usize;
+    wait_until("all services to register with mgmtd", timeout, || {
+        for (name, _, _, sdir) in layout.services(&dir) {
+            check_alive(&name, &sdir)?;
+        }
+        let nodes = match rt.block_on(call_once(&mgmtd, &ccfg, &Request::ListNodes { node_type: None })) {
+            Ok(Reply::Nodes(n)) => n,
+            _ => return Ok(false),
+        };
+        let targets = match rt.block_on(call_once(&mgmtd, &ccfg, &Request::ListTargets)) {
+            Ok(Reply::Targets(t)) => t,
+            _ => return Ok(false),
+        };
+        let online = |t: NodeType| nodes.iter().filter(|n| n.node_type == t && n.reachability == Reachability::Online).count();
+        Ok(online(NodeType::Meta) >= layout.meta as usize
+            && online(NodeType::Storage) >= layout.storage as usize
+            && targets.iter().filter(|t| t.reachability == Reachability::Online).count() >= want_targets)
+    })?;
+
+    let client_opts = Options::new(mgmtd.clone(), ccfg.secret.clone());
+    if first_up {
+        rt.block_on(async {
+            let c = Client::connect(client_opts.clone()).await?;
+            let pat = DirPattern { chunk_size: layout.chunk_size, stripe_count: layout.stripe, ..DirPattern::default() };
+            // The root may take a moment to exist after its owner registered.
+            let mut last = None;
+            for _ in 0..100 {
+                match c.set_dir_pattern(c.root(), pat.clone()).await {
+                    Ok(_) => return Ok(()),
+                    Err(e) => last = Some(e),
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(last.expect("tried"))
+        })
+        .map_err(|e| anyhow!("cannot set the root directory's stripe pattern: {e}"))?;
+    }
+
+    // The mount.
+    let mnt = layout.mountpoint.clone();
+    let cdir = dir.join("client");
+    std::fs::create_dir_all(&cdir)?;
+    let mount_alive = service_running(&cdir, "mount").is_some();
+    if !(mount_alive && is_mounted(&mnt)) {
+        if is_mounted(&mnt) {
+            // A mount whose process is gone: detach it before mounting again.
+            let _ = Command::new("fusermount3").arg("-uz").arg(&mnt).status();
+        }
+        if let Some(pid) = service_running(&cdir, "mount") {
+            // SAFETY: signalling a process we started.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        std::fs::create_dir_all(&mnt).with_context(|| format!("cannot create mount point {}", mnt.display()))?;
+        hivefs_fuse::check_mountpoint(&mnt).map_err(|e| anyhow!(e))?;
+        let args = vec![
+            "mount".to_string(),
+            "--mgmtd".into(),
+            mgmtd.clone(),
+            "--secret-file".into(),
+            secret_s.clone(),
+            mnt.display().to_string(),
+        ];
+        spawn_service("mount", &args, &cdir)?;
+        started.push("mount".into());
+        wait_until("the mount", timeout, || {
+            check_alive("mount", &cdir)?;
+            Ok(is_mounted(&mnt) && std::fs::metadata(&mnt).is_ok())
+        })?;
+    }
+
+    print_status(&dir, &layout)?;
+    let st = rt.block_on(async { Client::connect(client_opts).await?.statfs().await }).map_err(|e| anyhow!("{e}"))?;
+    println!();
+    if started.is_empty() {
+        println!("HiveFS was already running.");
+    } else {
+        println!("started: {}", started.join(", "));
+    }
+    println!(
+        "HiveFS is mounted on {}: {} storage targets, {} free of {}; root stripe: chunk {}, {}.",
+        mnt.display(),
+        want_targets,
+        crate::util::human(st.storage.free_bytes),
+        crate::util::human(st.storage.total_bytes),
+        crate::util::human(u64::from(layout.chunk_size)),
+        if layout.stripe == 0 { "all targets".to_string() } else { format!("{} targets", layout.stripe) }
+    );
+    println!("Stop it with: hivefs down --dir {}", dir.display());
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct ServiceStatus {
+    name: String,
+    role: String,
+    address: Option<String>,
+    pid: Option<i32>,
+    running: bool,
+    log: PathBuf,
+}
+
+#[derive(Serialize)]
+struct Status {
+    dir: PathBuf,
+    fs_uuid: String,
+    mountpoint: PathBuf,
+    mounted: bool,
+    services: Vec<ServiceStatus>,
+}
+
+fn collect_status(dir: &Path, layout: &Layout) -> Status {
+    let mut services = Vec::new();
+    for (name, role, port, sdir) in layout.services(dir) {
+        let pid = read_pid(&sdir.join(format!("{name}.pid")));
+        services.push(ServiceStatus {
+            running: pid.is_some_and(pid_alive),
+            pid,
+            address: Some(format!("{}:{port}", layout.host)),
+            role: role.into(),
+            log: sdir.join(format!("{name}.log")),
+            name,
+        });
+    }
+    let cdir = dir.join("client");
+    let pid = read_pid(&cdir.join("mount.pid"));
+    services.push(ServiceStatus {
+        name: "mount".into(),
+        role: "client".into(),
+        address: None,
+        running: pid.is_some_and(pid_alive),
+        pid,
+        log: cdir.join("mount.log"),
+    });
+    Status {
+        dir: dir.to_path_buf(),
+        fs_uuid: layout.fs_uuid.clone(),
+        mounted: is_mounted(&layout.mountpoint),
+        mountpoint: layout.mountpoint.clone(),
+        services,
+    }
+}
+
+fn print_status(dir: &Path, layout: &Layout) -> Result<()> {
+    let st = collect_status(dir, layout);
+    let rows: Vec<Vec<String>> = st
+        .services
+        .iter()
+        .map(|s| {
+            vec![
+                s.name.clone(),
+                s.address.clone().unwrap_or_else(|| layout.mountpoint.display().to_string()),
+                s.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+                if s.running { "running".into() } else { "stopped".into() },
+                s.log.display().to_string(),
+            ]
+        })
+        .collect();
+    print_table(&["SERVICE", "ADDRESS", "PID", "STATE", "LOG"], &rows);
+    Ok(())
+}
+
+pub fn status(a: StatusArgs) -> Result<()> {
+    let dir = absolute(&a.dir)?;
+    let layout = load_layout(&dir)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&collect_status(&dir, &layout))?);
+    } else {
+        println!("file system {} in {}", layout.fs_uuid, dir.display());
+        println!(
+            "mount point {}: {}",
+            layout.mountpoint.display(),
+            if is_mounted(&layout.mountpoint) { "mounted" } else { "not mounted" }
+        );
+        print_status(&dir, &layout)?;
+    }
+    Ok(())
+}
+
+/// Runs a command with a time limit; true if it exited successfully.
+fn run_with_timeout(cmd: &mut Command, limit: Duration) -> bool {
+    let Ok(mut child) = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn() else {
+        return false;
+    };
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(s)) => return s.success(),
+            Ok(None) if start.elapsed() < limit => std::thread::sleep(Duration::from_millis(50)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
+            }
+        }
+    }
+}
+
+fn stop_pid(name: &str, pid: i32, grace: Duration) {
+    // SAFETY: signalling a process this file system started (pid from its pid file).
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let start = Instant::now();
+    while pid_alive(pid) && start.elapsed() < grace {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if pid_alive(pid) {
+        eprintln!("{name} (pid {pid}) did not stop within {grace:?}; killing it");
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+pub fn down(a: DownArgs) -> Result<()> {
+    let dir = absolute(&a.dir)?;
+    let layout = load_layout(&dir)?;
+    let mnt = &layout.mountpoint;
+    if is_mounted(mnt) {
+        let ok = run_with_timeout(Command::new("fusermount3").arg("-u").arg(mnt), Duration::from_secs(10));
+        if !ok {
+            if a.force {
+                eprintln!("{} is busy or its server is gone; detaching it lazily", mnt.display());
+                if !run_with_timeout(Command::new("fusermount3").arg("-uz").arg(mnt), Duration::from_secs(10)) {
+                    run_with_timeout(Command::new("umount").arg("-l").arg(mnt), Duration::from_secs(10));
+                }
+            } else {
+                bail!(
+                    "cannot unmount {}: it is busy (processes have files open there) or not responding; \
+                     close them, or run `hivefs down --dir {} --force` to detach it lazily",
+                    mnt.display(),
+                    dir.display()
+                );
+            }
+        }
+    }
+    let cdir = dir.join("client");
+    if let Some(pid) = service_running(&cdir, "mount") {
+        stop_pid("mount", pid, Duration::from_secs(5));
+    }
+    let _ = std::fs::remove_file(mount_record_path(mnt));
+    let mut services = layout.services(&dir);
+    services.reverse(); // storage, then meta, then mgmtd
+    let mut stopped = vec!["mount".to_string()];
+    for (name, _, _, sdir) in services {
+        if let Some(pid) = service_running(&sdir, &name) {
+            stop_pid(&name, pid, Duration::from_secs(10));
+            stopped.push(name.clone());
+        }
+        let _ = std::fs::remove_file(sdir.join(format!("{name}.pid")));
+    }
+    let _ = std::fs::remove_file(cdir.join("mount.pid"));
+    println!("HiveFS in {} is down ({} unmounted; data kept — `hivefs up --dir {}` brings it back).", dir.display(), mnt.display(), dir.display());
+    Ok(())
+}

@@ -1,0 +1,79 @@
+//! Bad input gets a clear error and leaves the file system working.
+
+mod common;
+use common::*;
+use std::io::{Read, Write};
+
+fn stderr_of(args: &[&str]) -> String {
+    let o = hivefs(args);
+    assert!(!o.status.success(), "hivefs {args:?} should fail");
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn bad_input_is_refused_clearly() {
+    let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "2"]);
+    std::fs::write(fs.path("canary"), b"still here").unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+
+    // Unknown config key.
+    let cfg = tmp.path().join("meta.toml");
+    std::fs::write(&cfg, "dir = \"/tmp/x\"\nlisten_adress = \"127.0.0.1:1\"\n").unwrap();
+    let e = stderr_of(&["meta", "--config", cfg.to_str().unwrap()]);
+    assert!(e.contains("listen_adress") && e.contains("meta.toml"), "{e}");
+
+    // Busy mount point (already mounted) and non-empty mount point.
+    let e = stderr_of(&["mount", "--mgmtd", &fs.mgmtd_addr(), "--secret-file", fs.secret().to_str().unwrap(), fs.mnt_s()]);
+    assert!(e.contains("busy"), "{e}");
+    let full = tmp.path().join("full");
+    std::fs::create_dir(&full).unwrap();
+    std::fs::write(full.join("x"), b"").unwrap();
+    let e = stderr_of(&["mount", "--mgmtd", &fs.mgmtd_addr(), "--secret-file", fs.secret().to_str().unwrap(), full.to_str().unwrap()]);
+    assert!(e.contains("not empty"), "{e}");
+
+    // Port in use: mgmtd's own port.
+    let mdir = tmp.path().join("m2");
+    let e = stderr_of(&["mgmtd", "--dir", mdir.to_str().unwrap(), "--listen", &fs.mgmtd_addr()]);
+    assert!(e.to_lowercase().contains("in use"), "{e}");
+
+    // Wrong shared secret.
+    let wrong = tmp.path().join("wrong");
+    std::fs::write(&wrong, "not-the-secret\n").unwrap();
+    std::fs::set_permissions(&wrong, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let e = stderr_of(&["nodes", "--mgmtd", &fs.mgmtd_addr(), "--secret-file", wrong.to_str().unwrap()]);
+    assert!(e.contains("authentication failed"), "{e}");
+    // No secret at all.
+    let e = stderr_of(&["nodes", "--mgmtd", &fs.mgmtd_addr()]);
+    assert!(e.contains("requires authentication"), "{e}");
+    // A world-readable secret file is refused.
+    std::fs::set_permissions(&wrong, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let e = stderr_of(&["nodes", "--mgmtd", &fs.mgmtd_addr(), "--secret-file", wrong.to_str().unwrap()]);
+    assert!(e.contains("accessible by other users"), "{e}");
+
+    // Malformed frames: garbage, then a header announcing a huge body.
+    for junk in [b"GET / HTTP/1.1\r\n\r\n".to_vec(), {
+        let mut h = vec![0x46, 0x48, 1, 1, 0, 0, 0, 0];
+        h.extend_from_slice(&7u64.to_le_bytes());
+        h.extend_from_slice(&u32::MAX.to_le_bytes());
+        h.extend_from_slice(&0u32.to_le_bytes());
+        h
+    }] {
+        let mut s = std::net::TcpStream::connect(fs.mgmtd_addr()).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(&junk);
+        let mut buf = Vec::new();
+        // The server answers with its hello, refuses the handshake and closes.
+        let _ = s.read_to_end(&mut buf);
+    }
+    // Bad patterns.
+    let e = stderr_of(&["pattern", "set", fs.mnt_s(), "--chunk-size", "3000"]);
+    assert!(e.contains("power of two"), "{e}");
+    let e = stderr_of(&["pattern", "set", fs.mnt_s(), "--chooser", "fastest"]);
+    assert!(e.contains("unknown chooser"), "{e}");
+    let e = stderr_of(&["pattern", "set", fs.path("canary").to_str().unwrap(), "--stripe", "1"]);
+    assert!(e.contains("not a directory"), "{e}");
+
+    // Still working.
+    assert_eq!(std::fs::read(fs.path("canary")).unwrap(), b"still here");
+    hivefs_ok(&["nodes", "--mount", fs.mnt_s()]);
+}

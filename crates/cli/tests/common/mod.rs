@@ -1,0 +1,220 @@
+//! Test harness: real `hivefs` processes and real FUSE mounts in temporary
+//! directories. Every file system is torn down on drop, also when a test fails.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn hivefs_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_hivefs")
+}
+
+pub fn hivefs(args: &[&str]) -> Output {
+    Command::new(hivefs_bin()).args(args).output().expect("run hivefs")
+}
+
+/// Runs hivefs and asserts success, returning stdout.
+pub fn hivefs_ok(args: &[&str]) -> String {
+    let o = hivefs(args);
+    assert!(
+        o.status.success(),
+        "hivefs {args:?} failed:\nstdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub struct TestFs {
+    pub tmp: tempfile::TempDir,
+    pub dir: PathBuf,
+    pub mnt: PathBuf,
+}
+
+impl TestFs {
+    /// `hivefs up` with extra arguments (e.g. `--storage 1`).
+    pub fn up(extra: &[&str]) -> TestFs {
+        let tmp = tempfile::Builder::new().prefix("hivefs-test-").tempdir().expect("tempdir");
+        let dir = tmp.path().join("fs");
+        let mnt = tmp.path().join("mnt");
+        let mut args = vec!["up", "--dir", dir.to_str().unwrap(), "--mount", mnt.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let fs = TestFs { tmp, dir, mnt };
+        hivefs_ok(&args);
+        fs
+    }
+
+    pub fn dir_s(&self) -> &str {
+        self.dir.to_str().unwrap()
+    }
+
+    pub fn mnt_s(&self) -> &str {
+        self.mnt.to_str().unwrap()
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    pub fn reup(&self) {
+        hivefs_ok(&["up", "--dir", self.dir_s()]);
+    }
+
+    pub fn down(&self) {
+        hivefs_ok(&["down", "--dir", self.dir_s()]);
+    }
+
+    pub fn mgmtd_addr(&self) -> String {
+        let s = std::fs::read_to_string(self.dir.join("fs.toml")).unwrap();
+        let v: toml::Value = toml::from_str(&s).unwrap();
+        format!("{}:{}", v["host"].as_str().unwrap(), v["mgmtd_port"].as_integer().unwrap())
+    }
+
+    pub fn secret(&self) -> PathBuf {
+        self.dir.join("secret")
+    }
+
+    pub fn pid(&self, service: &str) -> i32 {
+        let sdir = if service == "mount" { self.dir.join("client") } else { self.dir.join(service) };
+        std::fs::read_to_string(sdir.join(format!("{service}.pid"))).unwrap().trim().parse().unwrap()
+    }
+
+    pub fn kill9(&self, service: &str) {
+        let pid = self.pid(service);
+        // SAFETY: killing a service this test started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let start = Instant::now();
+        while std::fs::metadata(format!("/proc/{pid}")).is_ok() && start.elapsed() < Duration::from_secs(10) {
+            // The process is reaped by init; wait until it is gone or a zombie.
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `hivefs entry info --json` of a path in the mount.
+    pub fn entry_info(&self, rel: &str) -> serde_json::Value {
+        let p = self.path(rel);
+        let out = hivefs_ok(&["entry", "info", "--json", p.to_str().unwrap()]);
+        serde_json::from_str(&out).unwrap()
+    }
+
+    /// Map of target id → target directory.
+    pub fn target_dirs(&self) -> std::collections::HashMap<u64, PathBuf> {
+        let mut m = std::collections::HashMap::new();
+        for e in std::fs::read_dir(&self.dir).unwrap() {
+            let sdir = e.unwrap().path();
+            if !sdir.file_name().unwrap().to_string_lossy().starts_with("storage") {
+                continue;
+            }
+            for t in std::fs::read_dir(&sdir).unwrap() {
+                let t = t.unwrap().path();
+                let tt = t.join("target.toml");
+                if let Ok(s) = std::fs::read_to_string(&tt) {
+                    let v: toml::Value = toml::from_str(&s).unwrap();
+                    if let Some(id) = v.get("target_id").and_then(|x| x.as_integer()) {
+                        m.insert(id as u64, t);
+                    }
+                }
+            }
+        }
+        m
+    }
+
+    /// Length of the chunk file of `entry_id` on target `t` (0 if absent).
+    pub fn chunk_len(&self, t: u64, entry_id: &str) -> u64 {
+        let dirs = self.target_dirs();
+        let chunks = dirs[&t].join("chunks");
+        for sub in std::fs::read_dir(&chunks).unwrap() {
+            let p = sub.unwrap().path().join(entry_id);
+            if let Ok(m) = std::fs::metadata(&p) {
+                return m.len();
+            }
+        }
+        0
+    }
+
+    /// A second mount of the same file system.
+    pub fn second_mount(&self) -> SecondMount {
+        let mnt = self.tmp.path().join("mnt2");
+        std::fs::create_dir_all(&mnt).unwrap();
+        let log = std::fs::File::create(self.tmp.path().join("mnt2.log")).unwrap();
+        let child = Command::new(hivefs_bin())
+            .args([
+                "mount",
+                "--mgmtd",
+                &self.mgmtd_addr(),
+                "--secret-file",
+                self.secret().to_str().unwrap(),
+                mnt.to_str().unwrap(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let m = SecondMount { child, mnt };
+        wait_mounted(&m.mnt);
+        m
+    }
+}
+
+impl Drop for TestFs {
+    fn drop(&mut self) {
+        let _ = Command::new(hivefs_bin()).args(["down", "--force", "--dir", self.dir_s()]).output();
+    }
+}
+
+pub fn is_mounted(mnt: &Path) -> bool {
+    let s = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let m = mnt.to_str().unwrap();
+    s.lines().any(|l| l.split(' ').nth(4) == Some(m))
+}
+
+pub fn wait_mounted(mnt: &Path) {
+    let start = Instant::now();
+    while !is_mounted(mnt) {
+        assert!(start.elapsed() < Duration::from_secs(30), "{} did not get mounted", mnt.display());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub struct SecondMount {
+    child: Child,
+    pub mnt: PathBuf,
+}
+
+impl Drop for SecondMount {
+    fn drop(&mut self) {
+        let _ = Command::new("fusermount3").arg("-u").arg(&self.mnt).status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if is_mounted(&self.mnt) {
+            let _ = Command::new("fusermount3").arg("-uz").arg(&self.mnt).status();
+        }
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift), seeded per test and printed on failure.
+pub fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v = Vec::with_capacity(len);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+pub fn errno_of<T>(r: std::io::Result<T>) -> i32 {
+    match r {
+        Ok(_) => 0,
+        Err(e) => e.raw_os_error().unwrap_or(-1),
+    }
+}

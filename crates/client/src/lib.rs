@@ -1,0 +1,257 @@
+//! The HiveFS native client library.
+//!
+//! Owns the client's side of the protocol: routing namespace calls to the
+//! metadata node that owns an entry, and striped file I/O — one read or
+//! write is cut along the pattern's chunks and sent to all involved storage
+//! targets concurrently. It holds no file data cache (cache mode `native`):
+//! every read goes to the targets. It must not know about FUSE or errno;
+//! the mount crate and the CLI sit on top of it.
+
+mod data;
+
+use hivefs_cluster::Cluster;
+use hivefs_net::{ClientConfig, Pools, Secret};
+use hivefs_proto::{Caller, Capacity, DirEntry, Reachability, Reply, Request};
+use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, Timespec};
+use hivefs_types::error::{ErrorCode, FsError, FsResult};
+use hivefs_types::ids::{EntryId, NodeId, NodeType};
+use hivefs_types::pattern::DirPattern;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use data::MAX_PIECE;
+
+/// Where an entry's inode lives: its id and the metadata node storing it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ent {
+    pub id: EntryId,
+    pub owner: NodeId,
+}
+
+impl From<&EntryAttr> for Ent {
+    fn from(a: &EntryAttr) -> Ent {
+        Ent { id: a.id, owner: a.owner }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub mgmtd: String,
+    pub secret: Option<Secret>,
+    pub request_timeout: Duration,
+    pub conns_per_peer: usize,
+}
+
+impl Options {
+    pub fn new(mgmtd: impl Into<String>, secret: Option<Secret>) -> Options {
+        Options { mgmtd: mgmtd.into(), secret, request_timeout: Duration::from_secs(30), conns_per_peer: 4 }
+    }
+}
+
+/// File system totals for `statfs`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FsStat {
+    pub storage: Capacity,
+    pub files: u64,
+    pub dirs: u64,
+}
+
+pub struct Client {
+    cluster: Arc<Cluster>,
+    root: Ent,
+}
+
+fn unexpected(r: Reply) -> FsError {
+    FsError::new(ErrorCode::Protocol, format!("unexpected reply {r:?}"))
+}
+
+fn entry(r: Reply) -> FsResult<EntryAttr> {
+    match r {
+        Reply::Entry(a) => Ok(a),
+        r => Err(unexpected(r)),
+    }
+}
+
+fn ok(r: Reply) -> FsResult<()> {
+    match r {
+        Reply::Ok => Ok(()),
+        r => Err(unexpected(r)),
+    }
+}
+
+impl Client {
+    /// Connects to mgmtd, loads the cluster view and finds the root's owner.
+    pub async fn connect(opts: Options) -> FsResult<Arc<Client>> {
+        let mut cc = ClientConfig::new(opts.secret.clone());
+        cc.request_timeout = opts.request_timeout;
+        cc.conns_per_peer = opts.conns_per_peer;
+        let cluster = Cluster::new(&opts.mgmtd, Pools::new(cc));
+        let view = cluster.refresh().await?;
+        let owner = view.root_owner.ok_or_else(|| {
+            FsError::new(ErrorCode::Unavailable, format!("mgmtd {}: no metadata node has registered yet", opts.mgmtd))
+        })?;
+        cluster.spawn_refresh(Duration::from_secs(5));
+        Ok(Arc::new(Client { cluster, root: Ent { id: EntryId::ROOT, owner } }))
+    }
+
+    pub fn root(&self) -> Ent {
+        self.root
+    }
+
+    pub fn cluster(&self) -> &Arc<Cluster> {
+        &self.cluster
+    }
+
+    async fn meta(&self, owner: NodeId, req: &Request) -> FsResult<Reply> {
+        self.cluster.node_pool(NodeType::Meta, owner).await?.rpc(req).await
+    }
+
+    pub async fn lookup(&self, parent: Ent, name: &[u8]) -> FsResult<EntryAttr> {
+        entry(self.meta(parent.owner, &Request::Lookup { parent: parent.id, name: name.to_vec() }).await?)
+    }
+
+    pub async fn getattr(&self, e: Ent) -> FsResult<EntryAttr> {
+        entry(self.meta(e.owner, &Request::GetAttr { id: e.id }).await?)
+    }
+
+    pub async fn setattr(&self, e: Ent, attr: SetAttr, caller: Caller) -> FsResult<EntryAttr> {
+        entry(self.meta(e.owner, &Request::SetAttr { id: e.id, attr, caller }).await?)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub async fn create(
+        &self,
+        parent: Ent,
+        name: &[u8],
+        kind: FileKind,
+        mode: u32,
+        rdev: u32,
+        excl: bool,
+        caller: Caller,
+    ) -> FsResult<EntryAttr> {
+        let req = Request::Create { parent: parent.id, name: name.to_vec(), kind, mode, rdev, excl, caller };
+        entry(self.meta(parent.owner, &req).await?)
+    }
+
+    pub async fn mkdir(&self, parent: Ent, name: &[u8], mode: u32, caller: Caller) -> FsResult<EntryAttr> {
+        entry(self.meta(parent.owner, &Request::Mkdir { parent: parent.id, name: name.to_vec(), mode, caller }).await?)
+    }
+
+    pub async fn unlink(&self, parent: Ent, name: &[u8]) -> FsResult<()> {
+        ok(self.meta(parent.owner, &Request::Unlink { parent: parent.id, name: name.to_vec() }).await?)
+    }
+
+    pub async fn rmdir(&self, parent: Ent, name: &[u8]) -> FsResult<()> {
+        ok(self.meta(parent.owner, &Request::Rmdir { parent: parent.id, name: name.to_vec() }).await?)
+    }
+
+    pub async fn rename(&self, parent: Ent, name: &[u8], new_parent: Ent, new_name: &[u8], flags: u32) -> FsResult<()> {
+        let req = Request::Rename {
+            parent: parent.id,
+            name: name.to_vec(),
+            new_parent: new_parent.id,
+            new_name: new_name.to_vec(),
+            flags,
+        };
+        ok(self.meta(parent.owner, &req).await?)
+    }
+
+    /// One page of a directory listing: entries after `after`, and whether more follow.
+    pub async fn readdir(&self, dir: Ent, after: Option<Vec<u8>>, max: u32) -> FsResult<(Vec<DirEntry>, bool)> {
+        match self.meta(dir.owner, &Request::ReadDir { dir: dir.id, after, max }).await? {
+            Reply::DirPage { entries, more } => Ok((entries, more)),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    pub async fn symlink(&self, parent: Ent, name: &[u8], target: &[u8], caller: Caller) -> FsResult<EntryAttr> {
+        let req = Request::Symlink { parent: parent.id, name: name.to_vec(), target: target.to_vec(), caller };
+        entry(self.meta(parent.owner, &req).await?)
+    }
+
+    pub async fn readlink(&self, e: Ent) -> FsResult<Vec<u8>> {
+        match self.meta(e.owner, &Request::ReadLink { id: e.id }).await? {
+            Reply::LinkTarget(t) => Ok(t),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    pub async fn link(&self, e: Ent, new_parent: Ent, new_name: &[u8]) -> FsResult<EntryAttr> {
+        if e.owner != new_parent.owner {
+            return Err(FsError::new(
+                ErrorCode::CrossDevice,
+                format!("hard link of {} across metadata nodes {} and {}", e.id, e.owner, new_parent.owner),
+            ));
+        }
+        entry(self.meta(e.owner, &Request::Link { id: e.id, new_parent: new_parent.id, new_name: new_name.to_vec() }).await?)
+    }
+
+    pub async fn getxattr(&self, e: Ent, name: &[u8]) -> FsResult<Vec<u8>> {
+        match self.meta(e.owner, &Request::GetXattr { id: e.id, name: name.to_vec() }).await? {
+            Reply::Xattr(v) => Ok(v),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    pub async fn setxattr(&self, e: Ent, name: &[u8], value: &[u8], flags: u32) -> FsResult<()> {
+        let req = Request::SetXattr { id: e.id, name: name.to_vec(), value: value.to_vec(), flags };
+        ok(self.meta(e.owner, &req).await?)
+    }
+
+    pub async fn listxattr(&self, e: Ent) -> FsResult<Vec<Vec<u8>>> {
+        match self.meta(e.owner, &Request::ListXattr { id: e.id }).await? {
+            Reply::XattrNames(v) => Ok(v),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    pub async fn removexattr(&self, e: Ent, name: &[u8]) -> FsResult<()> {
+        ok(self.meta(e.owner, &Request::RemoveXattr { id: e.id, name: name.to_vec() }).await?)
+    }
+
+    pub async fn set_dir_pattern(&self, e: Ent, pattern: DirPattern) -> FsResult<EntryAttr> {
+        entry(self.meta(e.owner, &Request::SetDirPattern { id: e.id, pattern }).await?)
+    }
+
+    /// Opens a file at its metadata node: fresh attributes with the pattern.
+    pub async fn open(&self, e: Ent, write: bool) -> FsResult<EntryAttr> {
+        entry(self.meta(e.owner, &Request::Open { id: e.id, write }).await?)
+    }
+
+    pub async fn release(&self, e: Ent, write: bool) -> FsResult<()> {
+        ok(self.meta(e.owner, &Request::Release { id: e.id, write }).await?)
+    }
+
+    pub async fn update_size(&self, e: Ent, size: u64, mtime: Option<Timespec>) -> FsResult<EntryAttr> {
+        entry(self.meta(e.owner, &Request::UpdateSize { id: e.id, size, mtime }).await?)
+    }
+
+    /// Walks a path (relative to the root, components separated by '/').
+    pub async fn resolve(&self, path: &str) -> FsResult<EntryAttr> {
+        let mut cur = self.getattr(self.root).await?;
+        for comp in path.split('/').filter(|c| !c.is_empty() && *c != ".") {
+            if cur.kind != FileKind::Dir {
+                return Err(FsError::new(ErrorCode::NotDir, format!("{path}: a component is not a directory")));
+            }
+            cur = self.lookup(Ent::from(&cur), comp.as_bytes()).await?;
+        }
+        Ok(cur)
+    }
+
+    /// Space of all reachable storage targets, and entry counts of the root's metadata node.
+    pub async fn statfs(&self) -> FsResult<FsStat> {
+        let view = self.cluster.refresh().await?;
+        let mut st = FsStat::default();
+        for t in view.targets.values().filter(|t| t.reachability != Reachability::Offline) {
+            st.storage.total_bytes += t.capacity.total_bytes;
+            st.storage.free_bytes += t.capacity.free_bytes;
+            st.storage.total_inodes += t.capacity.total_inodes;
+            st.storage.free_inodes += t.capacity.free_inodes;
+        }
+        if let Reply::MetaStat { files, dirs, .. } = self.meta(self.root.owner, &Request::MetaStat).await? {
+            st.files = files;
+            st.dirs = dirs;
+        }
+        Ok(st)
+    }
+}

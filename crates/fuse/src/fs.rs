@@ -1,0 +1,742 @@
+//! The FUSE request handlers.
+
+use crate::errno::errno;
+use crate::inodes::{Inodes, ROOT_INO};
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
+};
+use hivefs_client::{Client, Ent};
+use hivefs_proto::{Caller, DirEntry};
+use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
+use hivefs_types::error::{ErrorCode, FsError, FsResult};
+use hivefs_types::ids::EntryId;
+use hivefs_types::pattern::Pattern;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tracing::{debug, info, warn};
+
+/// How long the kernel may trust a name → inode mapping.
+const ENTRY_TTL: Duration = Duration::from_secs(1);
+/// Attributes are not cached by the kernel: with cache mode `native` every
+/// `stat` sees the size and times other clients left on close.
+const ATTR_TTL: Duration = Duration::ZERO;
+const READDIR_PAGE: u32 = 512;
+const MAX_IO: u32 = 1 << 20;
+
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// Let every user of the machine use the mount (`allow_other`).
+    pub allow_other: bool,
+    /// Threads reading `/dev/fuse`; the requests themselves run on the async runtime.
+    pub fuse_threads: usize,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions { allow_other: true, fuse_threads: 2 }
+    }
+}
+
+struct OpenFile {
+    ent: Ent,
+    pattern: Pattern,
+    write: bool,
+    dirty: AtomicBool,
+}
+
+struct DirHandle {
+    ent: Ent,
+    /// Offset the next entry in `buf` will get.
+    next_off: u64,
+    after: Option<Vec<u8>>,
+    buf: VecDeque<DirEntry>,
+    more: bool,
+}
+
+/// Sizes known locally for files this mount has open for writing: writes
+/// extend the file before the metadata node hears of it (on close/fsync).
+#[derive(Default)]
+struct LocalSize {
+    size: u64,
+    writers: u32,
+}
+
+struct Inner {
+    client: Arc<Client>,
+    inodes: Mutex<Inodes>,
+    files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirHandle>>>>,
+    local_sizes: Mutex<HashMap<EntryId, LocalSize>>,
+    next_fh: AtomicU64,
+}
+
+pub struct HiveFs {
+    inner: Arc<Inner>,
+    rt: tokio::runtime::Handle,
+}
+
+fn ts_to_system(t: Timespec) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs()) + Duration::from_nanos(u64::from(t.nsec))
+    }
+}
+
+fn system_to_ts(t: SystemTime) -> Timespec {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Timespec { sec: d.as_secs() as i64, nsec: d.subsec_nanos() },
+        Err(e) => {
+            let d = e.duration();
+            Timespec { sec: -(d.as_secs() as i64), nsec: 0 }
+        }
+    }
+}
+
+fn file_type(k: FileKind) -> FileType {
+    match k {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDev => FileType::CharDevice,
+        FileKind::BlockDev => FileType::BlockDevice,
+    }
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller { uid: req.uid(), gid: req.gid() }
+}
+
+fn stale(ino: u64) -> FsError {
+    FsError::new(ErrorCode::NotFound, format!("inode {ino} is not known to this mount"))
+}
+
+impl Inner {
+    fn ent(&self, ino: INodeNo) -> FsResult<Ent> {
+        self.inodes.lock().expect("inodes").get(ino.0).ok_or_else(|| stale(ino.0))
+    }
+
+    fn to_attr(&self, ino: u64, a: &EntryAttr) -> FileAttr {
+        let mut size = a.size;
+        if a.kind == FileKind::File {
+            if let Some(l) = self.local_sizes.lock().expect("sizes").get(&a.id) {
+                size = size.max(l.size);
+            }
+        }
+        FileAttr {
+            ino: INodeNo(ino),
+            size,
+            blocks: size.div_ceil(512),
+            atime: ts_to_system(a.atime),
+            mtime: ts_to_system(a.mtime),
+            ctime: ts_to_system(a.ctime),
+            crtime: ts_to_system(a.ctime),
+            kind: file_type(a.kind),
+            perm: (a.mode & 0o7777) as u16,
+            nlink: a.nlink,
+            uid: a.uid,
+            gid: a.gid,
+            rdev: a.rdev,
+            blksize: a.pattern.as_ref().map(|p| p.chunk_size).unwrap_or(512 << 10),
+            flags: 0,
+        }
+    }
+
+    /// Registers a new kernel reference for `a` and builds its attributes.
+    fn entry_reply(&self, a: &EntryAttr) -> FileAttr {
+        let ino = self.inodes.lock().expect("inodes").remember(Ent::from(a));
+        self.to_attr(ino, a)
+    }
+
+    fn new_fh(&self) -> u64 {
+        self.next_fh.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn note_write(&self, id: EntryId, end: u64) {
+        if let Some(l) = self.local_sizes.lock().expect("sizes").get_mut(&id) {
+            l.size = l.size.max(end);
+        }
+    }
+
+    fn add_writer(&self, id: EntryId, size: u64) {
+        let mut m = self.local_sizes.lock().expect("sizes");
+        let l = m.entry(id).or_default();
+        l.writers += 1;
+        l.size = l.size.max(size);
+    }
+
+    fn drop_writer(&self, id: EntryId) {
+        let mut m = self.local_sizes.lock().expect("sizes");
+        if let Some(l) = m.get_mut(&id) {
+            l.writers -= 1;
+            if l.writers == 0 {
+                m.remove(&id);
+            }
+        }
+    }
+
+    fn set_local_size(&self, id: EntryId, size: u64) {
+        if let Some(l) = self.local_sizes.lock().expect("sizes").get_mut(&id) {
+            l.size = size;
+        }
+    }
+
+    /// After writes: compute the size from the chunk files and tell the metadata node.
+    async fn publish_size(&self, f: &OpenFile) -> FsResult<()> {
+        if !f.dirty.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let size = self.client.size_from_targets(&f.pattern, f.ent.id).await?;
+        let now = system_to_ts(SystemTime::now());
+        if let Err(e) = self.client.update_size(f.ent, size, Some(now)).await {
+            f.dirty.store(true, Ordering::Release);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    async fn open_file(&self, ent: Ent, flags: i32) -> FsResult<(u64, Arc<OpenFile>)> {
+        let acc = flags & libc::O_ACCMODE;
+        let write = acc == libc::O_WRONLY || acc == libc::O_RDWR;
+        let mut attr = self.client.open(ent, write).await?;
+        if write && flags & libc::O_TRUNC != 0 && attr.size != 0 {
+            attr = match self.client.setattr(ent, SetAttr { size: Some(0), ..Default::default() }, Caller::default()).await {
+                Ok(a) => a,
+                Err(e) => {
+                    let _ = self.client.release(ent, write).await;
+                    return Err(e);
+                }
+            };
+        }
+        let Some(pattern) = attr.pattern.clone() else {
+            let _ = self.client.release(ent, write).await;
+            return Err(FsError::new(ErrorCode::Invalid, format!("{} has no stripe pattern", ent.id)));
+        };
+        if write {
+            self.add_writer(ent.id, attr.size);
+        }
+        let f = Arc::new(OpenFile { ent, pattern, write, dirty: AtomicBool::new(false) });
+        let fh = self.new_fh();
+        self.files.lock().expect("files").insert(fh, f.clone());
+        Ok((fh, f))
+    }
+
+    fn file(&self, fh: FileHandle) -> FsResult<Arc<OpenFile>> {
+        self.files
+            .lock()
+            .expect("files")
+            .get(&fh.0)
+            .cloned()
+            .ok_or_else(|| FsError::new(ErrorCode::Invalid, format!("unknown file handle {}", fh.0)))
+    }
+
+    async fn fill_dir(&self, h: &mut DirHandle) -> FsResult<()> {
+        if h.buf.is_empty() && h.more {
+            let (entries, more) = self.client.readdir(h.ent, h.after.clone(), READDIR_PAGE).await?;
+            if let Some(last) = entries.last() {
+                h.after = Some(last.name.clone());
+            }
+            h.more = more && !entries.is_empty();
+            h.buf.extend(entries);
+        }
+        Ok(())
+    }
+}
+
+macro_rules! run {
+    ($self:ident, $reply:ident, |$inner:ident| $body:block) => {{
+        let $inner = $self.inner.clone();
+        $self.rt.spawn(async move {
+            let res: FsResult<_> = async move $body.await;
+            match res {
+                Ok(respond) => respond($reply),
+                Err(e) => {
+                    debug!("request failed: {e}");
+                    $reply.error(errno(&e));
+                }
+            }
+        });
+    }};
+}
+
+fn name_bytes(n: &OsStr) -> Vec<u8> {
+    n.as_bytes().to_vec()
+}
+
+fn settime(t: Option<TimeOrNow>) -> Option<SetTime> {
+    t.map(|t| match t {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(s) => SetTime::At(system_to_ts(s)),
+    })
+}
+
+impl Filesystem for HiveFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if let Err(max) = config.set_max_write(MAX_IO) {
+            warn!("kernel limits max_write to {max}");
+            let _ = config.set_max_write(max);
+        }
+        let _ = config.set_max_readahead(MAX_IO);
+        let wanted = InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_ASYNC_DIO
+            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
+            | InitFlags::FUSE_ATOMIC_O_TRUNC;
+        for flag in wanted.iter() {
+            let _ = config.add_capabilities(flag);
+        }
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        info!("FUSE session initialised (kernel ABI {:?})", config.kernel_abi());
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let name = name_bytes(name);
+        run!(self, reply, |inner| {
+            let p = inner.ent(parent)?;
+            let a = inner.client.lookup(p, &name).await?;
+            Ok(move |reply: ReplyEntry| reply.entry(&ENTRY_TTL, &inner.entry_reply(&a), Generation(0)))
+        })
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.inner.inodes.lock().expect("inodes").forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        run!(self, reply, |inner| {
+            let e = inner.ent(ino)?;
+            let a = inner.client.getattr(e).await?;
+            Ok(move |reply: ReplyAttr| reply.attr(&ATTR_TTL, &inner.to_attr(ino.0, &a)))
+        })
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr { mode: mode.map(|m| m & 0o7777), uid, gid, size, atime: settime(atime), mtime: settime(mtime) };
+        let c = caller(req);
+        run!(self, reply, |inner| {
+            let e = inner.ent(ino)?;
+            let a = inner.client.setattr(e, set, c).await?;
+            if let Some(s) = size {
+                inner.set_local_size(e.id, s);
+            }
+            Ok(move |reply: ReplyAttr| reply.attr(&ATTR_TTL, &inner.to_attr(ino.0, &a)))
+        })
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        run!(self, reply, |inner| {
+            let t = inner.client.readlink(inner.ent(ino)?).await?;
+            Ok(move |reply: ReplyData| reply.data(&t))
+        })
+    }
+
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+        let name = name_bytes(name);
+        let c = caller(req);
+        run!(self, reply, |inner| {
+            let kind = FileKind::from_mode(mode)
+                .ok_or_else(|| FsError::new(ErrorCode::Invalid, format!("mknod: unknown file type in mode {mode:o}")))?;
+            let p = inner.ent(parent)?;
+            let a = inner.client.create(p, &name, kind, mode & !umask & 0o7777, rdev, true, c).await?;
+            Ok(move |reply: ReplyEntry| reply.entry(&ENTRY_TTL, &inner.entry_reply(&a), Generation(0)))
+        })
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let name = name_bytes(name);
+        let c = caller(req);
+        run!(self, reply, |inner| {
+            let p = inner.ent(parent)?;
+            let a = inner.client.mkdir(p, &name, mode & !umask & 0o7777, c).await?;
+            Ok(move |reply: ReplyEntry| reply.entry(&ENTRY_TTL, &inner.entry_reply(&a), Generation(0)))
+        })
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name_bytes(name);
+        run!(self, reply, |inner| {
+            inner.client.unlink(inner.ent(parent)?, &name).await?;
+            Ok(move |reply: ReplyEmpty| reply.ok())
+        })
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name_bytes(name);
+        run!(self, reply, |inner| {
+            inner.client.rmdir(inner.ent(parent)?, &name).await?;
+            Ok(move |reply: ReplyEmpty| reply.ok())
+        })
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let name = name_bytes(link_name);
+        let target = target.as_os_str().as_bytes().to_vec();
+        let c = caller(req);
+        run!(self, reply, |inner| {
+            let a = inner.client.symlink(inner.ent(parent)?, &name, &target, c).await?;
+            Ok(move |reply: ReplyEntry| reply.entry(&ENTRY_TTL, &inner.entry_reply(&a), Generation(0)))
+        })
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let (name, newname) = (name_bytes(name), name_bytes(newname));
+        run!(self, reply, |inner| {
+            let (p, np) = (inner.ent(parent)?, inner.ent(newparent)?);
+            inner.client.rename(p, &name, np, &newname, flags.bits()).await?;
+            Ok(move |reply: ReplyEmpty| reply.ok())
+        })
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let newname = name_bytes(newname);
+        run!(self, reply, |inner| {
+            let a = inner.client.link(inner.ent(ino)?, inner.ent(newparent)?, &newname).await?;
+            Ok(move |reply: ReplyEntry| reply.entry(&ENTRY_TTL, &inner.entry_reply(&a), Generation(0)))
+        })
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        run!(self, reply, |inner| {
+            let (fh, _) = inner.open_file(inner.ent(ino)?, flags.0).await?;
+            Ok(move |reply: ReplyOpen| reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO))
+        })
+    }
+
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+        let name = name_bytes(name);
+        let c = caller(req);
+        run!(self, reply, |inner| {
+            let p = inner.ent(parent)?;
+            let excl = flags & libc::O_EXCL != 0;
+            let a = inner.client.create(p, &name, FileKind::File, mode & !umask & 0o7777, 0, excl, c).await?;
+            let ent = Ent::from(&a);
+            let (fh, _) = inner.open_file(ent, flags).await?;
+            Ok(move |reply: ReplyCreate| reply.created(&ENTRY_TTL, &inner.entry_reply(&a), Generation(0), FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO))
+        })
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        run!(self, reply, |inner| {
+            let f = inner.file(fh)?;
+            let hint = inner.local_sizes.lock().expect("sizes").get(&f.ent.id).map(|l| l.size).unwrap_or(0);
+            let data = inner.client.read(&f.pattern, f.ent.id, offset, size as usize, hint).await?;
+            Ok(move |reply: ReplyData| reply.data(&data))
+        })
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let data = data.to_vec();
+        run!(self, reply, |inner| {
+            let f = inner.file(fh)?;
+            f.dirty.store(true, Ordering::Release);
+            let n = inner.client.write(&f.pattern, f.ent.id, offset, &data).await?;
+            inner.note_write(f.ent.id, offset + n as u64);
+            Ok(move |reply: ReplyWrite| reply.written(n as u32))
+        })
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        run!(self, reply, |inner| {
+            let f = inner.file(fh)?;
+            inner.publish_size(&f).await?;
+            Ok(move |reply: ReplyEmpty| reply.ok())
+        })
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        run!(self, reply, |inner| {
+            let f = inner.file(fh)?;
+            inner.client.fsync(&f.pattern, f.ent.id).await?;
+            inner.publish_size(&f).await?;
+            Ok(move |reply: ReplyEmpty| reply.ok())
+        })
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        run!(self, reply, |inner| {
+            let f = inner.files.lock().expect("files").remove(&fh.0);
+            if let Some(f) = f {
+                let r = inner.publish_size(&f).await;
+                if f.write {
+                    inner.drop_writer(f.ent.id);
+                }
+                if let Err(e) = inner.client.release(f.ent, f.write).await {
+                    warn!("release of {} failed: {e}", f.ent.id);
+                }
+                r?;
+            }
+            Ok(move |reply: ReplyEmpty| reply.ok())
+        })
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.inner.ent(ino) {
+            Ok(ent) => {
+                let fh = self.inner.new_fh();
+                let h = DirHandle { ent, next_off: 3, after: None, buf: VecDeque::new(), more: true };
+                self.inner.dirs.lock().expect("dirs").insert(fh, Arc::new(tokio::sync::Mutex::new(h)));
+                reply.opened(FileHandle(fh), FopenFlags::empty());
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let inner = self.inner.clone();
+        self.rt.spawn(async move {
+            let r: FsResult<()> = async {
+                let h = inner.dirs.lock().expect("dirs").get(&fh.0).cloned().ok_or_else(|| stale(ino.0))?;
+                let mut h = h.lock().await;
+                // Offsets: "." → 1, ".." → 2, the k-th entry → 3 + k.
+                if offset == 0 && reply.add(ino, 1, FileType::Directory, ".") {
+                    return Ok(());
+                }
+                if offset < 2 && reply.add(INodeNo(ROOT_INO), 2, FileType::Directory, "..") {
+                    return Ok(());
+                }
+                let want = offset.max(2) + 1;
+                if want != h.next_off {
+                    // A seek: list again from the start and skip what was returned.
+                    h.next_off = 3;
+                    h.after = None;
+                    h.buf.clear();
+                    h.more = true;
+                    while h.next_off < want {
+                        inner.fill_dir(&mut h).await?;
+                        if h.buf.pop_front().is_none() {
+                            break;
+                        }
+                        h.next_off += 1;
+                    }
+                }
+                loop {
+                    inner.fill_dir(&mut h).await?;
+                    let Some(e) = h.buf.front() else { break };
+                    let ino = inner.inodes.lock().expect("inodes").peek_ino(&e.id);
+                    if reply.add(INodeNo(ino), h.next_off, file_type(e.kind), OsStr::from_bytes(&e.name)) {
+                        break;
+                    }
+                    h.buf.pop_front();
+                    h.next_off += 1;
+                }
+                Ok(())
+            }
+            .await;
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        self.inner.dirs.lock().expect("dirs").remove(&fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        run!(self, reply, |inner| {
+            let st = inner.client.statfs().await?;
+            const BS: u64 = 4096;
+            let c = st.storage;
+            Ok(move |reply: ReplyStatfs| reply.statfs(
+                c.total_bytes / BS,
+                c.free_bytes / BS,
+                c.free_bytes / BS,
+                c.total_inodes.max(st.files + st.dirs),
+                c.free_inodes,
+                BS as u32,
+                255,
+                BS as u32,
+            ))
+        })
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let (name, value) = (name_bytes(name), value.to_vec());
+        run!(self, reply, |inner| {
+            inner.client.setxattr(inner.ent(ino)?, &name, &value, flags as u32).await?;
+            Ok(move |reply: ReplyEmpty| reply.ok())
+        })
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let name = name_bytes(name);
+        run!(self, reply, |inner| {
+            let v = inner.client.getxattr(inner.ent(ino)?, &name).await?;
+            Ok(move |reply: ReplyXattr| xattr_reply(reply, &v, size))
+        })
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        run!(self, reply, |inner| {
+            let names = inner.client.listxattr(inner.ent(ino)?).await?;
+            let mut v = Vec::new();
+            for n in names {
+                v.extend_from_slice(&n);
+                v.push(0);
+            }
+            Ok(move |reply: ReplyXattr| xattr_reply(reply, &v, size))
+        })
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name_bytes(name);
+        run!(self, reply, |inner| {
+            inner.client.removexattr(inner.ent(ino)?, &name).await?;
+            Ok(move |reply: ReplyEmpty| reply.ok())
+        })
+    }
+}
+
+fn xattr_reply(reply: ReplyXattr, v: &[u8], size: u32) {
+    if size == 0 {
+        reply.size(v.len() as u32);
+    } else if v.len() > size as usize {
+        reply.error(Errno::from_i32(libc::ERANGE));
+    } else {
+        reply.data(v);
+    }
+}
+
+/// Refuses a mount point that is missing, not a directory, not empty, or already a mount.
+pub fn check_mountpoint(mnt: &Path) -> Result<(), String> {
+    let md = std::fs::metadata(mnt).map_err(|e| format!("mount point {}: {e}", mnt.display()))?;
+    if !md.is_dir() {
+        return Err(format!("mount point {} is not a directory", mnt.display()));
+    }
+    let canon = std::fs::canonicalize(mnt).map_err(|e| format!("mount point {}: {e}", mnt.display()))?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for line in mounts.lines() {
+        if let Some(mp) = line.split(' ').nth(4) {
+            if Path::new(&mp.replace("\\040", " ")) == canon {
+                return Err(format!("mount point {} is busy: something is already mounted there", mnt.display()));
+            }
+        }
+    }
+    let mut rd = std::fs::read_dir(mnt).map_err(|e| format!("mount point {}: {e}", mnt.display()))?;
+    if rd.next().is_some() {
+        return Err(format!("mount point {} is not empty", mnt.display()));
+    }
+    Ok(())
+}
+
+/// Mounts HiveFS at `mnt` and serves it until it is unmounted or `stop` fires.
+pub fn mount(
+    client: Arc<Client>,
+    rt: tokio::runtime::Handle,
+    mnt: &Path,
+    opts: &MountOptions,
+    stop: std::sync::mpsc::Receiver<()>,
+) -> std::io::Result<()> {
+    check_mountpoint(mnt).map_err(std::io::Error::other)?;
+    let root = client.root();
+    let fs = HiveFs {
+        inner: Arc::new(Inner {
+            client,
+            inodes: Mutex::new(Inodes::new(root)),
+            files: Mutex::default(),
+            dirs: Mutex::default(),
+            local_sizes: Mutex::default(),
+            next_fh: AtomicU64::new(1),
+        }),
+        rt,
+    };
+    let mut cfg = fuser::Config::default();
+    cfg.mount_options = vec![
+        MountOption::FSName("hivefs".into()),
+        MountOption::Subtype("hivefs".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoAtime,
+    ];
+    cfg.acl = if opts.allow_other { SessionACL::All } else { SessionACL::Owner };
+    cfg.n_threads = Some(opts.fuse_threads.max(1));
+    cfg.clone_fd = true;
+    let mut session = fuser::Session::new(fs, mnt, &cfg)?;
+    let mut unmounter = session.unmount_callable();
+    let mnt_s = mnt.display().to_string();
+    std::thread::spawn(move || {
+        if stop.recv().is_ok() {
+            info!("unmounting {mnt_s}");
+            if let Err(e) = unmounter.unmount() {
+                warn!("unmount of {mnt_s} failed: {e}");
+            }
+        }
+    });
+    session.run()
+}

@@ -1,0 +1,18 @@
+//! The HiveFS FUSE mount.
+//!
+//! Owns the translation between the kernel's FUSE requests and the native
+//! client library: inode numbers for entry ids, open file and directory
+//! handles, attribute conversion, and the mapping of HiveFS error codes to
+//! errno (the only place in HiveFS that does it). Every request is handed to
+//! the async runtime and answered when done, so the mount serves many
+//! requests at once. It must not talk to services itself: all traffic goes
+//! through `hivefs-client`.
+//!
+//! The FUSE transport sits behind `fuser` here; a later FUSE-over-io_uring
+//! transport would replace `mount()` and keep `HiveFs`'s request handlers.
+
+mod errno;
+mod fs;
+mod inodes;
+
+pub use fs::{check_mountpoint, mount, MountOptions};

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what HiveFS needs on a Debian machine: FUSE 3 (fusermount3), and
+# the tools the tests and benchmarks use. A no-op when everything is there.
+set -euo pipefail
+need=()
+command -v fusermount3 >/dev/null || need+=(fuse3)
+command -v fio >/dev/null || need+=(fio)
+command -v ip >/dev/null || need+=(iproute2)
+command -v setpriv >/dev/null || need+=(util-linux)
+if ((${#need[@]})); then
+  echo "installing: ${need[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null; then
+  echo "cargo (Rust) is required: https://rustup.rs" >&2
+  exit 1
+fi
