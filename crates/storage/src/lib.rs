@@ -1,0 +1,633 @@
+//! HiveFS storage service (`hivefs storage`).
+//!
+//! Owns one or more storage targets: directories on local file systems,
+//! formatted by [`init_target`], holding one chunk file per (file, target)
+//! (see [`chunks`] for paths and I/O, [`target`] for the on-disk format). It
+//! registers itself and its targets with mgmtd (persisting the assigned ids in
+//! `<dir>/node.toml` and in each `target.toml`), sends heartbeats with each
+//! target's capacity, and serves the chunk requests of clients.
+//!
+//! It must not know about files, directories, patterns or sizes: a chunk
+//! file is bytes at offsets, addressed by (target, entry id). It must never
+//! derive a path from anything but a typed id, and never serve a target it
+//! was not configured with.
+//!
+//! The service is a library: [`start`] runs it inside the caller's tokio
+//! runtime, so tests run it in-process and the binary stays thin.
+
+pub mod chunks;
+pub mod error;
+pub mod target;
+
+pub use chunks::{chunk_rel_path, ChunkStore};
+pub use error::StorageError;
+pub use target::{init_target, open_target, TargetFile, CHUNKS_DIR, TARGET_FILE};
+
+use hivefs_cluster::NodeIdentity;
+use hivefs_net::{serve, ClientConfig, Handler, Peer, Pool, ServerConfig, ServerHandle};
+use hivefs_proto::{Capacity, Reply, Request, Response, TargetCapacity, MAX_PAYLOAD_LEN};
+use hivefs_types::error::{ErrorCode, FsError, FsResult};
+use hivefs_types::fs_err;
+use hivefs_types::ids::{NodeId, NodeType, TargetId};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tracing::{debug, error, info, warn};
+
+/// How long [`start`] waits for mgmtd to answer the registration.
+pub const REGISTER_DEADLINE: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Service data dir (`node.toml`: this node's uuid and id).
+    pub dir: PathBuf,
+    /// Target directories, each formatted by [`init_target`].
+    pub targets: Vec<PathBuf>,
+    pub listen: String,
+    /// Address peers reach this service at; default: the bound listen address.
+    pub advertise: Option<String>,
+    /// Address of mgmtd.
+    pub mgmtd: String,
+    /// Shared secret file; `None` disables authentication.
+    pub secret_file: Option<PathBuf>,
+    pub heartbeat_interval_ms: u64,
+    /// When set, targets formatted for another file system are refused.
+    pub fs_uuid: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            dir: PathBuf::from("/var/lib/hivefs/storage"),
+            targets: Vec::new(),
+            listen: "127.0.0.1:8003".into(),
+            advertise: None,
+            mgmtd: "127.0.0.1:8008".into(),
+            secret_file: None,
+            heartbeat_interval_ms: 1000,
+            fs_uuid: None,
+        }
+    }
+}
+
+/// A running storage service. Dropping it (or [`StorageService::stop`])
+/// stops accepting connections and stops the heartbeats.
+#[must_use = "the service stops when this handle is dropped"]
+pub struct StorageService {
+    pub local_addr: SocketAddr,
+    pub node_id: NodeId,
+    /// The served targets, in the order of `Config::targets`.
+    pub targets: Vec<TargetId>,
+    server: ServerHandle,
+    heartbeat: tokio::task::JoinHandle<()>,
+}
+
+impl StorageService {
+    /// Stops accepting connections and sending heartbeats. (Connections
+    /// already accepted are served until their peers close them: a transport
+    /// limitation.)
+    pub fn stop(self) {}
+}
+
+impl Drop for StorageService {
+    fn drop(&mut self) {
+        self.server.abort();
+        self.heartbeat.abort();
+    }
+}
+
+/// What the handler needs once registration is done.
+struct Ready {
+    node: NodeId,
+    stores: HashMap<TargetId, Arc<ChunkStore>>,
+}
+
+struct StorageHandler {
+    /// Empty until registration with mgmtd is complete; requests that arrive
+    /// before are answered `Unavailable` (clients retry those).
+    ready: OnceLock<Ready>,
+}
+
+/// Runs blocking file I/O off the async workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> FsResult<T> + Send + 'static,
+) -> FsResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(fs_err!(Internal, "chunk I/O task failed: {e}")))
+}
+
+impl Ready {
+    fn store(&self, target: TargetId) -> FsResult<Arc<ChunkStore>> {
+        self.stores.get(&target).cloned().ok_or_else(|| {
+            fs_err!(
+                NotFound,
+                "storage target {target} is not served by storage node {}",
+                self.node
+            )
+        })
+    }
+
+    async fn handle(&self, req: Request, payload: Vec<u8>) -> (Response, Vec<u8>) {
+        let r = match req {
+            Request::Ping => Ok(Reply::Pong {
+                node_type: NodeType::Storage,
+                node: self.node,
+            }),
+            Request::WriteChunk {
+                target,
+                entry,
+                offset,
+            } => match self.store(target) {
+                Ok(s) => blocking(move || s.write(entry, offset, &payload))
+                    .await
+                    .map(Reply::Written),
+                Err(e) => Err(e),
+            },
+            Request::ReadChunk {
+                target,
+                entry,
+                offset,
+                len,
+            } => {
+                if len > MAX_PAYLOAD_LEN {
+                    Err(fs_err!(
+                        Invalid,
+                        "target {target}, chunk {entry}: read of {len} bytes exceeds the limit of {MAX_PAYLOAD_LEN}"
+                    ))
+                } else {
+                    match self.store(target) {
+                        Ok(s) => match blocking(move || s.read(entry, offset, len)).await {
+                            Ok(data) => return (Ok(Reply::Data), data),
+                            Err(e) => Err(e),
+                        },
+                        Err(e) => Err(e),
+                    }
+                }
+            }
+            Request::TruncateChunk { target, entry, len } => match self.store(target) {
+                Ok(s) => blocking(move || s.truncate(entry, len))
+                    .await
+                    .map(|()| Reply::Ok),
+                Err(e) => Err(e),
+            },
+            Request::UnlinkChunk { target, entry } => match self.store(target) {
+                Ok(s) => blocking(move || s.unlink(entry)).await.map(|()| Reply::Ok),
+                Err(e) => Err(e),
+            },
+            Request::StatChunk { target, entry } => match self.store(target) {
+                Ok(s) => blocking(move || s.stat(entry)).await.map(Reply::ChunkLen),
+                Err(e) => Err(e),
+            },
+            Request::FsyncChunk { target, entry } => match self.store(target) {
+                Ok(s) => blocking(move || s.fsync(entry)).await.map(|()| Reply::Ok),
+                Err(e) => Err(e),
+            },
+            other => Err(fs_err!(
+                NotSupported,
+                "storage node {} does not serve {}",
+                self.node,
+                request_name(&other)
+            )),
+        };
+        (r, Vec::new())
+    }
+}
+
+impl Handler for StorageHandler {
+    async fn handle(&self, req: Request, payload: Vec<u8>, _peer: &Peer) -> (Response, Vec<u8>) {
+        match self.ready.get() {
+            Some(ready) => ready.handle(req, payload).await,
+            None => (
+                Err(fs_err!(
+                    Unavailable,
+                    "storage service is starting (not yet registered with mgmtd)"
+                )),
+                Vec::new(),
+            ),
+        }
+    }
+}
+
+/// The variant name of a request, for error messages (no field contents).
+fn request_name(r: &Request) -> String {
+    let s = format!("{r:?}");
+    let end = s.find([' ', '{', '(']).unwrap_or(s.len());
+    s[..end].to_string()
+}
+
+/// Space and inodes of the file system holding `path`, from `statvfs(3)`.
+pub fn statvfs(path: &Path) -> std::io::Result<Capacity> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: `statvfs` is plain old data, for which all-zero bytes is a valid value.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated string and `s` a valid, writable statvfs.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // The field types differ between platforms (u32 on some 32-bit ones).
+    #[allow(clippy::unnecessary_cast)]
+    let (frsize, blocks, bavail, files, favail) = (
+        s.f_frsize as u64,
+        s.f_blocks as u64,
+        s.f_bavail as u64,
+        s.f_files as u64,
+        s.f_favail as u64,
+    );
+    Ok(Capacity {
+        total_bytes: blocks.saturating_mul(frsize),
+        free_bytes: bavail.saturating_mul(frsize),
+        total_inodes: files,
+        free_inodes: favail,
+    })
+}
+
+/// One target as opened at start.
+struct Opened {
+    dir: PathBuf,
+    file: TargetFile,
+}
+
+/// Registers each target with mgmtd and persists its id; checks stored ids.
+async fn register_targets(
+    mgmt: &Pool,
+    node: NodeId,
+    opened: &mut [Opened],
+) -> Result<Vec<TargetId>, StorageError> {
+    let mut ids = Vec::with_capacity(opened.len());
+    for t in opened.iter_mut() {
+        if let Some(stored) = t.file.node_id {
+            if stored != node {
+                return Err(StorageError::TargetNodeMismatch {
+                    dir: t.dir.clone(),
+                    stored,
+                    node,
+                });
+            }
+        }
+        let mgmt_err = |source: FsError| StorageError::Mgmt {
+            mgmtd: mgmt.addr().to_string(),
+            source,
+        };
+        let assigned = match mgmt
+            .rpc(&Request::RegisterTarget {
+                node,
+                uuid: t.file.uuid.clone(),
+            })
+            .await
+        {
+            Ok(Reply::TargetRegistered { target, .. }) => target,
+            Ok(other) => {
+                return Err(mgmt_err(fs_err!(
+                    Protocol,
+                    "unexpected reply to RegisterTarget: {other:?}"
+                )))
+            }
+            Err(e) => return Err(mgmt_err(e)),
+        };
+        match t.file.target_id {
+            Some(stored) if stored != assigned => {
+                return Err(StorageError::TargetIdMismatch {
+                    dir: t.dir.clone(),
+                    stored,
+                    assigned,
+                    mgmtd: mgmt.addr().to_string(),
+                    uuid: t.file.uuid.clone(),
+                })
+            }
+            Some(_) if t.file.node_id == Some(node) => {}
+            _ => {
+                t.file.target_id = Some(assigned);
+                t.file.node_id = Some(node);
+                let (file, dir) = (t.file.clone(), t.dir.clone());
+                tokio::task::spawn_blocking(move || file.save(&dir))
+                    .await
+                    .map_err(|e| {
+                        StorageError::Config(format!("target file writer failed: {e}"))
+                    })??;
+            }
+        }
+        info!(target = %assigned, dir = %t.dir.display(), "target registered");
+        ids.push(assigned);
+    }
+    Ok(ids)
+}
+
+/// Opens the targets, registers with mgmtd and serves chunk requests.
+pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
+    if cfg.targets.is_empty() {
+        return Err(StorageError::Config("no storage targets configured".into()));
+    }
+    if cfg.heartbeat_interval_ms == 0 {
+        return Err(StorageError::Config(
+            "heartbeat_interval_ms must be at least 1".into(),
+        ));
+    }
+    let secret = match &cfg.secret_file {
+        Some(p) => Some(hivefs_net::load_secret(p).map_err(StorageError::Secret)?),
+        None => None,
+    };
+    std::fs::create_dir_all(&cfg.dir).map_err(|e| StorageError::io(&cfg.dir, e))?;
+    let mut opened: Vec<Opened> = Vec::with_capacity(cfg.targets.len());
+    for dir in &cfg.targets {
+        let file = open_target(dir, cfg.fs_uuid.as_deref())?;
+        if let Some(o) = opened.iter().find(|o| o.file.uuid == file.uuid) {
+            return Err(StorageError::DuplicateTarget {
+                first: o.dir.clone(),
+                second: dir.clone(),
+                uuid: file.uuid,
+            });
+        }
+        opened.push(Opened {
+            dir: dir.clone(),
+            file,
+        });
+    }
+    let mut identity =
+        NodeIdentity::load_or_create(&cfg.dir).map_err(|e| StorageError::io(&cfg.dir, e))?;
+
+    let handler = Arc::new(StorageHandler {
+        ready: OnceLock::new(),
+    });
+    let server = serve(
+        &cfg.listen,
+        ServerConfig::new(NodeType::Storage, secret.clone()),
+        handler.clone(),
+    )
+    .await
+    .map_err(|source| StorageError::Listen {
+        addr: cfg.listen.clone(),
+        source,
+    })?;
+    // From here on, an error drops `server`'s task (abort) before returning.
+    let server = AbortOnDrop(Some(server));
+    let local_addr = server.0.as_ref().expect("set above").local_addr;
+    let advertise = match &cfg.advertise {
+        Some(a) => a.clone(),
+        None if local_addr.ip().is_unspecified() => {
+            return Err(StorageError::Config(format!(
+                "listen address {} is not reachable by peers; set `advertise` to the address they should use",
+                cfg.listen
+            )))
+        }
+        None => local_addr.to_string(),
+    };
+
+    let mgmt = Arc::new(Pool::new(cfg.mgmtd.clone(), ClientConfig::new(secret)));
+    let node = hivefs_cluster::register_node(
+        &mgmt,
+        NodeType::Storage,
+        &cfg.dir,
+        &mut identity,
+        &advertise,
+        REGISTER_DEADLINE,
+    )
+    .await
+    .map_err(|source| StorageError::Mgmt {
+        mgmtd: cfg.mgmtd.clone(),
+        source,
+    })?;
+    let ids = register_targets(&mgmt, node, &mut opened).await?;
+
+    let stores = ids
+        .iter()
+        .zip(&opened)
+        .map(|(&id, o)| (id, Arc::new(ChunkStore::new(id, &o.dir))))
+        .collect();
+    if handler.ready.set(Ready { node, stores }).is_err() {
+        unreachable!("the handler is made ready once");
+    }
+    let hb = Heartbeat {
+        mgmt,
+        node,
+        identity,
+        dir: cfg.dir.clone(),
+        advertise,
+        targets: ids
+            .iter()
+            .zip(&opened)
+            .map(|(&id, o)| (id, o.file.uuid.clone(), o.dir.clone()))
+            .collect(),
+        every: Duration::from_millis(cfg.heartbeat_interval_ms),
+    };
+    let heartbeat = tokio::spawn(hb.run());
+    info!(%node, addr = %local_addr, targets = ?ids, "storage service started");
+    Ok(StorageService {
+        local_addr,
+        node_id: node,
+        targets: ids,
+        server: server.take(),
+        heartbeat,
+    })
+}
+
+struct AbortOnDrop(Option<ServerHandle>);
+
+impl AbortOnDrop {
+    fn take(mut self) -> ServerHandle {
+        self.0.take().expect("taken once")
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(s) = &self.0 {
+            s.abort();
+        }
+    }
+}
+
+/// The heartbeat loop: capacities every `every`; if mgmtd no longer knows
+/// this node (its registry was replaced), registers again under the same
+/// uuids and checks that the ids did not change.
+struct Heartbeat {
+    mgmt: Arc<Pool>,
+    node: NodeId,
+    identity: NodeIdentity,
+    dir: PathBuf,
+    advertise: String,
+    /// (id, uuid, directory) of each target.
+    targets: Vec<(TargetId, String, PathBuf)>,
+    every: Duration,
+}
+
+impl Heartbeat {
+    async fn run(mut self) {
+        let mut failing = false;
+        loop {
+            let dirs: Vec<(TargetId, PathBuf)> = self
+                .targets
+                .iter()
+                .map(|(id, _, d)| (*id, d.clone()))
+                .collect();
+            let targets = tokio::task::spawn_blocking(move || sample(&dirs))
+                .await
+                .unwrap_or_default();
+            let req = Request::Heartbeat {
+                node_type: NodeType::Storage,
+                node: self.node,
+                targets,
+                meta: None,
+            };
+            match self.mgmt.rpc(&req).await {
+                Ok(_) => {
+                    if failing {
+                        info!("heartbeats to mgmtd {} work again", self.mgmt.addr());
+                    }
+                    failing = false;
+                }
+                Err(e) if e.code == ErrorCode::NotFound => {
+                    warn!(
+                        "mgmtd {} does not know this node: {e}; registering again",
+                        self.mgmt.addr()
+                    );
+                    if let Err(e) = self.register_again().await {
+                        error!(
+                            "registering again with mgmtd {} failed: {e}",
+                            self.mgmt.addr()
+                        );
+                    }
+                }
+                Err(e) if !failing => {
+                    warn!("heartbeat to mgmtd {} failed: {e}", self.mgmt.addr());
+                    failing = true;
+                }
+                Err(e) => debug!("heartbeat to mgmtd {} failed: {e}", self.mgmt.addr()),
+            }
+            tokio::time::sleep(self.every).await;
+        }
+    }
+
+    async fn register_again(&mut self) -> Result<(), FsError> {
+        let node = hivefs_cluster::register_node(
+            &self.mgmt,
+            NodeType::Storage,
+            &self.dir,
+            &mut self.identity,
+            &self.advertise,
+            Duration::ZERO,
+        )
+        .await?;
+        debug_assert_eq!(node, self.node, "register_node refuses a changed id");
+        for (id, uuid, dir) in &self.targets {
+            match self.mgmt.rpc(&Request::RegisterTarget { node, uuid: uuid.clone() }).await? {
+                Reply::TargetRegistered { target, .. } if target == *id => {}
+                Reply::TargetRegistered { target, .. } => {
+                    return Err(fs_err!(
+                        Invalid,
+                        "mgmtd assigned target {target} to target dir {} (uuid {uuid}), which is target {id}",
+                        dir.display()
+                    ))
+                }
+                other => return Err(fs_err!(Protocol, "unexpected reply to RegisterTarget: {other:?}")),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Capacities of the targets. A target whose file system cannot be queried
+/// is left out, so mgmtd sees it stop reporting and marks it offline.
+fn sample(targets: &[(TargetId, PathBuf)]) -> Vec<TargetCapacity> {
+    targets
+        .iter()
+        .filter_map(|(target, dir)| match statvfs(dir) {
+            Ok(capacity) => Some(TargetCapacity {
+                target: *target,
+                capacity,
+            }),
+            Err(e) => {
+                warn!(%target, "statvfs of {} failed: {e}", dir.display());
+                None
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_defaults_and_unknown_keys() {
+        let c: Config = toml::from_str("targets = [\"/a\"]\nfs_uuid = \"x\"").unwrap();
+        assert_eq!(c.listen, "127.0.0.1:8003");
+        assert_eq!(c.mgmtd, "127.0.0.1:8008");
+        assert_eq!(c.heartbeat_interval_ms, 1000);
+        assert_eq!(c.targets, vec![PathBuf::from("/a")]);
+        assert!(toml::from_str::<Config>("target = []").is_err());
+    }
+
+    #[test]
+    fn statvfs_reports_space() {
+        let d = tempfile::tempdir().unwrap();
+        let c = statvfs(d.path()).unwrap();
+        assert!(c.total_bytes > 0 && c.free_bytes <= c.total_bytes, "{c:?}");
+        assert!(statvfs(&d.path().join("missing")).is_err());
+    }
+
+    #[tokio::test]
+    async fn start_refuses_bad_targets_before_contacting_mgmtd() {
+        let d = tempfile::tempdir().unwrap();
+        let t = d.path().join("t");
+        std::fs::create_dir(&t).unwrap();
+        let cfg = Config {
+            dir: d.path().join("svc"),
+            targets: vec![t.clone()],
+            listen: "127.0.0.1:0".into(),
+            mgmtd: "127.0.0.1:1".into(),
+            ..Default::default()
+        };
+        let e = start(cfg.clone()).await.err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "target dir {} is not formatted; run hivefs storage --init",
+                t.display()
+            )
+        );
+
+        init_target(&t, "fs-a").unwrap();
+        let e = start(Config {
+            fs_uuid: Some("fs-b".into()),
+            ..cfg.clone()
+        })
+        .await
+        .err()
+        .unwrap();
+        assert!(matches!(e, StorageError::ForeignFileSystem { .. }), "{e}");
+
+        let e = start(Config {
+            targets: vec![t.clone(), t.clone()],
+            ..cfg.clone()
+        })
+        .await
+        .err()
+        .unwrap();
+        assert!(matches!(e, StorageError::DuplicateTarget { .. }), "{e}");
+
+        let e = start(Config {
+            targets: vec![],
+            ..cfg.clone()
+        })
+        .await
+        .err()
+        .unwrap();
+        assert!(matches!(e, StorageError::Config(_)), "{e}");
+
+        let e = start(Config {
+            listen: "0.0.0.0:0".into(),
+            ..cfg
+        })
+        .await
+        .err()
+        .unwrap();
+        assert!(e.to_string().contains("advertise"), "{e}");
+    }
+}
