@@ -1,0 +1,165 @@
+//! Disposal: deleting the chunk files of removed files on the storage targets.
+//!
+//! Owns the background loop over the `disposal` table. A record is removed
+//! only after every target of its pattern acknowledged the unlink; failures
+//! are retried with exponential backoff, and the loop resumes from the table
+//! after a restart. It must not delete the chunks of an entry that is counted
+//! open (an open that raced with the unlink still reads them), and it finishes
+//! open-unlinked entries whose last handle went away.
+
+use crate::namespace::Namespace;
+use crate::ops::Mutation;
+use crate::store::DisposalState;
+use hivefs_types::error::FsResult;
+use hivefs_types::ids::{EntryId, TargetId};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+/// Entries whose chunks are deleted concurrently in one round.
+pub const ROUND_MAX: usize = 32;
+/// Records read per scan page (bounded memory for a long table).
+const SCAN_PAGE: usize = 256;
+const BACKOFF_MIN: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// Rescan even without a wake-up (catches anything a lost wake-up missed).
+const IDLE_RESCAN: Duration = Duration::from_secs(30);
+
+struct Backoff {
+    attempts: u32,
+    next: Instant,
+}
+
+/// Retry state of the disposal loop (in memory: a restart retries at once).
+#[derive(Default)]
+pub struct RetryState {
+    backoff: HashMap<EntryId, Backoff>,
+}
+
+/// What one round did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct RoundOutcome {
+    /// Entries whose chunk files are now gone everywhere.
+    pub deleted: usize,
+    /// Entries with at least one failed target (retried later).
+    pub failed: usize,
+    /// Open-unlinked entries finished because nothing holds them any more.
+    pub orphans_finished: usize,
+    /// More due work than one round takes.
+    pub more: bool,
+    /// When the earliest backed-off entry is due again.
+    pub next_due: Option<Instant>,
+}
+
+impl Namespace {
+    /// One pass over the disposal table.
+    pub async fn disposal_round(&self, st: &mut RetryState) -> FsResult<RoundOutcome> {
+        let now = Instant::now();
+        let mut out = RoundOutcome::default();
+        let mut due: Vec<(EntryId, Vec<TargetId>)> = Vec::new();
+        let mut orphans = Vec::new();
+        let mut after = None;
+        'scan: loop {
+            let page = self.read(|t| t.disposal_scan(after, SCAN_PAGE))?;
+            let Some(last) = page.last() else { break };
+            after = Some(last.0);
+            for (id, d) in page {
+                if self.opens.is_open(id) {
+                    continue;
+                }
+                match d.state {
+                    DisposalState::OpenUnlinked => orphans.push(id),
+                    DisposalState::DeleteChunks => {
+                        if let Some(b) = st.backoff.get(&id) {
+                            if b.next > now {
+                                out.next_due = Some(out.next_due.map_or(b.next, |n| n.min(b.next)));
+                                continue;
+                            }
+                        }
+                        if due.len() == ROUND_MAX {
+                            out.more = true;
+                            break 'scan;
+                        }
+                        due.push((id, d.targets));
+                    }
+                }
+            }
+        }
+        for id in orphans {
+            self.submit(Mutation::ReleaseOrphan { id }).await?;
+            out.orphans_finished += 1;
+        }
+        if out.orphans_finished > 0 {
+            // Their chunks are now due: take them in the next round.
+            out.more = true;
+        }
+
+        let mut set = tokio::task::JoinSet::new();
+        for (id, targets) in &due {
+            for &t in targets {
+                let fut = self.targets.unlink_chunk(t, *id);
+                let id = *id;
+                set.spawn(async move { (id, t, fut.await) });
+            }
+        }
+        let mut failed: HashMap<EntryId, String> = HashMap::new();
+        while let Some(r) = set.join_next().await {
+            match r {
+                Ok((_, _, Ok(()))) => {}
+                Ok((id, t, Err(e))) => {
+                    failed.entry(id).or_insert_with(|| format!("target {t}: {e}"));
+                }
+                Err(e) => warn!("chunk unlink task failed: {e}"),
+            }
+        }
+        let done: Vec<EntryId> = due.iter().map(|d| d.0).filter(|id| !failed.contains_key(id)).collect();
+        if !done.is_empty() {
+            self.submit(Mutation::DropDisposal { ids: done.clone() }).await?;
+            for id in &done {
+                st.backoff.remove(id);
+            }
+            debug!("deleted the chunk files of {} removed entries", done.len());
+        }
+        out.deleted = done.len();
+        out.failed = failed.len();
+        for (id, why) in failed {
+            let b = st.backoff.entry(id).or_insert(Backoff { attempts: 0, next: now });
+            b.attempts = b.attempts.saturating_add(1);
+            let delay = BACKOFF_MIN.saturating_mul(1 << b.attempts.min(16)).min(BACKOFF_MAX);
+            b.next = now + delay;
+            out.next_due = Some(out.next_due.map_or(b.next, |n| n.min(b.next)));
+            warn!("deleting chunk files of {id} failed (attempt {}, retry in {delay:?}): {why}", b.attempts);
+        }
+        Ok(out)
+    }
+}
+
+/// Runs disposal rounds until aborted: after every wake-up from the writer,
+/// when a backed-off entry is due, and every [`IDLE_RESCAN`].
+pub fn spawn_disposal(ns: Arc<Namespace>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut st = RetryState::default();
+        loop {
+            let wait = match ns.disposal_round(&mut st).await {
+                Ok(r) if r.more => Duration::ZERO,
+                Ok(r) => {
+                    r.next_due.map_or(IDLE_RESCAN, |d| d.saturating_duration_since(Instant::now()).min(IDLE_RESCAN))
+                }
+                Err(e) => {
+                    warn!("disposal round failed: {e}");
+                    BACKOFF_MAX.min(IDLE_RESCAN)
+                }
+            };
+            if wait.is_zero() {
+                tokio::task::yield_now().await;
+                continue;
+            }
+            tokio::select! {
+                _ = ns.disposal_wakeup.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    })
+}

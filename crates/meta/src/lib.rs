@@ -1,0 +1,315 @@
+//! HiveFS metadata service (`hivefs meta`): one metadata target.
+//!
+//! Owns the part of the namespace stored on this node: directories, their
+//! entries, inodes, extended attributes, stripe settings and the choice of
+//! storage targets for new files; the count of open handles; and the deletion
+//! of removed files' chunk files on the storage targets. The store is redb
+//! (`meta.redb` in the data dir; key schema in [`store`] and
+//! `docs/design-meta.md`); every mutation goes through one writer that commits
+//! many operations per transaction (group commit, [`writer`]) and answers only
+//! after the commit.
+//!
+//! It must not hold file contents (storage targets do), decide node or target
+//! states (mgmtd does), check permission bits (the kernel does, with
+//! `default_permissions`), or map errors to errno (the FUSE crate does).
+//!
+//! Layout: `store` (records, keys, opening) → `ops` (POSIX rules over one
+//! transaction) → `writer` (group commit) → `namespace` (request dispatch,
+//! reads, truncation) → this file (configuration, mgmtd, serving). `chooser`
+//! and `gc` are the target choosers and the chunk disposal loop.
+
+pub mod chooser;
+pub mod gc;
+pub mod namespace;
+pub mod ops;
+pub mod store;
+pub mod targets;
+pub mod writer;
+
+#[cfg(test)]
+mod tests;
+
+pub use namespace::{Namespace, NamespaceOptions, DB_FILE};
+pub use store::StoreError;
+pub use targets::DataTargets;
+
+use hivefs_cluster::{register_node, Cluster, NodeIdentity};
+use hivefs_net::{load_secret, serve, ClientConfig, Handler, Peer, Pools, ServerConfig, ServerHandle};
+use hivefs_proto::{Reply, Request, Response};
+use hivefs_types::error::FsError;
+use hivefs_types::fs_err;
+use hivefs_types::ids::{NodeId, NodeType};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+/// How long `start` keeps trying to reach mgmtd.
+pub const MGMTD_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Configuration of a metadata service (one TOML file; every key has a default).
+#[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Data dir: `node.toml`, `meta.redb`.
+    pub dir: PathBuf,
+    /// Address to listen on.
+    pub listen: String,
+    /// Address others use to reach this node; default: the bound local address.
+    pub advertise: Option<String>,
+    /// Address of mgmtd.
+    pub mgmtd: String,
+    /// Shared secret file; `None` disables authentication.
+    pub secret_file: Option<PathBuf>,
+    /// fsync (via group commit) before acknowledging. With `false`, an
+    /// acknowledged operation still survives `kill -9`, not a power loss.
+    pub sync: bool,
+    pub heartbeat_interval_ms: u64,
+    /// How often the cluster view (targets for new files) is refreshed.
+    pub target_refresh_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            dir: PathBuf::from("/var/lib/hivefs/meta"),
+            listen: "127.0.0.1:8005".into(),
+            advertise: None,
+            mgmtd: "127.0.0.1:8008".into(),
+            secret_file: None,
+            sync: true,
+            heartbeat_interval_ms: 1000,
+            target_refresh_ms: 2000,
+        }
+    }
+}
+
+impl Config {
+    /// Reads a TOML configuration file.
+    pub fn load(path: &Path) -> Result<Config, MetaError> {
+        let s = std::fs::read_to_string(path)
+            .map_err(|e| MetaError::Config { path: path.to_path_buf(), message: e.to_string() })?;
+        toml::from_str(&s).map_err(|e| MetaError::Config { path: path.to_path_buf(), message: e.to_string() })
+    }
+}
+
+/// Why the metadata service could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MetaError {
+    #[error("metadata config {path}: {message}")]
+    Config { path: PathBuf, message: String },
+    #[error("metadata data dir {path}: {source}")]
+    DataDir { path: PathBuf, source: std::io::Error },
+    #[error("{message}")]
+    Secret { path: PathBuf, message: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The transport's message names the address ("cannot listen on …").
+    #[error("{source}")]
+    Listen { addr: String, source: std::io::Error },
+    #[error("cannot register this metadata node (data dir {dir}) with mgmtd at {mgmtd}: {source}")]
+    Register { mgmtd: String, dir: PathBuf, source: FsError },
+    #[error("mgmtd at {mgmtd} did not name the owner of the root directory: {message}")]
+    RootOwner { mgmtd: String, message: String },
+    #[error("cannot create the root directory in {path}: {source}")]
+    Root { path: PathBuf, source: FsError },
+}
+
+/// The request handler: the namespace once registration is done.
+#[derive(Default)]
+struct MetaHandler {
+    ns: RwLock<Option<Arc<Namespace>>>,
+}
+
+impl MetaHandler {
+    fn set(&self, ns: Option<Arc<Namespace>>) -> Option<Arc<Namespace>> {
+        std::mem::replace(&mut *self.ns.write().expect("handler lock"), ns)
+    }
+}
+
+impl Handler for MetaHandler {
+    async fn handle(&self, req: Request, _payload: Vec<u8>, _peer: &Peer) -> (Response, Vec<u8>) {
+        let ns = self.ns.read().expect("handler lock").clone();
+        let r = match ns {
+            Some(ns) => ns.handle(req).await,
+            None => Err(fs_err!(Unavailable, "metadata service is starting or stopping")),
+        };
+        (r, Vec::new())
+    }
+}
+
+/// A running metadata service.
+pub struct MetaService {
+    pub local_addr: SocketAddr,
+    pub node_id: NodeId,
+    server: ServerHandle,
+    tasks: Vec<JoinHandle<()>>,
+    handler: Arc<MetaHandler>,
+}
+
+impl MetaService {
+    /// The namespace being served (for in-process tools and tests).
+    pub fn namespace(&self) -> Option<Arc<Namespace>> {
+        self.handler.ns.read().expect("handler lock").clone()
+    }
+
+    /// Stops serving, waits for requests in progress, and closes the store
+    /// (its file lock is released when this returns).
+    pub async fn stop(mut self) {
+        self.server.abort();
+        for t in self.tasks.drain(..) {
+            t.abort();
+            let _ = t.await;
+        }
+        let Some(ns) = self.handler.set(None) else { return };
+        // Requests in flight hold the namespace; they finish within their timeouts.
+        let mut ns = ns;
+        for _ in 0..1000 {
+            match Arc::try_unwrap(ns) {
+                Ok(n) => {
+                    let _ = tokio::task::spawn_blocking(move || n.close()).await;
+                    return;
+                }
+                Err(still_shared) => {
+                    ns = still_shared;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+        warn!("metadata namespace still in use 10 s after stop; it closes when the last request ends");
+    }
+}
+
+impl Drop for MetaService {
+    fn drop(&mut self) {
+        self.server.abort();
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.handler.set(None);
+    }
+}
+
+/// The address to advertise when none is configured: the bound address, with
+/// a wildcard IP replaced by loopback (a wildcard reaches no one).
+fn default_advertise(local: SocketAddr) -> String {
+    if local.ip().is_unspecified() {
+        warn!("listening on {local}: advertising 127.0.0.1:{}; set `advertise` for other hosts", local.port());
+        format!("127.0.0.1:{}", local.port())
+    } else {
+        local.to_string()
+    }
+}
+
+async fn root_owner(cluster: &Cluster, mgmtd: &str) -> Result<NodeId, MetaError> {
+    let start = tokio::time::Instant::now();
+    loop {
+        let r = cluster.mgmt().rpc(&Request::GetRootOwner).await;
+        match r {
+            Ok(Reply::RootOwner(Some(n))) => return Ok(n),
+            Ok(Reply::RootOwner(None)) | Err(_) if start.elapsed() < MGMTD_DEADLINE => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Ok(Reply::RootOwner(None)) => {
+                return Err(MetaError::RootOwner { mgmtd: mgmtd.into(), message: "no owner assigned".into() })
+            }
+            Ok(other) => {
+                return Err(MetaError::RootOwner {
+                    mgmtd: mgmtd.into(),
+                    message: format!("unexpected reply {other:?}"),
+                })
+            }
+            Err(e) => return Err(MetaError::RootOwner { mgmtd: mgmtd.into(), message: e.to_string() }),
+        }
+    }
+}
+
+/// Starts a metadata service: opens the store, binds, registers with mgmtd,
+/// creates the root directory if this node owns it, starts heartbeats, the
+/// cluster view refresh and chunk disposal. Returns once serving.
+pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
+    let dir = cfg.dir.clone();
+    std::fs::create_dir_all(&dir).map_err(|source| MetaError::DataDir { path: dir.clone(), source })?;
+    let secret = match &cfg.secret_file {
+        Some(p) => Some(load_secret(p).map_err(|message| MetaError::Secret { path: p.clone(), message })?),
+        None => None,
+    };
+    let mut identity =
+        NodeIdentity::load_or_create(&dir).map_err(|source| MetaError::DataDir { path: dir.clone(), source })?;
+    // Opened before binding: a second service on the same data dir fails here.
+    let store = store::Store::open(&dir.join(DB_FILE), cfg.sync)?;
+    let handler = Arc::new(MetaHandler::default());
+    let server = serve(&cfg.listen, ServerConfig::new(NodeType::Meta, secret.clone()), handler.clone())
+        .await
+        .map_err(|source| MetaError::Listen { addr: cfg.listen.clone(), source })?;
+    let local_addr = server.local_addr;
+    let advertise = cfg.advertise.clone().unwrap_or_else(|| default_advertise(local_addr));
+
+    let pools = Pools::new(ClientConfig::new(secret));
+    let cluster = Cluster::new(&cfg.mgmtd, pools);
+    let setup = async {
+        let node = register_node(&cluster.mgmt(), NodeType::Meta, &dir, &mut identity, &advertise, MGMTD_DEADLINE)
+            .await
+            .map_err(|source| MetaError::Register { mgmtd: cfg.mgmtd.clone(), dir: dir.clone(), source })?;
+        let opts = NamespaceOptions { dir: dir.clone(), sync: cfg.sync, node, seed: None, clock: None };
+        let targets = Arc::new(targets::ClusterTargets { cluster: cluster.clone() });
+        let ns = Arc::new(Namespace::from_store(store, opts, targets)?);
+        if let Err(e) = cluster.refresh().await {
+            warn!("first cluster view refresh from mgmtd {} failed: {e}", cfg.mgmtd);
+        }
+        if root_owner(&cluster, &cfg.mgmtd).await? == node {
+            ns.ensure_root().await.map_err(|source| MetaError::Root { path: dir.clone(), source })?;
+            info!("this metadata node {node} owns the root directory");
+        }
+        Ok::<_, MetaError>((node, ns))
+    };
+    let (node, ns) = match setup.await {
+        Ok(x) => x,
+        Err(e) => {
+            server.abort();
+            return Err(e);
+        }
+    };
+
+    let mut tasks = Vec::new();
+    {
+        let mgmt = cluster.mgmt();
+        let every = Duration::from_millis(cfg.heartbeat_interval_ms.max(10));
+        let dir = dir.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let meta = match targets::capacity_of(&dir) {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        warn!("statvfs of {}: {e}", dir.display());
+                        None
+                    }
+                };
+                let hb = Request::Heartbeat { node_type: NodeType::Meta, node, targets: Vec::new(), meta };
+                if let Err(e) = mgmt.rpc(&hb).await {
+                    warn!("heartbeat to mgmtd {} failed: {e}", mgmt.addr());
+                }
+                tokio::time::sleep(every).await;
+            }
+        }));
+    }
+    {
+        let cluster = cluster.clone();
+        let every = Duration::from_millis(cfg.target_refresh_ms.max(10));
+        tasks.push(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(e) = cluster.refresh().await {
+                    debug!("cluster view refresh failed: {e}");
+                }
+            }
+        }));
+    }
+    tasks.push(gc::spawn_disposal(ns.clone()));
+    handler.set(Some(ns));
+    info!(%local_addr, %node, %advertise, "metadata service ready");
+    Ok(MetaService { local_addr, node_id: node, server, tasks, handler })
+}

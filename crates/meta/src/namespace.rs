@@ -1,0 +1,349 @@
+//! The namespace of one metadata target, as a service without network.
+//!
+//! Owns the store, the writer (group commit), the in-memory open counts and
+//! the request dispatch: reads run in their own read transactions,
+//! concurrently with the writer; mutations go through the writer; truncation
+//! talks to the storage targets before the size is committed. It must not
+//! know about sockets, mgmtd or configuration files (that is `lib.rs`), so
+//! tests drive it directly with a fake [`DataTargets`].
+
+use crate::ops::{check_truncatable, load_inode, Mutation, OpError, ReadTables};
+use crate::store::{sys, sys_get, Store, StoreError, SYSTEM};
+use crate::targets::{capacity_of, DataTargets};
+use crate::writer::{run_batch, system_clock, Clock, Writer, WriterState, WriterStats};
+use hivefs_proto::{Reply, Request, Response};
+use hivefs_types::attr::{EntryAttr, SetAttr};
+use hivefs_types::error::{FsError, FsResult};
+use hivefs_types::fs_err;
+use hivefs_types::ids::{EntryId, NodeId, NodeType};
+use hivefs_types::pattern::Pattern;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use redb::ReadableDatabase;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use tokio::sync::Notify;
+
+/// File name of the store inside the data dir.
+pub const DB_FILE: &str = "meta.redb";
+
+/// How a namespace is opened.
+#[derive(Clone)]
+pub struct NamespaceOptions {
+    /// Data dir: holds [`DB_FILE`]; its file system's space is reported by MetaStat.
+    pub dir: PathBuf,
+    /// fsync before acknowledging (see `store::SwitchableSyncBackend`).
+    pub sync: bool,
+    /// This node's id: part of minted EntryIds and of every EntryAttr.
+    pub node: NodeId,
+    /// Seed of the choosers' randomness; `None` draws one from the OS.
+    pub seed: Option<u64>,
+    /// Time source; `None` is the system clock.
+    pub clock: Option<Clock>,
+}
+
+/// Open handles per entry, counted from Open/Release requests. In memory
+/// only: after a restart nothing is open, which is why open-unlinked
+/// entries are finished at start.
+#[derive(Default)]
+pub struct Opens(pub(crate) Mutex<HashMap<EntryId, u32>>);
+
+impl Opens {
+    pub fn is_open(&self, id: EntryId) -> bool {
+        self.0.lock().expect("opens lock").contains_key(&id)
+    }
+    fn inc(&self, id: EntryId) {
+        *self.0.lock().expect("opens lock").entry(id).or_insert(0) += 1;
+    }
+    /// Returns true when the last handle went away.
+    fn dec(&self, id: EntryId) -> bool {
+        let mut m = self.0.lock().expect("opens lock");
+        match m.get_mut(&id) {
+            Some(c) if *c > 1 => {
+                *c -= 1;
+                false
+            }
+            Some(_) => {
+                m.remove(&id);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+pub struct Namespace {
+    // Field order matters: the writer (and its thread) goes before the database handle.
+    writer: Writer,
+    db: Arc<redb::Database>,
+    node: NodeId,
+    epoch: u32,
+    dir: PathBuf,
+    pub(crate) opens: Arc<Opens>,
+    pub(crate) targets: Arc<dyn DataTargets>,
+    pub(crate) disposal_wakeup: Arc<Notify>,
+}
+
+fn store_err(e: OpError) -> FsError {
+    match e {
+        OpError::Fs(e) => e,
+        OpError::Fatal(m) => fs_err!(Io, "metadata store failure: {m}"),
+    }
+}
+
+impl Namespace {
+    /// Opens the store in `opts.dir` and starts the writer.
+    pub fn open(opts: NamespaceOptions, targets: Arc<dyn DataTargets>) -> Result<Namespace, StoreError> {
+        let store = Store::open(&opts.dir.join(DB_FILE), opts.sync)?;
+        Self::from_store(store, opts, targets)
+    }
+
+    /// Starts the writer over an opened store. Entries unlinked while open in
+    /// an earlier run are finished first (nothing is open now).
+    pub fn from_store(
+        store: Store,
+        opts: NamespaceOptions,
+        targets: Arc<dyn DataTargets>,
+    ) -> Result<Namespace, StoreError> {
+        let db = Arc::new(store.db);
+        let opens = Arc::new(Opens::default());
+        let disposal_wakeup = Arc::new(Notify::new());
+        let is_open = {
+            let o = opens.clone();
+            Arc::new(move |id| o.is_open(id))
+        };
+        let mut state = WriterState {
+            node: opts.node,
+            epoch: store.epoch,
+            counter: 0,
+            targets: targets.clone(),
+            rr: 0,
+            rng: match opts.seed {
+                Some(s) => StdRng::seed_from_u64(s),
+                None => StdRng::from_entropy(),
+            },
+            is_open,
+            clock: opts.clock.unwrap_or_else(system_clock),
+            disposal_wakeup: disposal_wakeup.clone(),
+        };
+        if let Some(Err(e)) = run_batch(&db, &mut state, vec![Mutation::RecoverOrphans]).pop() {
+            return Err(StoreError::Db { path: store.path, message: format!("recovering open-unlinked entries: {e}") });
+        }
+        let writer =
+            Writer::spawn(db.clone(), state).map_err(|source| StoreError::Io { path: store.path.clone(), source })?;
+        Ok(Namespace {
+            writer,
+            db,
+            node: opts.node,
+            epoch: store.epoch,
+            dir: opts.dir,
+            opens,
+            targets,
+            disposal_wakeup,
+        })
+    }
+
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+
+    /// Boot epoch of this run (part of every EntryId minted now).
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    pub fn writer_stats(&self) -> &WriterStats {
+        &self.writer.stats
+    }
+
+    /// Stops the writer after its current batch and closes the store.
+    pub fn close(mut self) {
+        self.writer.shutdown();
+    }
+
+    pub(crate) async fn submit(&self, m: Mutation) -> FsResult<Reply> {
+        self.writer.submit(m).await
+    }
+
+    pub(crate) fn read<T>(&self, f: impl FnOnce(&ReadTables) -> Result<T, OpError>) -> FsResult<T> {
+        let txn = self.db.begin_read().map_err(|e| fs_err!(Io, "metadata store failure: {e}"))?;
+        let t = ReadTables::open(&txn).map_err(store_err)?;
+        f(&t).map_err(store_err)
+    }
+
+    async fn entry(&self, m: Mutation) -> FsResult<EntryAttr> {
+        match self.submit(m).await? {
+            Reply::Entry(a) => Ok(a),
+            r => Err(fs_err!(Internal, "writer answered {r:?} where an entry was expected")),
+        }
+    }
+
+    /// Creates the root directory if this node is the root owner and it is missing.
+    pub async fn ensure_root(&self) -> FsResult<EntryAttr> {
+        self.entry(Mutation::CreateRoot).await
+    }
+
+    // ------------------------------------------------------------ reads
+
+    pub fn lookup(&self, parent: EntryId, name: &[u8]) -> FsResult<EntryAttr> {
+        self.read(|t| t.lookup(parent, name, self.node))
+    }
+
+    pub fn getattr(&self, id: EntryId) -> FsResult<EntryAttr> {
+        self.read(|t| t.getattr(id, self.node))
+    }
+
+    pub fn readdir(&self, dir: EntryId, after: Option<&[u8]>, max: u32) -> FsResult<Reply> {
+        let (entries, more) = self.read(|t| t.readdir(dir, after, max))?;
+        Ok(Reply::DirPage { entries, more })
+    }
+
+    pub fn readlink(&self, id: EntryId) -> FsResult<Vec<u8>> {
+        self.read(|t| t.readlink(id))
+    }
+
+    pub fn getxattr(&self, id: EntryId, name: &[u8]) -> FsResult<Vec<u8>> {
+        self.read(|t| t.getxattr(id, name))
+    }
+
+    pub fn listxattr(&self, id: EntryId) -> FsResult<Vec<Vec<u8>>> {
+        self.read(|t| t.listxattr(id))
+    }
+
+    /// `(files, dirs)` counted by this node.
+    pub fn counts(&self) -> FsResult<(u64, u64)> {
+        let txn = self.db.begin_read().map_err(|e| fs_err!(Io, "metadata store failure: {e}"))?;
+        let t = txn.open_table(SYSTEM).map_err(|e| fs_err!(Io, "metadata store failure: {e}"))?;
+        let get = |k| sys_get(&t, k).map_err(|e| fs_err!(Io, "metadata store failure: {e}"));
+        Ok((get(sys::FILES)?, get(sys::DIRS)?))
+    }
+
+    pub fn meta_stat(&self) -> FsResult<Reply> {
+        let (files, dirs) = self.counts()?;
+        let capacity =
+            capacity_of(&self.dir).map_err(|e| fs_err!(Io, "statvfs of metadata dir {}: {e}", self.dir.display()))?;
+        Ok(Reply::MetaStat { files, dirs, capacity })
+    }
+
+    // ------------------------------------------------------ open/release
+
+    /// Counts an open handle and returns fresh attributes (with the pattern).
+    pub fn open_file(&self, id: EntryId) -> FsResult<EntryAttr> {
+        // Counted before reading: the disposal task never deletes the chunks of
+        // an entry that is counted open, and an unlink that commits after this
+        // read parks the entry instead of dropping it.
+        self.opens.inc(id);
+        let r = self.getattr(id);
+        if r.is_err() {
+            self.opens.dec(id);
+        }
+        r
+    }
+
+    pub async fn release(&self, id: EntryId) -> FsResult<()> {
+        if !self.opens.dec(id) {
+            return Ok(());
+        }
+        // Most released files were not unlinked: look before queueing a write.
+        if self.read(|t| t.disposal(id))?.is_some() {
+            self.submit(Mutation::ReleaseOrphan { id }).await?;
+        }
+        Ok(())
+    }
+
+    // -------------------------------------------------------- setattr
+
+    /// Changes attributes. A size change first truncates (or extends) the
+    /// chunk file on every stripe target, then commits the new size.
+    pub async fn set_attr(&self, id: EntryId, attr: SetAttr) -> FsResult<EntryAttr> {
+        if let Some(size) = attr.size {
+            let i = self
+                .read(|t| load_inode(&t.inodes, id))?
+                .ok_or_else(|| fs_err!(NotFound, "entry {id} not found on this metadata node"))?;
+            check_truncatable(id, &i)?;
+            if let Some(p) = &i.pattern {
+                self.truncate_chunks(id, p, size).await?;
+            }
+        }
+        self.entry(Mutation::SetAttr { id, attr }).await
+    }
+
+    async fn truncate_chunks(&self, id: EntryId, p: &Pattern, size: u64) -> FsResult<()> {
+        let mut set = tokio::task::JoinSet::new();
+        for (idx, &target) in p.targets.iter().enumerate() {
+            let len = p.chunk_file_len(size, idx);
+            let fut = self.targets.truncate_chunk(target, id, len);
+            set.spawn(async move {
+                fut.await.map_err(|e| {
+                    FsError::new(e.code, format!("truncating {id} to {size} bytes: target {target}: {}", e.message))
+                })
+            });
+        }
+        let mut first_err = None;
+        while let Some(r) = set.join_next().await {
+            let r = r.unwrap_or_else(|e| Err(fs_err!(Internal, "truncate task of {id} failed: {e}")));
+            if let (Err(e), None) = (r, &first_err) {
+                first_err = Some(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    // -------------------------------------------------------- dispatch
+
+    /// Answers one request.
+    pub async fn handle(&self, req: Request) -> Response {
+        let entry = |r: FsResult<EntryAttr>| r.map(Reply::Entry);
+        match req {
+            Request::Ping => Ok(Reply::Pong { node_type: NodeType::Meta, node: self.node }),
+            Request::Lookup { parent, name } => entry(self.lookup(parent, &name)),
+            Request::GetAttr { id } => entry(self.getattr(id)),
+            Request::SetAttr { id, attr, caller: _ } => entry(self.set_attr(id, attr).await),
+            Request::Create { parent, name, kind, mode, rdev, excl, caller } => {
+                self.submit(Mutation::Create { parent, name, kind, mode, rdev, excl, uid: caller.uid, gid: caller.gid })
+                    .await
+            }
+            Request::Mkdir { parent, name, mode, caller } => {
+                self.submit(Mutation::Mkdir { parent, name, mode, uid: caller.uid, gid: caller.gid }).await
+            }
+            Request::Unlink { parent, name } => self.submit(Mutation::Unlink { parent, name }).await,
+            Request::Rmdir { parent, name } => self.submit(Mutation::Rmdir { parent, name }).await,
+            Request::Rename { parent, name, new_parent, new_name, flags } => {
+                self.submit(Mutation::Rename { parent, name, new_parent, new_name, flags }).await
+            }
+            Request::ReadDir { dir, after, max } => self.readdir(dir, after.as_deref(), max),
+            Request::Symlink { parent, name, target, caller } => {
+                self.submit(Mutation::Symlink { parent, name, target, uid: caller.uid, gid: caller.gid }).await
+            }
+            Request::ReadLink { id } => self.readlink(id).map(Reply::LinkTarget),
+            Request::Link { id, new_parent, new_name } => {
+                self.submit(Mutation::Link { id, new_parent, new_name }).await
+            }
+            Request::GetXattr { id, name } => self.getxattr(id, &name).map(Reply::Xattr),
+            Request::SetXattr { id, name, value, flags } => {
+                self.submit(Mutation::SetXattr { id, name, value, flags }).await
+            }
+            Request::ListXattr { id } => self.listxattr(id).map(Reply::XattrNames),
+            Request::RemoveXattr { id, name } => self.submit(Mutation::RemoveXattr { id, name }).await,
+            Request::SetDirPattern { id, pattern } => self.submit(Mutation::SetDirPattern { id, pattern }).await,
+            Request::Open { id, write: _ } => entry(self.open_file(id)),
+            Request::Release { id, write: _ } => self.release(id).await.map(|()| Reply::Ok),
+            Request::UpdateSize { id, size, mtime } => self.submit(Mutation::UpdateSize { id, size, mtime }).await,
+            Request::MetaStat => self.meta_stat(),
+            other => Err(fs_err!(
+                NotSupported,
+                "{} is not served by a metadata node (node {})",
+                request_name(&other),
+                self.node
+            )),
+        }
+    }
+}
+
+/// The variant name of a request, for error messages (no field contents).
+pub fn request_name(r: &Request) -> String {
+    let s = format!("{r:?}");
+    let end = s.find([' ', '{', '(']).unwrap_or(s.len());
+    s[..end].to_string()
+}

@@ -1,0 +1,1019 @@
+//! Namespace rules: every metadata operation as a function over the tables
+//! of one transaction.
+//!
+//! Owns the POSIX semantics (error codes, link counts, times) and the record
+//! changes each operation makes. It must not do I/O besides the transaction
+//! it is given, read clocks, or talk to the network: the writer passes the
+//! time, the id counter, the pattern chooser and the open-file table in a
+//! [`Ctx`], so every rule here is testable without a cluster.
+//!
+//! Mutations run inside a batch of many operations that commit together
+//! (group commit). Invariant that makes this safe: **a mutation returns
+//! [`OpError::Fs`] only before its first write**. All checks read first; the
+//! writes follow. A store failure ([`OpError::Fatal`]) aborts the whole batch.
+
+use crate::store::{
+    child_key, decode, encode, get_record, id_key, scan_children, Dentry, Disposal, DisposalState, Inode,
+};
+use hivefs_proto::{DirEntry, Reply, RENAME_NOREPLACE, XATTR_CREATE, XATTR_REPLACE};
+use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
+use hivefs_types::error::{FsError, FsResult};
+use hivefs_types::fs_err;
+use hivefs_types::ids::{EntryId, NodeId};
+use hivefs_types::pattern::{validate_chunk_size, DirPattern, Pattern};
+use hivefs_types::{NAME_MAX, PATH_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX};
+use redb::{ReadableTable, Table, WriteTransaction};
+
+/// Largest page `ReadDir` returns, whatever the client asks for.
+pub const READDIR_MAX: u32 = 1024;
+/// Most hard links of one inode (as ext4's EXT4_LINK_MAX).
+pub const LINK_MAX: u32 = 65000;
+/// Most levels walked up from a rename target looking for the source
+/// directory; a deeper chain means the parent pointers are corrupt.
+const MAX_DEPTH: usize = 1 << 20;
+const S_ISGID: u32 = 0o2000;
+
+/// Why an operation failed.
+#[derive(Debug)]
+pub enum OpError {
+    /// A POSIX-level refusal (before any write): answered to this caller only.
+    Fs(FsError),
+    /// The store failed or holds a corrupt record: the batch is aborted.
+    Fatal(String),
+}
+
+impl From<FsError> for OpError {
+    fn from(e: FsError) -> Self {
+        OpError::Fs(e)
+    }
+}
+
+macro_rules! fatal_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for OpError {
+            fn from(e: $t) -> Self {
+                OpError::Fatal(e.to_string())
+            }
+        }
+    )*};
+}
+fatal_from!(redb::StorageError, redb::TableError, redb::Error);
+
+pub type OpResult<T> = Result<T, OpError>;
+
+/// A mutation, as queued for the writer.
+#[derive(Clone, Debug)]
+pub enum Mutation {
+    /// Creates the root directory if it does not exist (idempotent).
+    CreateRoot,
+    Create {
+        parent: EntryId,
+        name: Vec<u8>,
+        kind: FileKind,
+        mode: u32,
+        rdev: u32,
+        excl: bool,
+        uid: u32,
+        gid: u32,
+    },
+    Mkdir {
+        parent: EntryId,
+        name: Vec<u8>,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+    },
+    Symlink {
+        parent: EntryId,
+        name: Vec<u8>,
+        target: Vec<u8>,
+        uid: u32,
+        gid: u32,
+    },
+    Link {
+        id: EntryId,
+        new_parent: EntryId,
+        new_name: Vec<u8>,
+    },
+    Unlink {
+        parent: EntryId,
+        name: Vec<u8>,
+    },
+    Rmdir {
+        parent: EntryId,
+        name: Vec<u8>,
+    },
+    Rename {
+        parent: EntryId,
+        name: Vec<u8>,
+        new_parent: EntryId,
+        new_name: Vec<u8>,
+        flags: u32,
+    },
+    /// Chunk files were already truncated when `attr.size` is set.
+    SetAttr {
+        id: EntryId,
+        attr: SetAttr,
+    },
+    UpdateSize {
+        id: EntryId,
+        size: u64,
+        mtime: Option<Timespec>,
+    },
+    SetXattr {
+        id: EntryId,
+        name: Vec<u8>,
+        value: Vec<u8>,
+        flags: u32,
+    },
+    RemoveXattr {
+        id: EntryId,
+        name: Vec<u8>,
+    },
+    SetDirPattern {
+        id: EntryId,
+        pattern: DirPattern,
+    },
+    /// The last open handle of `id` is gone: if it was unlinked while open,
+    /// drop its inode now and queue its chunk files for deletion.
+    ReleaseOrphan {
+        id: EntryId,
+    },
+    /// At start: nothing is open, so every open-unlinked inode goes.
+    RecoverOrphans,
+    /// The chunk files of these entries are deleted on every target.
+    DropDisposal {
+        ids: Vec<EntryId>,
+    },
+}
+
+/// What the writer lends an operation.
+pub struct Ctx<'a> {
+    pub node: NodeId,
+    pub epoch: u32,
+    /// Last counter value minted in this boot.
+    pub counter: &'a mut u64,
+    pub now: Timespec,
+    /// Chooses the stripe pattern of a new regular file.
+    pub choose: &'a mut dyn FnMut(&DirPattern) -> FsResult<Pattern>,
+    /// Whether a client has the entry open.
+    pub is_open: &'a dyn Fn(EntryId) -> bool,
+    pub files_delta: i64,
+    pub dirs_delta: i64,
+    /// Set when chunk deletions were queued: wake the disposal task after commit.
+    pub disposal_queued: bool,
+}
+
+impl Ctx<'_> {
+    fn mint(&mut self) -> EntryId {
+        *self.counter += 1;
+        EntryId { node: self.node.0, epoch: self.epoch, counter: *self.counter }
+    }
+}
+
+/// The tables of one write transaction, opened once per batch.
+pub struct Tables<'txn> {
+    pub dentries: Table<'txn, &'static [u8], &'static [u8]>,
+    pub inodes: Table<'txn, &'static [u8], &'static [u8]>,
+    pub xattrs: Table<'txn, &'static [u8], &'static [u8]>,
+    pub disposal: Table<'txn, &'static [u8], &'static [u8]>,
+}
+
+impl<'txn> Tables<'txn> {
+    pub fn open(txn: &'txn WriteTransaction) -> OpResult<Tables<'txn>> {
+        Ok(Tables {
+            dentries: txn.open_table(crate::store::DENTRIES)?,
+            inodes: txn.open_table(crate::store::INODES)?,
+            xattrs: txn.open_table(crate::store::XATTRS)?,
+            disposal: txn.open_table(crate::store::DISPOSAL)?,
+        })
+    }
+
+    fn put_inode(&mut self, id: EntryId, inode: &Inode) -> OpResult<()> {
+        self.inodes.insert(id_key(id).as_slice(), encode(inode).as_slice())?;
+        Ok(())
+    }
+
+    fn put_dentry(&mut self, parent: EntryId, name: &[u8], d: &Dentry) -> OpResult<()> {
+        self.dentries.insert(child_key(parent, name).as_slice(), encode(d).as_slice())?;
+        Ok(())
+    }
+
+    fn remove_dentry(&mut self, parent: EntryId, name: &[u8]) -> OpResult<()> {
+        self.dentries.remove(child_key(parent, name).as_slice())?;
+        Ok(())
+    }
+
+    fn put_disposal(&mut self, id: EntryId, d: &Disposal) -> OpResult<()> {
+        self.disposal.insert(id_key(id).as_slice(), encode(d).as_slice())?;
+        Ok(())
+    }
+
+    /// Removes an inode and all its extended attributes.
+    fn remove_inode(&mut self, id: EntryId) -> OpResult<()> {
+        self.inodes.remove(id_key(id).as_slice())?;
+        let names: Vec<Vec<u8>> =
+            scan_children(&self.xattrs, id, None)?.map(|r| r.map(|(n, _)| n)).collect::<Result<_, _>>()?;
+        for n in names {
+            self.xattrs.remove(child_key(id, &n).as_slice())?;
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------- helpers
+
+/// Shows a name in messages: quoted, lossy UTF-8.
+pub fn q(name: &[u8]) -> String {
+    format!("{:?}", String::from_utf8_lossy(name))
+}
+
+/// A name that can be created, removed or renamed.
+pub fn check_name(name: &[u8]) -> FsResult<()> {
+    if name.is_empty() {
+        return Err(fs_err!(Invalid, "empty file name"));
+    }
+    if name.len() > NAME_MAX {
+        return Err(fs_err!(NameTooLong, "file name of {} bytes exceeds {NAME_MAX}: {}", name.len(), q(&name[..32])));
+    }
+    if name == b"." || name == b".." {
+        return Err(fs_err!(Invalid, "{} cannot be created, removed or renamed", q(name)));
+    }
+    if name.iter().any(|&b| b == b'/' || b == 0) {
+        return Err(fs_err!(Invalid, "file name {} contains '/' or NUL", q(name)));
+    }
+    Ok(())
+}
+
+fn check_xattr_name(name: &[u8]) -> FsResult<()> {
+    if name.is_empty() {
+        return Err(fs_err!(Invalid, "empty extended attribute name"));
+    }
+    if name.len() > XATTR_NAME_MAX {
+        return Err(fs_err!(NameTooLong, "extended attribute name of {} bytes exceeds {XATTR_NAME_MAX}", name.len()));
+    }
+    if name.contains(&0) {
+        return Err(fs_err!(Invalid, "extended attribute name {} contains NUL", q(name)));
+    }
+    Ok(())
+}
+
+pub fn load_inode<T: ReadableTable<&'static [u8], &'static [u8]>>(t: &T, id: EntryId) -> OpResult<Option<Inode>> {
+    get_record(t, "inode", id)
+}
+
+fn inode(t: &impl ReadableTable<&'static [u8], &'static [u8]>, id: EntryId) -> OpResult<Inode> {
+    load_inode(t, id)?.ok_or_else(|| OpError::Fs(fs_err!(NotFound, "entry {id} not found on this metadata node")))
+}
+
+/// The inode of a directory, or NotFound / NotDir.
+fn dir_inode(t: &impl ReadableTable<&'static [u8], &'static [u8]>, id: EntryId) -> OpResult<Inode> {
+    match load_inode(t, id)? {
+        None => Err(fs_err!(NotFound, "directory {id} not found on this metadata node").into()),
+        Some(i) if i.kind != FileKind::Dir => Err(fs_err!(NotDir, "{id} is not a directory").into()),
+        Some(i) => Ok(i),
+    }
+}
+
+pub fn load_dentry<T: ReadableTable<&'static [u8], &'static [u8]>>(
+    t: &T,
+    parent: EntryId,
+    name: &[u8],
+) -> OpResult<Option<Dentry>> {
+    match t.get(child_key(parent, name).as_slice())? {
+        None => Ok(None),
+        Some(v) => {
+            let d = decode("dentry", format_args!("{parent}/{}", q(name)), v.value()).map_err(OpError::Fatal)?;
+            Ok(Some(d))
+        }
+    }
+}
+
+fn dentry(t: &impl ReadableTable<&'static [u8], &'static [u8]>, parent: EntryId, name: &[u8]) -> OpResult<Dentry> {
+    load_dentry(t, parent, name)?
+        .ok_or_else(|| OpError::Fs(fs_err!(NotFound, "no entry {} in directory {parent}", q(name))))
+}
+
+/// The inode a dentry names: a dentry without inode is corruption.
+fn dentry_inode(
+    t: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    parent: EntryId,
+    name: &[u8],
+    d: &Dentry,
+) -> OpResult<Inode> {
+    load_inode(t, d.id)?
+        .ok_or_else(|| OpError::Fatal(format!("dentry {parent}/{} names inode {} that does not exist", q(name), d.id)))
+}
+
+fn is_empty_dir(t: &impl ReadableTable<&'static [u8], &'static [u8]>, id: EntryId) -> OpResult<bool> {
+    Ok(scan_children(t, id, None)?.next().transpose()?.is_none())
+}
+
+pub fn to_attr(id: EntryId, i: &Inode, owner: NodeId) -> EntryAttr {
+    EntryAttr {
+        id,
+        kind: i.kind,
+        mode: i.mode,
+        uid: i.uid,
+        gid: i.gid,
+        size: i.size,
+        nlink: i.nlink,
+        atime: i.atime,
+        mtime: i.mtime,
+        ctime: i.ctime,
+        rdev: i.rdev,
+        owner,
+        pattern: i.pattern.clone(),
+        dir_pattern: i.dir_pattern.clone(),
+    }
+}
+
+fn new_inode(kind: FileKind, mode: u32, uid: u32, gid: u32, now: Timespec) -> Inode {
+    Inode {
+        kind,
+        mode: mode & 0o7777,
+        uid,
+        gid,
+        size: 0,
+        nlink: 1,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        rdev: 0,
+        pattern: None,
+        dir_pattern: None,
+        symlink: None,
+        parent: None,
+    }
+}
+
+/// BSD group semantics of a setgid directory (the kernel leaves this to FUSE
+/// file systems): new entries take the directory's group, new subdirectories
+/// also keep the setgid bit.
+fn inherit_group(parent: &Inode, kind: FileKind, mode: &mut u32, gid: &mut u32) {
+    if parent.mode & S_ISGID != 0 {
+        *gid = parent.gid;
+        if kind == FileKind::Dir {
+            *mode |= S_ISGID;
+        }
+    }
+}
+
+fn touch_dir(dir: &mut Inode, now: Timespec) {
+    dir.mtime = now;
+    dir.ctime = now;
+}
+
+fn resolve(t: Option<SetTime>, now: Timespec) -> Option<Timespec> {
+    t.map(|t| match t {
+        SetTime::Now => now,
+        SetTime::At(ts) => ts,
+    })
+}
+
+// ------------------------------------------------------------- mutations
+
+/// Applies one mutation. See the module doc for the error invariant.
+pub fn apply(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, m: Mutation) -> OpResult<Reply> {
+    match m {
+        Mutation::CreateRoot => create_root(t, ctx),
+        Mutation::Create { parent, name, kind, mode, rdev, excl, uid, gid } => {
+            create(t, ctx, parent, &name, kind, mode, rdev, excl, uid, gid)
+        }
+        Mutation::Mkdir { parent, name, mode, uid, gid } => mkdir(t, ctx, parent, &name, mode, uid, gid),
+        Mutation::Symlink { parent, name, target, uid, gid } => symlink(t, ctx, parent, &name, target, uid, gid),
+        Mutation::Link { id, new_parent, new_name } => link(t, ctx, id, new_parent, &new_name),
+        Mutation::Unlink { parent, name } => unlink(t, ctx, parent, &name),
+        Mutation::Rmdir { parent, name } => rmdir(t, ctx, parent, &name),
+        Mutation::Rename { parent, name, new_parent, new_name, flags } => {
+            rename(t, ctx, parent, &name, new_parent, &new_name, flags)
+        }
+        Mutation::SetAttr { id, attr } => set_attr(t, ctx, id, &attr),
+        Mutation::UpdateSize { id, size, mtime } => update_size(t, ctx, id, size, mtime),
+        Mutation::SetXattr { id, name, value, flags } => set_xattr(t, ctx, id, &name, &value, flags),
+        Mutation::RemoveXattr { id, name } => remove_xattr(t, ctx, id, &name),
+        Mutation::SetDirPattern { id, pattern } => set_dir_pattern(t, ctx, id, pattern),
+        Mutation::ReleaseOrphan { id } => release_orphan(t, ctx, id),
+        Mutation::RecoverOrphans => recover_orphans(t, ctx),
+        Mutation::DropDisposal { ids } => drop_disposal(t, &ids),
+    }
+}
+
+fn create_root(t: &mut Tables<'_>, ctx: &mut Ctx<'_>) -> OpResult<Reply> {
+    let id = EntryId::ROOT;
+    if let Some(i) = load_inode(&t.inodes, id)? {
+        return Ok(Reply::Entry(to_attr(id, &i, ctx.node)));
+    }
+    let mut root = new_inode(FileKind::Dir, 0o755, 0, 0, ctx.now);
+    root.nlink = 2;
+    root.dir_pattern = Some(DirPattern::default());
+    root.parent = Some(id);
+    t.put_inode(id, &root)?;
+    ctx.dirs_delta += 1;
+    Ok(Reply::Entry(to_attr(id, &root, ctx.node)))
+}
+
+#[allow(clippy::too_many_arguments)] // mirrors the request's fields
+fn create(
+    t: &mut Tables<'_>,
+    ctx: &mut Ctx<'_>,
+    parent: EntryId,
+    name: &[u8],
+    kind: FileKind,
+    mode: u32,
+    rdev: u32,
+    excl: bool,
+    uid: u32,
+    gid: u32,
+) -> OpResult<Reply> {
+    check_name(name)?;
+    if matches!(kind, FileKind::Dir | FileKind::Symlink) {
+        return Err(
+            fs_err!(Invalid, "Create cannot make a {kind:?} ({} in {parent}): use Mkdir or Symlink", q(name)).into()
+        );
+    }
+    let mut pdir = dir_inode(&t.inodes, parent)?;
+    if let Some(d) = load_dentry(&t.dentries, parent, name)? {
+        // open(O_CREAT) without O_EXCL opens an existing regular file.
+        if !excl && kind == FileKind::File && d.kind == FileKind::File {
+            let i = dentry_inode(&t.inodes, parent, name, &d)?;
+            return Ok(Reply::Entry(to_attr(d.id, &i, ctx.node)));
+        }
+        if !excl && d.kind == FileKind::Dir {
+            return Err(fs_err!(IsDir, "{} in directory {parent} is a directory", q(name)).into());
+        }
+        return Err(fs_err!(Exists, "entry {} already exists in directory {parent}", q(name)).into());
+    }
+    let pattern = if kind == FileKind::File {
+        let dp = pdir.dir_pattern.clone().unwrap_or_default();
+        Some((ctx.choose)(&dp)?)
+    } else {
+        None
+    };
+    // ---- writes only below this line
+    let (mut mode, mut gid) = (mode & 0o7777, gid);
+    inherit_group(&pdir, kind, &mut mode, &mut gid);
+    let mut i = new_inode(kind, mode, uid, gid, ctx.now);
+    i.rdev = rdev;
+    i.pattern = pattern;
+    let id = ctx.mint();
+    t.put_inode(id, &i)?;
+    t.put_dentry(parent, name, &Dentry { id, kind, owner: ctx.node })?;
+    touch_dir(&mut pdir, ctx.now);
+    t.put_inode(parent, &pdir)?;
+    ctx.files_delta += 1;
+    Ok(Reply::Entry(to_attr(id, &i, ctx.node)))
+}
+
+fn mkdir(
+    t: &mut Tables<'_>,
+    ctx: &mut Ctx<'_>,
+    parent: EntryId,
+    name: &[u8],
+    mode: u32,
+    uid: u32,
+    gid: u32,
+) -> OpResult<Reply> {
+    check_name(name)?;
+    let mut pdir = dir_inode(&t.inodes, parent)?;
+    if load_dentry(&t.dentries, parent, name)?.is_some() {
+        return Err(fs_err!(Exists, "entry {} already exists in directory {parent}", q(name)).into());
+    }
+    let (mut mode, mut gid) = (mode & 0o7777, gid);
+    inherit_group(&pdir, FileKind::Dir, &mut mode, &mut gid);
+    let mut i = new_inode(FileKind::Dir, mode, uid, gid, ctx.now);
+    i.nlink = 2;
+    i.dir_pattern = Some(pdir.dir_pattern.clone().unwrap_or_default());
+    i.parent = Some(parent);
+    let id = ctx.mint();
+    t.put_inode(id, &i)?;
+    // Owner: this node. Placing a new directory on another metadata node is
+    // the multi-node extension; the field is already written.
+    t.put_dentry(parent, name, &Dentry { id, kind: FileKind::Dir, owner: ctx.node })?;
+    pdir.nlink += 1;
+    touch_dir(&mut pdir, ctx.now);
+    t.put_inode(parent, &pdir)?;
+    ctx.dirs_delta += 1;
+    Ok(Reply::Entry(to_attr(id, &i, ctx.node)))
+}
+
+fn symlink(
+    t: &mut Tables<'_>,
+    ctx: &mut Ctx<'_>,
+    parent: EntryId,
+    name: &[u8],
+    target: Vec<u8>,
+    uid: u32,
+    gid: u32,
+) -> OpResult<Reply> {
+    check_name(name)?;
+    if target.is_empty() {
+        // As Linux: symlink("") fails with ENOENT.
+        return Err(fs_err!(NotFound, "empty symlink target for {} in {parent}", q(name)).into());
+    }
+    if target.len() > PATH_MAX {
+        return Err(fs_err!(NameTooLong, "symlink target of {} bytes exceeds {PATH_MAX}", target.len()).into());
+    }
+    if target.contains(&0) {
+        return Err(fs_err!(Invalid, "symlink target for {} contains NUL", q(name)).into());
+    }
+    let mut pdir = dir_inode(&t.inodes, parent)?;
+    if load_dentry(&t.dentries, parent, name)?.is_some() {
+        return Err(fs_err!(Exists, "entry {} already exists in directory {parent}", q(name)).into());
+    }
+    let mut gid = gid;
+    let mut mode = 0o777;
+    inherit_group(&pdir, FileKind::Symlink, &mut mode, &mut gid);
+    let mut i = new_inode(FileKind::Symlink, mode, uid, gid, ctx.now);
+    i.size = target.len() as u64;
+    i.symlink = Some(target);
+    let id = ctx.mint();
+    t.put_inode(id, &i)?;
+    t.put_dentry(parent, name, &Dentry { id, kind: FileKind::Symlink, owner: ctx.node })?;
+    touch_dir(&mut pdir, ctx.now);
+    t.put_inode(parent, &pdir)?;
+    ctx.files_delta += 1;
+    Ok(Reply::Entry(to_attr(id, &i, ctx.node)))
+}
+
+fn link(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, new_parent: EntryId, new_name: &[u8]) -> OpResult<Reply> {
+    check_name(new_name)?;
+    let mut i = inode(&t.inodes, id)?;
+    if i.kind == FileKind::Dir {
+        return Err(fs_err!(NotPermitted, "cannot hard-link directory {id}").into());
+    }
+    if i.nlink == 0 {
+        return Err(fs_err!(NotFound, "entry {id} was unlinked; it cannot get a new name").into());
+    }
+    if i.nlink >= LINK_MAX {
+        return Err(fs_err!(TooManyLinks, "entry {id} already has {} links", i.nlink).into());
+    }
+    let mut pdir = dir_inode(&t.inodes, new_parent)?;
+    if load_dentry(&t.dentries, new_parent, new_name)?.is_some() {
+        return Err(fs_err!(Exists, "entry {} already exists in directory {new_parent}", q(new_name)).into());
+    }
+    // The inode stays where it is (same node, keyed by id): a new dentry is all a link needs.
+    i.nlink += 1;
+    i.ctime = ctx.now;
+    t.put_inode(id, &i)?;
+    t.put_dentry(new_parent, new_name, &Dentry { id, kind: i.kind, owner: ctx.node })?;
+    touch_dir(&mut pdir, ctx.now);
+    t.put_inode(new_parent, &pdir)?;
+    Ok(Reply::Entry(to_attr(id, &i, ctx.node)))
+}
+
+/// Drops one link of a non-directory inode whose dentry was just removed.
+/// The last link removes the inode (or parks it while open) and queues its
+/// chunk files for deletion.
+fn drop_link(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, mut i: Inode) -> OpResult<()> {
+    i.nlink = i.nlink.saturating_sub(1);
+    i.ctime = ctx.now;
+    if i.nlink > 0 {
+        return t.put_inode(id, &i);
+    }
+    ctx.files_delta -= 1;
+    let targets = i.pattern.as_ref().map(|p| p.targets.clone()).unwrap_or_default();
+    if i.kind == FileKind::File && (ctx.is_open)(id) {
+        t.put_inode(id, &i)?;
+        // Wake the disposal task too: should the last release come before
+        // this commit, it finds the record and finishes the orphan.
+        ctx.disposal_queued = true;
+        return t.put_disposal(id, &Disposal { state: DisposalState::OpenUnlinked, targets });
+    }
+    t.remove_inode(id)?;
+    if !targets.is_empty() {
+        t.put_disposal(id, &Disposal { state: DisposalState::DeleteChunks, targets })?;
+        ctx.disposal_queued = true;
+    }
+    Ok(())
+}
+
+fn unlink(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, parent: EntryId, name: &[u8]) -> OpResult<Reply> {
+    check_name(name)?;
+    let mut pdir = dir_inode(&t.inodes, parent)?;
+    let d = dentry(&t.dentries, parent, name)?;
+    if d.kind == FileKind::Dir {
+        return Err(fs_err!(IsDir, "{} in directory {parent} is a directory (use rmdir)", q(name)).into());
+    }
+    let i = dentry_inode(&t.inodes, parent, name, &d)?;
+    t.remove_dentry(parent, name)?;
+    drop_link(t, ctx, d.id, i)?;
+    touch_dir(&mut pdir, ctx.now);
+    t.put_inode(parent, &pdir)?;
+    Ok(Reply::Ok)
+}
+
+fn rmdir(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, parent: EntryId, name: &[u8]) -> OpResult<Reply> {
+    check_name(name)?;
+    let mut pdir = dir_inode(&t.inodes, parent)?;
+    let d = dentry(&t.dentries, parent, name)?;
+    if d.kind != FileKind::Dir {
+        return Err(fs_err!(NotDir, "{} in directory {parent} is not a directory", q(name)).into());
+    }
+    if !is_empty_dir(&t.dentries, d.id)? {
+        return Err(fs_err!(NotEmpty, "directory {} ({}) in {parent} is not empty", q(name), d.id).into());
+    }
+    t.remove_dentry(parent, name)?;
+    t.remove_inode(d.id)?;
+    pdir.nlink = pdir.nlink.saturating_sub(1);
+    touch_dir(&mut pdir, ctx.now);
+    t.put_inode(parent, &pdir)?;
+    ctx.dirs_delta -= 1;
+    Ok(Reply::Ok)
+}
+
+/// True if `dir` is `ancestor` or lies below it (walks `parent` pointers up to the root).
+fn is_within(t: &impl ReadableTable<&'static [u8], &'static [u8]>, dir: EntryId, ancestor: EntryId) -> OpResult<bool> {
+    let mut cur = dir;
+    for _ in 0..MAX_DEPTH {
+        if cur == ancestor {
+            return Ok(true);
+        }
+        if cur.is_root() {
+            return Ok(false);
+        }
+        let i = load_inode(t, cur)?
+            .ok_or_else(|| OpError::Fatal(format!("directory {cur} on the path to the root has no inode")))?;
+        match i.parent {
+            Some(p) => cur = p,
+            None => return Err(OpError::Fatal(format!("directory {cur} has no parent pointer"))),
+        }
+    }
+    Err(OpError::Fatal(format!("parent chain of {dir} is longer than {MAX_DEPTH}: corrupt parent pointers")))
+}
+
+fn rename(
+    t: &mut Tables<'_>,
+    ctx: &mut Ctx<'_>,
+    parent: EntryId,
+    name: &[u8],
+    new_parent: EntryId,
+    new_name: &[u8],
+    flags: u32,
+) -> OpResult<Reply> {
+    if flags & !RENAME_NOREPLACE != 0 {
+        return Err(fs_err!(Invalid, "rename flags {flags:#x} not supported (only RENAME_NOREPLACE)").into());
+    }
+    check_name(name)?;
+    check_name(new_name)?;
+    let mut src_dir = dir_inode(&t.inodes, parent)?;
+    let mut dst_dir = if new_parent == parent { None } else { Some(dir_inode(&t.inodes, new_parent)?) };
+    let src = dentry(&t.dentries, parent, name)?;
+    let dst = load_dentry(&t.dentries, new_parent, new_name)?;
+    if let Some(d) = &dst {
+        if d.id == src.id {
+            // Same inode (same name, or two links of one file): POSIX says do nothing.
+            return Ok(Reply::Ok);
+        }
+        if flags & RENAME_NOREPLACE != 0 {
+            return Err(fs_err!(Exists, "entry {} already exists in directory {new_parent}", q(new_name)).into());
+        }
+    }
+    let src_is_dir = src.kind == FileKind::Dir;
+    if src_is_dir && new_parent != parent && is_within(&t.inodes, new_parent, src.id)? {
+        return Err(fs_err!(
+            Invalid,
+            "cannot move directory {} ({}) into its own subtree ({new_parent})",
+            q(name),
+            src.id
+        )
+        .into());
+    }
+    let mut src_inode = dentry_inode(&t.inodes, parent, name, &src)?;
+    let dst_inode = match &dst {
+        None => None,
+        Some(d) => {
+            let di = dentry_inode(&t.inodes, new_parent, new_name, d)?;
+            match (src_is_dir, d.kind == FileKind::Dir) {
+                (true, false) => {
+                    return Err(fs_err!(
+                        NotDir,
+                        "cannot replace non-directory {} in {new_parent} by a directory",
+                        q(new_name)
+                    )
+                    .into())
+                }
+                (false, true) => {
+                    return Err(fs_err!(
+                        IsDir,
+                        "cannot replace directory {} in {new_parent} by a non-directory",
+                        q(new_name)
+                    )
+                    .into())
+                }
+                (true, true) if !is_empty_dir(&t.dentries, d.id)? => {
+                    return Err(
+                        fs_err!(NotEmpty, "directory {} ({}) in {new_parent} is not empty", q(new_name), d.id).into()
+                    )
+                }
+                _ => {}
+            }
+            Some((d.id, di))
+        }
+    };
+    // ---- writes only below this line
+    if let Some((did, di)) = dst_inode {
+        t.remove_dentry(new_parent, new_name)?;
+        if di.kind == FileKind::Dir {
+            t.remove_inode(did)?;
+            ctx.dirs_delta -= 1;
+            let d = dst_dir.as_mut().unwrap_or(&mut src_dir);
+            d.nlink = d.nlink.saturating_sub(1);
+        } else {
+            drop_link(t, ctx, did, di)?;
+        }
+    }
+    t.remove_dentry(parent, name)?;
+    t.put_dentry(new_parent, new_name, &src)?;
+    src_inode.ctime = ctx.now;
+    if src_is_dir {
+        if let Some(dd) = dst_dir.as_mut() {
+            src_inode.parent = Some(new_parent);
+            src_dir.nlink = src_dir.nlink.saturating_sub(1);
+            dd.nlink += 1;
+        }
+    }
+    t.put_inode(src.id, &src_inode)?;
+    touch_dir(&mut src_dir, ctx.now);
+    t.put_inode(parent, &src_dir)?;
+    if let Some(mut dd) = dst_dir {
+        touch_dir(&mut dd, ctx.now);
+        t.put_inode(new_parent, &dd)?;
+    }
+    Ok(Reply::Ok)
+}
+
+/// Checks that `size` may be set on this inode (regular files only).
+pub fn check_truncatable(id: EntryId, i: &Inode) -> FsResult<()> {
+    match i.kind {
+        FileKind::File => Ok(()),
+        FileKind::Dir => Err(fs_err!(IsDir, "cannot set the size of directory {id}")),
+        k => Err(fs_err!(Invalid, "cannot set the size of {k:?} {id}")),
+    }
+}
+
+fn set_attr(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, a: &SetAttr) -> OpResult<Reply> {
+    let mut i = inode(&t.inodes, id)?;
+    if a.size.is_some() {
+        check_truncatable(id, &i)?;
+    }
+    let now = ctx.now;
+    if let Some(m) = a.mode {
+        i.mode = m & 0o7777;
+    }
+    if let Some(u) = a.uid {
+        i.uid = u;
+    }
+    if let Some(g) = a.gid {
+        i.gid = g;
+    }
+    if let Some(s) = a.size {
+        i.size = s;
+        i.mtime = now;
+    }
+    if let Some(at) = resolve(a.atime, now) {
+        i.atime = at;
+    }
+    if let Some(mt) = resolve(a.mtime, now) {
+        i.mtime = mt;
+    }
+    i.ctime = now;
+    t.put_inode(id, &i)?;
+    Ok(Reply::Entry(to_attr(id, &i, ctx.node)))
+}
+
+fn update_size(
+    t: &mut Tables<'_>,
+    ctx: &mut Ctx<'_>,
+    id: EntryId,
+    size: u64,
+    mtime: Option<Timespec>,
+) -> OpResult<Reply> {
+    let mut i = inode(&t.inodes, id)?;
+    check_truncatable(id, &i)?;
+    i.size = size;
+    if let Some(m) = mtime {
+        i.mtime = m;
+        i.ctime = ctx.now;
+    }
+    t.put_inode(id, &i)?;
+    Ok(Reply::Entry(to_attr(id, &i, ctx.node)))
+}
+
+fn set_xattr(
+    t: &mut Tables<'_>,
+    ctx: &mut Ctx<'_>,
+    id: EntryId,
+    name: &[u8],
+    value: &[u8],
+    flags: u32,
+) -> OpResult<Reply> {
+    check_xattr_name(name)?;
+    if value.len() > XATTR_SIZE_MAX {
+        return Err(fs_err!(Range, "extended attribute value of {} bytes exceeds {XATTR_SIZE_MAX}", value.len()).into());
+    }
+    if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 || flags == XATTR_CREATE | XATTR_REPLACE {
+        return Err(fs_err!(Invalid, "setxattr flags {flags:#x} are invalid").into());
+    }
+    let mut i = inode(&t.inodes, id)?;
+    let key = child_key(id, name);
+    let exists = t.xattrs.get(key.as_slice())?.is_some();
+    if flags & XATTR_CREATE != 0 && exists {
+        return Err(fs_err!(Exists, "extended attribute {} of {id} already exists", q(name)).into());
+    }
+    if flags & XATTR_REPLACE != 0 && !exists {
+        return Err(fs_err!(NoData, "extended attribute {} of {id} does not exist", q(name)).into());
+    }
+    t.xattrs.insert(key.as_slice(), value)?;
+    i.ctime = ctx.now;
+    t.put_inode(id, &i)?;
+    Ok(Reply::Ok)
+}
+
+fn remove_xattr(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, name: &[u8]) -> OpResult<Reply> {
+    check_xattr_name(name)?;
+    let mut i = inode(&t.inodes, id)?;
+    let key = child_key(id, name);
+    if t.xattrs.get(key.as_slice())?.is_none() {
+        return Err(fs_err!(NoData, "extended attribute {} of {id} does not exist", q(name)).into());
+    }
+    t.xattrs.remove(key.as_slice())?;
+    i.ctime = ctx.now;
+    t.put_inode(id, &i)?;
+    Ok(Reply::Ok)
+}
+
+fn set_dir_pattern(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, p: DirPattern) -> OpResult<Reply> {
+    let mut i = dir_inode(&t.inodes, id)?;
+    validate_chunk_size(u64::from(p.chunk_size)).map_err(|m| fs_err!(Invalid, "{m} (directory {id})"))?;
+    i.dir_pattern = Some(p);
+    i.ctime = ctx.now;
+    t.put_inode(id, &i)?;
+    Ok(Reply::Entry(to_attr(id, &i, ctx.node)))
+}
+
+/// Turns an open-unlinked entry into a chunk deletion (inode removed).
+fn finish_orphan(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, d: Disposal) -> OpResult<()> {
+    t.remove_inode(id)?;
+    if d.targets.is_empty() {
+        t.disposal.remove(id_key(id).as_slice())?;
+    } else {
+        t.put_disposal(id, &Disposal { state: DisposalState::DeleteChunks, targets: d.targets })?;
+        ctx.disposal_queued = true;
+    }
+    Ok(())
+}
+
+fn release_orphan(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId) -> OpResult<Reply> {
+    let d: Option<Disposal> = get_record(&t.disposal, "disposal", id)?;
+    if let Some(d) = d {
+        // Re-checked here: another open may have arrived since the release.
+        if d.state == DisposalState::OpenUnlinked && !(ctx.is_open)(id) {
+            finish_orphan(t, ctx, id, d)?;
+        }
+    }
+    Ok(Reply::Ok)
+}
+
+fn recover_orphans(t: &mut Tables<'_>, ctx: &mut Ctx<'_>) -> OpResult<Reply> {
+    let mut orphans = Vec::new();
+    for r in t.disposal.iter()? {
+        let (k, v) = r?;
+        let id = EntryId::from_bytes(k.value())
+            .ok_or_else(|| OpError::Fatal(format!("disposal key of {} bytes", k.value().len())))?;
+        let d: Disposal = decode("disposal", id, v.value()).map_err(OpError::Fatal)?;
+        match d.state {
+            DisposalState::OpenUnlinked => orphans.push((id, d)),
+            DisposalState::DeleteChunks => ctx.disposal_queued = true,
+        }
+    }
+    for (id, d) in orphans {
+        finish_orphan(t, ctx, id, d)?;
+    }
+    Ok(Reply::Ok)
+}
+
+fn drop_disposal(t: &mut Tables<'_>, ids: &[EntryId]) -> OpResult<Reply> {
+    for &id in ids {
+        let d: Option<Disposal> = get_record(&t.disposal, "disposal", id)?;
+        if d.is_some_and(|d| d.state == DisposalState::DeleteChunks) {
+            t.disposal.remove(id_key(id).as_slice())?;
+        }
+    }
+    Ok(Reply::Ok)
+}
+
+// ----------------------------------------------------------------- reads
+
+type Rt = redb::ReadOnlyTable<&'static [u8], &'static [u8]>;
+
+/// Read-side tables of one read transaction.
+pub struct ReadTables {
+    pub dentries: Rt,
+    pub inodes: Rt,
+    pub xattrs: Rt,
+    pub disposal: Rt,
+}
+
+impl ReadTables {
+    pub fn open(txn: &redb::ReadTransaction) -> OpResult<ReadTables> {
+        Ok(ReadTables {
+            dentries: txn.open_table(crate::store::DENTRIES)?,
+            inodes: txn.open_table(crate::store::INODES)?,
+            xattrs: txn.open_table(crate::store::XATTRS)?,
+            disposal: txn.open_table(crate::store::DISPOSAL)?,
+        })
+    }
+
+    pub fn getattr(&self, id: EntryId, owner: NodeId) -> OpResult<EntryAttr> {
+        Ok(to_attr(id, &inode(&self.inodes, id)?, owner))
+    }
+
+    pub fn lookup(&self, parent: EntryId, name: &[u8], owner: NodeId) -> OpResult<EntryAttr> {
+        let pdir = dir_inode(&self.inodes, parent)?;
+        match name {
+            b"." => return Ok(to_attr(parent, &pdir, owner)),
+            b".." => {
+                let up = pdir.parent.unwrap_or(EntryId::ROOT);
+                return self.getattr(up, owner);
+            }
+            _ => check_name(name)?,
+        }
+        let d = dentry(&self.dentries, parent, name)?;
+        if d.owner != owner {
+            return Err(fs_err!(
+                Unavailable,
+                "entry {} in {parent} is stored on metadata node {}, not on this node {owner}",
+                q(name),
+                d.owner
+            )
+            .into());
+        }
+        let i = dentry_inode(&self.inodes, parent, name, &d)?;
+        Ok(to_attr(d.id, &i, owner))
+    }
+
+    /// Entries strictly after `after`, at most `max` (capped), plus whether more follow.
+    pub fn readdir(&self, dir: EntryId, after: Option<&[u8]>, max: u32) -> OpResult<(Vec<DirEntry>, bool)> {
+        dir_inode(&self.inodes, dir)?;
+        let max = max.clamp(1, READDIR_MAX) as usize;
+        let mut out = Vec::with_capacity(max.min(64));
+        let mut more = false;
+        for r in scan_children(&self.dentries, dir, after)? {
+            let (name, v) = r?;
+            if out.len() == max {
+                more = true;
+                break;
+            }
+            let d: Dentry = decode("dentry", format_args!("{dir}/{}", q(&name)), &v).map_err(OpError::Fatal)?;
+            out.push(DirEntry { name, id: d.id, kind: d.kind });
+        }
+        Ok((out, more))
+    }
+
+    pub fn readlink(&self, id: EntryId) -> OpResult<Vec<u8>> {
+        let i = inode(&self.inodes, id)?;
+        match i.symlink {
+            Some(t) if i.kind == FileKind::Symlink => Ok(t),
+            _ => Err(fs_err!(Invalid, "{id} is not a symbolic link").into()),
+        }
+    }
+
+    pub fn getxattr(&self, id: EntryId, name: &[u8]) -> OpResult<Vec<u8>> {
+        check_xattr_name(name)?;
+        inode(&self.inodes, id)?;
+        match self.xattrs.get(child_key(id, name).as_slice())? {
+            Some(v) => Ok(v.value().to_vec()),
+            None => Err(fs_err!(NoData, "extended attribute {} of {id} does not exist", q(name)).into()),
+        }
+    }
+
+    pub fn listxattr(&self, id: EntryId) -> OpResult<Vec<Vec<u8>>> {
+        inode(&self.inodes, id)?;
+        Ok(scan_children(&self.xattrs, id, None)?.map(|r| r.map(|(n, _)| n)).collect::<Result<_, _>>()?)
+    }
+
+    /// Disposal records in id order, starting after `after`; at most `max`.
+    pub fn disposal_scan(&self, after: Option<EntryId>, max: usize) -> OpResult<Vec<(EntryId, Disposal)>> {
+        let start = after.map(|a| a.to_bytes());
+        let bounds: (std::ops::Bound<&[u8]>, std::ops::Bound<&[u8]>) = match &start {
+            Some(s) => (std::ops::Bound::Excluded(s.as_slice()), std::ops::Bound::Unbounded),
+            None => (std::ops::Bound::Unbounded, std::ops::Bound::Unbounded),
+        };
+        let mut out = Vec::new();
+        for r in self.disposal.range::<&[u8]>(bounds)? {
+            let (k, v) = r?;
+            let id = EntryId::from_bytes(k.value())
+                .ok_or_else(|| OpError::Fatal(format!("disposal key of {} bytes", k.value().len())))?;
+            out.push((id, decode("disposal", id, v.value()).map_err(OpError::Fatal)?));
+            if out.len() >= max {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn disposal(&self, id: EntryId) -> OpResult<Option<Disposal>> {
+        get_record(&self.disposal, "disposal", id)
+    }
+}

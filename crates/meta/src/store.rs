@@ -1,0 +1,311 @@
+//! The on-disk layout of one metadata target: a redb database `meta.redb`.
+//!
+//! Owns table definitions, key encodings, record types and opening the
+//! database (format check, boot epoch). It must not contain namespace rules:
+//! those are in `ops`, which reads and writes these records inside one
+//! transaction.
+//!
+//! # Key schema (format version 1)
+//!
+//! | table      | key                                   | value (postcard)                 |
+//! |------------|---------------------------------------|----------------------------------|
+//! | `dentries` | parent `EntryId` (16 B, big-endian) ++ name bytes | [`Dentry`] `{ id, kind, owner }` |
+//! | `inodes`   | `EntryId` (16 B)                      | [`Inode`]                        |
+//! | `xattrs`   | `EntryId` (16 B) ++ attribute name    | raw value bytes                  |
+//! | `disposal` | `EntryId` (16 B)                      | [`Disposal`] `{ state, targets }`|
+//! | `system`   | `&str` counter name                   | `u64`                            |
+//!
+//! `EntryId::to_bytes` is fixed-width big-endian, so all dentries of one
+//! directory are contiguous and sorted by name bytes: `readdir` is a range
+//! scan, and sharding a huge directory by name hash later only changes which
+//! node holds a key range, not the key format.
+//!
+//! Values are postcard-encoded, which is not self-describing: any change of a
+//! record type must bump [`FORMAT_VERSION`] and migrate.
+
+use hivefs_types::attr::{FileKind, Timespec};
+use hivefs_types::ids::{EntryId, NodeId, TargetId};
+use hivefs_types::pattern::{DirPattern, Pattern};
+use redb::backends::FileBackend;
+use redb::{Database, ReadableTable, StorageBackend, TableDefinition};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use std::fs::OpenOptions;
+use std::io;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+
+pub(crate) const DENTRIES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("dentries");
+pub(crate) const INODES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("inodes");
+pub(crate) const XATTRS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("xattrs");
+pub(crate) const DISPOSAL: TableDefinition<&[u8], &[u8]> = TableDefinition::new("disposal");
+pub(crate) const SYSTEM: TableDefinition<&str, u64> = TableDefinition::new("system");
+
+/// Version of the key schema and record encodings above.
+pub const FORMAT_VERSION: u64 = 1;
+
+/// Names of the counters in the `system` table.
+pub(crate) mod sys {
+    pub const FORMAT: &str = "format_version";
+    /// Incremented and persisted at every start; part of every minted EntryId.
+    pub const EPOCH: &str = "boot_epoch";
+    /// Live non-directory inodes (regular files, symlinks, special files).
+    pub const FILES: &str = "files";
+    /// Live directories, including the root if this node owns it.
+    pub const DIRS: &str = "dirs";
+}
+
+/// A name in a directory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dentry {
+    pub id: EntryId,
+    pub kind: FileKind,
+    /// Metadata node that stores the entry's inode. Always this node today;
+    /// a subdirectory owned elsewhere is the multi-node extension.
+    pub owner: NodeId,
+}
+
+/// Attributes of one file system object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inode {
+    pub kind: FileKind,
+    /// Permission bits only (`& 0o7777`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub nlink: u32,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+    pub rdev: u32,
+    /// Regular files: the stripe pattern fixed at creation.
+    pub pattern: Option<Pattern>,
+    /// Directories: settings for new files and subdirectories.
+    pub dir_pattern: Option<DirPattern>,
+    /// Symlinks: the target.
+    pub symlink: Option<Vec<u8>>,
+    /// Directories: the parent directory (the root points to itself). Used for
+    /// `..` and for the rename loop check.
+    pub parent: Option<EntryId>,
+}
+
+/// Why an entry is in the `disposal` table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DisposalState {
+    /// Unlinked while open: the inode stays in `inodes` with `nlink == 0` so
+    /// that open handles keep working; the chunks go when the last handle is
+    /// released (or at the next start of this node).
+    OpenUnlinked,
+    /// The inode is gone; the chunk files on `targets` must be deleted.
+    DeleteChunks,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Disposal {
+    pub state: DisposalState,
+    pub targets: Vec<TargetId>,
+}
+
+pub(crate) fn id_key(id: EntryId) -> [u8; EntryId::LEN] {
+    id.to_bytes()
+}
+
+/// `parent ++ name`: the key of a dentry, and of an xattr (`id ++ name`).
+pub(crate) fn child_key(parent: EntryId, name: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(EntryId::LEN + name.len());
+    k.extend_from_slice(&parent.to_bytes());
+    k.extend_from_slice(name);
+    k
+}
+
+/// One `(name, value)` pair of a scan.
+pub(crate) type KvResult = Result<(Vec<u8>, Vec<u8>), redb::StorageError>;
+
+/// Iterates the `(name, value)` pairs under `prefix` (an EntryId) with names
+/// strictly after `after`, in name order. Bounded memory: a range scan.
+pub(crate) fn scan_children<'t, T>(
+    table: &'t T,
+    prefix: EntryId,
+    after: Option<&[u8]>,
+) -> Result<impl Iterator<Item = KvResult> + 't, redb::StorageError>
+where
+    T: ReadableTable<&'static [u8], &'static [u8]>,
+{
+    let p = prefix.to_bytes();
+    let start = match after {
+        Some(a) => Bound::Excluded(child_key(prefix, a)),
+        None => Bound::Included(p.to_vec()),
+    };
+    let bounds: (Bound<&[u8]>, Bound<&[u8]>) = (
+        match &start {
+            Bound::Excluded(k) => Bound::Excluded(k.as_slice()),
+            Bound::Included(k) => Bound::Included(k.as_slice()),
+            Bound::Unbounded => Bound::Unbounded,
+        },
+        Bound::Unbounded,
+    );
+    let range = table.range::<&[u8]>(bounds)?;
+    Ok(range
+        .map(move |r| r.map(|(k, v)| (k.value().to_vec(), v.value().to_vec())))
+        .take_while(move |r| match r {
+            Ok((k, _)) => k.starts_with(&p),
+            Err(_) => true,
+        })
+        .map(|r| r.map(|(k, v)| (k[EntryId::LEN..].to_vec(), v))))
+}
+
+pub(crate) fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    // Serialising plain data into a Vec cannot fail.
+    postcard::to_allocvec(v).expect("postcard encoding into a Vec")
+}
+
+pub(crate) fn decode<T: DeserializeOwned>(what: &str, key: impl std::fmt::Display, b: &[u8]) -> Result<T, String> {
+    postcard::from_bytes(b).map_err(|e| format!("corrupt {what} record {key}: {e}"))
+}
+
+/// Failure to open the store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("cannot open metadata store {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("metadata store {path} is in use by another process (is another `hivefs meta` running on this data dir?)")]
+    InUse { path: PathBuf },
+    #[error("metadata store {path}: {message}")]
+    Db { path: PathBuf, message: String },
+    #[error("metadata store {path} has format version {found}, this build reads version {FORMAT_VERSION}")]
+    Format { path: PathBuf, found: u64 },
+}
+
+/// redb's file backend, with `sync_data` turned into a no-op when `sync =
+/// false`.
+///
+/// Why: redb's `Durability::None` keeps a commit in this process's memory
+/// only, so `kill -9` would lose acknowledged operations. With this backend
+/// every commit is still an `Immediate` one, whose pages and header are all
+/// written to the file (the kernel's page cache) before `commit` returns; only
+/// the fsync is skipped. A killed process therefore loses nothing; a power
+/// loss may lose recent commits (redb falls back to the newest slot whose
+/// checksums verify).
+#[derive(Debug)]
+struct SwitchableSyncBackend {
+    inner: FileBackend,
+    sync: bool,
+}
+
+impl StorageBackend for SwitchableSyncBackend {
+    fn len(&self) -> Result<u64, io::Error> {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
+        self.inner.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> Result<(), io::Error> {
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> Result<(), io::Error> {
+        if self.sync {
+            self.inner.sync_data()
+        } else {
+            Ok(())
+        }
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
+        self.inner.write(offset, data)
+    }
+    fn close(&self) -> Result<(), io::Error> {
+        self.inner.close()
+    }
+    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, redb::BackendError> {
+        self.inner.try_lock_range(start, end)
+    }
+    fn try_lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, redb::BackendError> {
+        self.inner.try_lock_shared_range(start, end)
+    }
+    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), redb::BackendError> {
+        self.inner.lock_range(start, end)
+    }
+    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), redb::BackendError> {
+        self.inner.lock_shared_range(start, end)
+    }
+    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), redb::BackendError> {
+        self.inner.unlock_range(start, end)
+    }
+    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, redb::BackendError> {
+        self.inner.query_lock_range(start, end)
+    }
+}
+
+/// An opened store: the database and the epoch of this boot.
+pub struct Store {
+    pub db: Database,
+    pub epoch: u32,
+    pub path: PathBuf,
+}
+
+impl Store {
+    /// Opens (or creates) `path`, checks the format version, creates the
+    /// tables and increments the boot epoch durably (so EntryIds minted in
+    /// this boot cannot collide with any earlier boot's).
+    pub fn open(path: &Path, sync: bool) -> Result<Store, StoreError> {
+        let p = path.to_path_buf();
+        let db_err = |e: &dyn std::fmt::Display| StoreError::Db { path: p.clone(), message: e.to_string() };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|source| StoreError::Io { path: p.clone(), source })?;
+        #[allow(deprecated)] // FileBackend::new's signature changes in redb 5; both forms are fine here.
+        let inner = FileBackend::new(file).map_err(|e| db_err(&e))?;
+        let db =
+            redb::Builder::new().create_with_backend(SwitchableSyncBackend { inner, sync }).map_err(|e| match e {
+                redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse { path: p.clone() },
+                e => db_err(&e),
+            })?;
+        let txn = db.begin_write().map_err(|e| db_err(&e))?;
+        let epoch = {
+            // Opening every table here means readers never see a missing table.
+            txn.open_table(DENTRIES).map_err(|e| db_err(&e))?;
+            txn.open_table(INODES).map_err(|e| db_err(&e))?;
+            txn.open_table(XATTRS).map_err(|e| db_err(&e))?;
+            txn.open_table(DISPOSAL).map_err(|e| db_err(&e))?;
+            let mut sys_t = txn.open_table(SYSTEM).map_err(|e| db_err(&e))?;
+            let format = sys_t.get(sys::FORMAT).map_err(|e| db_err(&e))?.map(|v| v.value());
+            match format {
+                None => {
+                    sys_t.insert(sys::FORMAT, FORMAT_VERSION).map_err(|e| db_err(&e))?;
+                }
+                Some(FORMAT_VERSION) => {}
+                Some(found) => return Err(StoreError::Format { path: p.clone(), found }),
+            }
+            let old = sys_t.get(sys::EPOCH).map_err(|e| db_err(&e))?.map(|v| v.value()).unwrap_or(0);
+            let epoch = old + 1;
+            if epoch > u64::from(u32::MAX) {
+                return Err(db_err(&"boot epoch exhausted (2^32 starts)"));
+            }
+            sys_t.insert(sys::EPOCH, epoch).map_err(|e| db_err(&e))?;
+            epoch as u32
+        };
+        txn.commit().map_err(|e| db_err(&e))?;
+        Ok(Store { db, epoch, path: p })
+    }
+}
+
+/// Reads a `system` counter (0 if absent).
+pub(crate) fn sys_get<T: ReadableTable<&'static str, u64>>(t: &T, key: &str) -> Result<u64, redb::StorageError> {
+    Ok(t.get(key)?.map(|v| v.value()).unwrap_or(0))
+}
+
+/// Reads and decodes a postcard record.
+pub(crate) fn get_record<T, R>(table: &T, what: &str, id: EntryId) -> Result<Option<R>, crate::ops::OpError>
+where
+    T: ReadableTable<&'static [u8], &'static [u8]>,
+    R: DeserializeOwned,
+{
+    match table.get(id_key(id).as_slice())? {
+        None => Ok(None),
+        Some(v) => Ok(Some(decode(what, id, v.value()).map_err(crate::ops::OpError::Fatal)?)),
+    }
+}

@@ -1,0 +1,1204 @@
+//! Namespace tests against a temporary store, without network (a fake
+//! [`DataTargets`] records what would be sent to storage), plus one
+//! in-process test of `start` against a fake mgmtd.
+
+use crate::gc::{RetryState, RoundOutcome};
+use crate::namespace::{Namespace, NamespaceOptions};
+use crate::store::{scan_children, DisposalState};
+use crate::targets::{BoxFut, DataTargets};
+use hivefs_proto::{
+    Caller, DirEntry, Reply, Request, Response, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CREATE, XATTR_REPLACE,
+};
+use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
+use hivefs_types::error::{ErrorCode, FsResult};
+use hivefs_types::fs_err;
+use hivefs_types::ids::{EntryId, NodeId, PoolId, TargetId};
+use hivefs_types::pattern::{Chooser, DirPattern};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+const ROOT: EntryId = EntryId::ROOT;
+const ME: Caller = Caller { uid: 1000, gid: 100 };
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Call {
+    Truncate(TargetId, EntryId, u64),
+    Unlink(TargetId, EntryId),
+}
+
+#[derive(Default)]
+struct FakeTargets {
+    cands: Mutex<Vec<(TargetId, NodeId, u64)>>,
+    calls: Mutex<Vec<Call>>,
+    /// The next this many unlinks fail.
+    fail_unlinks: AtomicU32,
+    fail_truncates: AtomicBool,
+}
+
+impl FakeTargets {
+    fn with_targets(n: u32) -> Arc<FakeTargets> {
+        let t = FakeTargets::default();
+        // Two servers: odd targets on node 1, even on node 2.
+        *t.cands.lock().unwrap() = (1..=n).map(|i| (TargetId(i), NodeId(1 + i % 2), 100 << 30)).collect();
+        Arc::new(t)
+    }
+    fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+    fn unlinked(&self, id: EntryId) -> HashSet<TargetId> {
+        self.calls()
+            .into_iter()
+            .filter_map(|c| match c {
+                Call::Unlink(t, e) if e == id => Some(t),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+impl DataTargets for FakeTargets {
+    fn candidates(&self, pool: PoolId) -> Vec<(TargetId, NodeId, u64)> {
+        if pool == PoolId::DEFAULT {
+            self.cands.lock().unwrap().clone()
+        } else {
+            Vec::new()
+        }
+    }
+    fn truncate_chunk(&self, target: TargetId, entry: EntryId, len: u64) -> BoxFut<FsResult<()>> {
+        self.calls.lock().unwrap().push(Call::Truncate(target, entry, len));
+        let fail = self.fail_truncates.load(Ordering::SeqCst);
+        Box::pin(async move {
+            if fail {
+                Err(fs_err!(Io, "disk on fire"))
+            } else {
+                Ok(())
+            }
+        })
+    }
+    fn unlink_chunk(&self, target: TargetId, entry: EntryId) -> BoxFut<FsResult<()>> {
+        self.calls.lock().unwrap().push(Call::Unlink(target, entry));
+        let fail = self.fail_unlinks.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+        Box::pin(async move {
+            if fail {
+                Err(fs_err!(Unavailable, "storage down"))
+            } else {
+                Ok(())
+            }
+        })
+    }
+}
+
+struct H {
+    ns: Option<Namespace>,
+    t: Arc<FakeTargets>,
+    clock: Arc<AtomicI64>,
+    dir: tempfile::TempDir,
+    sync: bool,
+}
+
+fn ts(sec: i64) -> Timespec {
+    Timespec { sec, nsec: 0 }
+}
+
+fn open_ns(dir: &std::path::Path, t: Arc<FakeTargets>, clock: Arc<AtomicI64>, sync: bool) -> Namespace {
+    let c = clock.clone();
+    let opts = NamespaceOptions {
+        dir: dir.to_path_buf(),
+        sync,
+        node: NodeId(1),
+        seed: Some(42),
+        clock: Some(Arc::new(move || ts(c.load(Ordering::SeqCst)))),
+    };
+    Namespace::open(opts, t).expect("open namespace")
+}
+
+impl H {
+    async fn new() -> H {
+        Self::with(FakeTargets::with_targets(4), true).await
+    }
+
+    async fn with(t: Arc<FakeTargets>, sync: bool) -> H {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(AtomicI64::new(1000));
+        let ns = open_ns(dir.path(), t.clone(), clock.clone(), sync);
+        ns.ensure_root().await.unwrap();
+        H { ns: Some(ns), t, clock, dir, sync }
+    }
+
+    fn ns(&self) -> &Namespace {
+        self.ns.as_ref().unwrap()
+    }
+
+    /// Closes the store and opens it again (a restart).
+    fn reopen(&mut self) {
+        self.ns.take().unwrap().close();
+        self.ns = Some(open_ns(self.dir.path(), self.t.clone(), self.clock.clone(), self.sync));
+    }
+
+    fn tick(&self) -> i64 {
+        self.clock.fetch_add(10, Ordering::SeqCst) + 10
+    }
+
+    async fn call(&self, r: Request) -> Response {
+        self.ns().handle(r).await
+    }
+
+    async fn ok(&self, r: Request) -> Reply {
+        let what = format!("{r:?}");
+        self.call(r).await.unwrap_or_else(|e| panic!("{what}: {e}"))
+    }
+
+    async fn code(&self, r: Request) -> ErrorCode {
+        let what = format!("{r:?}");
+        match self.call(r).await {
+            Ok(rep) => panic!("{what} succeeded: {rep:?}"),
+            Err(e) => e.code,
+        }
+    }
+
+    async fn entry(&self, r: Request) -> EntryAttr {
+        match self.ok(r).await {
+            Reply::Entry(a) => a,
+            other => panic!("expected an entry, got {other:?}"),
+        }
+    }
+
+    async fn create(&self, parent: EntryId, name: &str) -> EntryAttr {
+        self.entry(create_req(parent, name, true)).await
+    }
+
+    async fn mkdir(&self, parent: EntryId, name: &str) -> EntryAttr {
+        self.entry(Request::Mkdir { parent, name: name.into(), mode: 0o755, caller: ME }).await
+    }
+
+    async fn attr(&self, id: EntryId) -> EntryAttr {
+        self.entry(Request::GetAttr { id }).await
+    }
+
+    async fn lookup(&self, parent: EntryId, name: &str) -> Response {
+        self.call(Request::Lookup { parent, name: name.into() }).await
+    }
+
+    async fn gc(&self) -> RoundOutcome {
+        self.ns().disposal_round(&mut RetryState::default()).await.unwrap()
+    }
+
+    fn disposal(&self, id: EntryId) -> Option<DisposalState> {
+        self.ns().read(|t| t.disposal(id)).unwrap().map(|d| d.state)
+    }
+
+    async fn readdir_all(&self, dir: EntryId, page: u32) -> Vec<DirEntry> {
+        let mut out = Vec::new();
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            match self.ok(Request::ReadDir { dir, after: after.clone(), max: page }).await {
+                Reply::DirPage { entries, more } => {
+                    assert!(entries.len() <= page.max(1) as usize);
+                    after = entries.last().map(|e| e.name.clone());
+                    out.extend(entries);
+                    if !more {
+                        return out;
+                    }
+                }
+                r => panic!("{r:?}"),
+            }
+        }
+    }
+}
+
+fn create_req(parent: EntryId, name: &str, excl: bool) -> Request {
+    Request::Create { parent, name: name.into(), kind: FileKind::File, mode: 0o100644, rdev: 0, excl, caller: ME }
+}
+
+fn rename(parent: EntryId, name: &str, new_parent: EntryId, new_name: &str, flags: u32) -> Request {
+    Request::Rename { parent, name: name.into(), new_parent, new_name: new_name.into(), flags }
+}
+
+fn unlink(parent: EntryId, name: &str) -> Request {
+    Request::Unlink { parent, name: name.into() }
+}
+
+fn rmdir(parent: EntryId, name: &str) -> Request {
+    Request::Rmdir { parent, name: name.into() }
+}
+
+// ---------------------------------------------------------------- basics
+
+#[tokio::test]
+async fn root_is_created_once_with_defaults() {
+    let mut h = H::new().await;
+    let r = h.attr(ROOT).await;
+    assert_eq!((r.kind, r.mode, r.uid, r.gid, r.nlink), (FileKind::Dir, 0o755, 0, 0, 2));
+    assert_eq!(r.dir_pattern, Some(DirPattern::default()));
+    assert_eq!(r.owner, NodeId(1));
+    assert_eq!(h.ns().counts().unwrap(), (0, 1));
+    h.reopen();
+    h.ns().ensure_root().await.unwrap();
+    assert_eq!(h.attr(ROOT).await, r, "ensure_root is idempotent");
+    assert_eq!(h.ns().counts().unwrap(), (0, 1));
+}
+
+#[tokio::test]
+async fn create_sets_attributes_pattern_and_parent_times() {
+    let h = H::new().await;
+    let now = h.tick();
+    let f = h.create(ROOT, "f").await;
+    assert_eq!((f.kind, f.mode, f.uid, f.gid, f.nlink, f.size), (FileKind::File, 0o644, 1000, 100, 1, 0));
+    assert_eq!((f.atime, f.mtime, f.ctime), (ts(now), ts(now), ts(now)));
+    assert_eq!(f.owner, NodeId(1));
+    assert_eq!(f.id.node, 1);
+    let p = f.pattern.clone().expect("a regular file has a pattern");
+    assert_eq!(p.chunk_size, 512 << 10);
+    assert_eq!(p.stripe_count(), 4, "stripe count 0 means all targets");
+    let root = h.attr(ROOT).await;
+    assert_eq!((root.mtime, root.ctime), (ts(now), ts(now)));
+    assert_eq!(h.entry(Request::Lookup { parent: ROOT, name: b"f".to_vec() }).await, f);
+    assert_eq!(h.attr(f.id).await, f);
+    assert_eq!(h.ns().counts().unwrap(), (1, 1));
+}
+
+#[tokio::test]
+async fn create_errors() {
+    let h = H::new().await;
+    let f = h.create(ROOT, "f").await;
+    h.mkdir(ROOT, "d").await;
+    assert_eq!(h.code(create_req(ROOT, "f", true)).await, ErrorCode::Exists);
+    // open(O_CREAT) without O_EXCL returns the existing file.
+    assert_eq!(h.entry(create_req(ROOT, "f", false)).await.id, f.id);
+    assert_eq!(h.code(create_req(ROOT, "d", false)).await, ErrorCode::IsDir);
+    assert_eq!(h.code(create_req(ROOT, "d", true)).await, ErrorCode::Exists);
+    let missing = EntryId { node: 1, epoch: 9, counter: 9 };
+    let e = h.call(create_req(missing, "x", true)).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound);
+    assert!(e.message.contains(&missing.to_string()), "{e}");
+    assert_eq!(h.code(create_req(f.id, "x", true)).await, ErrorCode::NotDir);
+    for bad in ["", ".", "..", "a/b", "a\0b"] {
+        assert_eq!(h.code(create_req(ROOT, bad, true)).await, ErrorCode::Invalid, "{bad:?}");
+    }
+    assert_eq!(h.code(create_req(ROOT, &"n".repeat(256), true)).await, ErrorCode::NameTooLong);
+    h.create(ROOT, &"n".repeat(255)).await;
+    let dir_kind = Request::Create {
+        parent: ROOT,
+        name: b"k".to_vec(),
+        kind: FileKind::Dir,
+        mode: 0o755,
+        rdev: 0,
+        excl: true,
+        caller: ME,
+    };
+    assert_eq!(h.code(dir_kind).await, ErrorCode::Invalid);
+    // Failed creates changed nothing.
+    assert_eq!(h.ns().counts().unwrap(), (2, 2));
+}
+
+#[tokio::test]
+async fn lookup_reports_missing_names_with_the_directory() {
+    let h = H::new().await;
+    let e = h.lookup(ROOT, "nope").await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound);
+    assert!(e.message.contains("\"nope\"") && e.message.contains("root"), "{e}");
+    let d = h.mkdir(ROOT, "d").await;
+    let sub = h.mkdir(d.id, "s").await;
+    assert_eq!(h.entry(Request::Lookup { parent: sub.id, name: b"..".to_vec() }).await.id, d.id);
+    assert_eq!(h.entry(Request::Lookup { parent: sub.id, name: b".".to_vec() }).await.id, sub.id);
+    assert_eq!(h.entry(Request::Lookup { parent: ROOT, name: b"..".to_vec() }).await.id, ROOT);
+}
+
+#[tokio::test]
+async fn special_files_and_no_space() {
+    let h = H::with(Arc::new(FakeTargets::default()), true).await;
+    let e = h.call(create_req(ROOT, "f", true)).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::NoSpace);
+    assert!(e.message.contains("pool 1"), "{e}");
+    // Special files need no storage target.
+    let fifo = h
+        .entry(Request::Create {
+            parent: ROOT,
+            name: b"p".to_vec(),
+            kind: FileKind::Fifo,
+            mode: 0o600,
+            rdev: 0,
+            excl: true,
+            caller: ME,
+        })
+        .await;
+    assert_eq!((fifo.kind, fifo.pattern), (FileKind::Fifo, None));
+    let dev = h
+        .entry(Request::Create {
+            parent: ROOT,
+            name: b"c".to_vec(),
+            kind: FileKind::CharDev,
+            mode: 0o600,
+            rdev: 0x0501,
+            excl: true,
+            caller: ME,
+        })
+        .await;
+    assert_eq!(dev.rdev, 0x0501);
+    h.ok(unlink(ROOT, "p")).await;
+    assert_eq!(h.gc().await, RoundOutcome::default(), "nothing to delete for a fifo");
+}
+
+#[tokio::test]
+async fn dir_patterns_are_validated_inherited_and_applied() {
+    let h = H::new().await;
+    let d = h.mkdir(ROOT, "d").await;
+    let dp = DirPattern { chunk_size: 64 << 10, stripe_count: 2, pool: PoolId::DEFAULT, chooser: Chooser::RoundRobin };
+    let a = h.entry(Request::SetDirPattern { id: d.id, pattern: dp.clone() }).await;
+    assert_eq!(a.dir_pattern, Some(dp.clone()));
+    let f = h.create(d.id, "f").await;
+    let p = f.pattern.unwrap();
+    assert_eq!((p.chunk_size, p.stripe_count()), (64 << 10, 2));
+    let g = h.create(d.id, "g").await.pattern.unwrap();
+    assert_ne!(p.targets, g.targets, "round-robin rotates");
+    let sub = h.mkdir(d.id, "sub").await;
+    assert_eq!(sub.dir_pattern, Some(dp.clone()), "new directories inherit");
+    // Stripe count larger than the pool: all targets.
+    let wide = DirPattern { stripe_count: 99, ..dp.clone() };
+    h.ok(Request::SetDirPattern { id: sub.id, pattern: wide }).await;
+    assert_eq!(h.create(sub.id, "w").await.pattern.unwrap().stripe_count(), 4);
+    let bad = DirPattern { chunk_size: 5000, ..dp.clone() };
+    assert_eq!(h.code(Request::SetDirPattern { id: d.id, pattern: bad }).await, ErrorCode::Invalid);
+    let f = h.lookup(d.id, "f").await.unwrap();
+    let Reply::Entry(f) = f else { panic!() };
+    assert_eq!(h.code(Request::SetDirPattern { id: f.id, pattern: dp.clone() }).await, ErrorCode::NotDir);
+    let other_pool = DirPattern { pool: PoolId(7), ..dp };
+    h.ok(Request::SetDirPattern { id: d.id, pattern: other_pool }).await;
+    let e = h.call(create_req(d.id, "x", true)).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::NoSpace);
+    assert!(e.message.contains("pool 7"), "{e}");
+}
+
+// ------------------------------------------------------ directories
+
+#[tokio::test]
+async fn mkdir_rmdir_maintain_link_counts_and_errors() {
+    let h = H::new().await;
+    let t0 = h.tick();
+    let a = h.mkdir(ROOT, "a").await;
+    assert_eq!((a.kind, a.nlink, a.mode, a.uid), (FileKind::Dir, 2, 0o755, 1000));
+    assert_eq!(h.attr(ROOT).await.mtime, ts(t0));
+    h.mkdir(ROOT, "b").await;
+    assert_eq!(h.attr(ROOT).await.nlink, 4);
+    h.mkdir(a.id, "c").await;
+    assert_eq!(h.attr(a.id).await.nlink, 3);
+    h.create(a.id, "f").await;
+    assert_eq!(h.attr(a.id).await.nlink, 3, "files do not count");
+    assert_eq!(
+        h.code(Request::Mkdir { parent: ROOT, name: b"a".to_vec(), mode: 0o755, caller: ME }).await,
+        ErrorCode::Exists
+    );
+    assert_eq!(h.code(rmdir(ROOT, "a")).await, ErrorCode::NotEmpty);
+    assert_eq!(h.code(rmdir(a.id, "f")).await, ErrorCode::NotDir);
+    assert_eq!(h.code(unlink(ROOT, "a")).await, ErrorCode::IsDir);
+    assert_eq!(h.code(rmdir(ROOT, "zz")).await, ErrorCode::NotFound);
+    assert_eq!(h.code(rmdir(ROOT, ".")).await, ErrorCode::Invalid);
+    let t1 = h.tick();
+    h.ok(rmdir(ROOT, "b")).await;
+    let root = h.attr(ROOT).await;
+    assert_eq!((root.nlink, root.mtime, root.ctime), (3, ts(t1), ts(t1)));
+    h.ok(rmdir(a.id, "c")).await;
+    h.ok(unlink(a.id, "f")).await;
+    h.ok(rmdir(ROOT, "a")).await;
+    assert_eq!(h.code(Request::GetAttr { id: a.id }).await, ErrorCode::NotFound);
+    assert_eq!(h.attr(ROOT).await.nlink, 2);
+    assert_eq!(h.ns().counts().unwrap(), (0, 1));
+}
+
+#[tokio::test]
+async fn setgid_directories_pass_on_their_group() {
+    let h = H::new().await;
+    let d = h.mkdir(ROOT, "d").await;
+    h.ok(Request::SetAttr {
+        id: d.id,
+        attr: SetAttr { mode: Some(0o2775), gid: Some(555), ..Default::default() },
+        caller: ME,
+    })
+    .await;
+    let f = h.create(d.id, "f").await;
+    assert_eq!((f.gid, f.mode), (555, 0o644));
+    let s = h.mkdir(d.id, "s").await;
+    assert_eq!((s.gid, s.mode), (555, 0o2755));
+}
+
+#[tokio::test]
+async fn readdir_pages_5000_entries_exactly_once() {
+    let h = Arc::new(H::new().await);
+    let d = h.mkdir(ROOT, "big").await;
+    // A neighbour directory with entries: its keys sort right after ours.
+    let n = h.mkdir(ROOT, "neighbour").await;
+    h.create(n.id, "zzz").await;
+    let mut tasks = Vec::new();
+    for w in 0..8 {
+        let h = h.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in (w..5000).step_by(8) {
+                h.create(d.id, &format!("file-{i:05}")).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let all = h.readdir_all(d.id, 700).await;
+    assert_eq!(all.len(), 5000);
+    let names: Vec<Vec<u8>> = all.iter().map(|e| e.name.clone()).collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(names, sorted, "byte order, no duplicates");
+    assert!(all.iter().all(|e| e.kind == FileKind::File));
+    // The server caps a page at 1024 entries.
+    match h.ok(Request::ReadDir { dir: d.id, after: None, max: 100_000 }).await {
+        Reply::DirPage { entries, more } => assert_eq!((entries.len(), more), (1024, true)),
+        r => panic!("{r:?}"),
+    }
+    // The last page says there is no more.
+    match h.ok(Request::ReadDir { dir: d.id, after: Some(b"file-04999".to_vec()), max: 10 }).await {
+        Reply::DirPage { entries, more } => assert_eq!((entries.len(), more), (0, false)),
+        r => panic!("{r:?}"),
+    }
+    match h.ok(Request::ReadDir { dir: d.id, after: Some(b"file-04997".to_vec()), max: 2 }).await {
+        Reply::DirPage { entries, more } => assert_eq!((entries.len(), more), (2, false)),
+        r => panic!("{r:?}"),
+    }
+    let root: Vec<Vec<u8>> = h.readdir_all(ROOT, 1).await.into_iter().map(|e| e.name).collect();
+    assert_eq!(root, vec![b"big".to_vec(), b"neighbour".to_vec()]);
+    let f = h.lookup(n.id, "zzz").await.unwrap();
+    let Reply::Entry(f) = f else { panic!() };
+    assert_eq!(h.code(Request::ReadDir { dir: f.id, after: None, max: 10 }).await, ErrorCode::NotDir);
+    let missing = EntryId { node: 1, epoch: 77, counter: 1 };
+    assert_eq!(h.code(Request::ReadDir { dir: missing, after: None, max: 10 }).await, ErrorCode::NotFound);
+}
+
+// ----------------------------------------------------------- rename
+
+#[tokio::test]
+async fn rename_within_and_across_directories() {
+    let h = H::new().await;
+    let a = h.mkdir(ROOT, "a").await;
+    let b = h.mkdir(ROOT, "b").await;
+    let f = h.create(a.id, "f").await;
+    let t = h.tick();
+    h.ok(rename(a.id, "f", a.id, "g", 0)).await;
+    assert_eq!(h.lookup(a.id, "f").await.unwrap_err().code, ErrorCode::NotFound);
+    assert_eq!(h.attr(f.id).await.ctime, ts(t));
+    let t = h.tick();
+    h.ok(rename(a.id, "g", b.id, "h", 0)).await;
+    let Reply::Entry(moved) = h.lookup(b.id, "h").await.unwrap() else { panic!() };
+    assert_eq!(moved.id, f.id);
+    for dir in [a.id, b.id] {
+        let d = h.attr(dir).await;
+        assert_eq!((d.mtime, d.ctime), (ts(t), ts(t)), "both parents are touched");
+    }
+    // A directory moves with its `..` and the parents' link counts.
+    let sub = h.mkdir(a.id, "sub").await;
+    assert_eq!((h.attr(a.id).await.nlink, h.attr(b.id).await.nlink), (3, 2));
+    h.ok(rename(a.id, "sub", b.id, "sub2", 0)).await;
+    assert_eq!((h.attr(a.id).await.nlink, h.attr(b.id).await.nlink), (2, 3));
+    assert_eq!(h.entry(Request::Lookup { parent: sub.id, name: b"..".to_vec() }).await.id, b.id);
+    assert_eq!(h.attr(ROOT).await.nlink, 4);
+    assert_eq!(h.ns().counts().unwrap(), (1, 4));
+}
+
+#[tokio::test]
+async fn rename_replacing_targets() {
+    let h = H::new().await;
+    let a = h.create(ROOT, "a").await;
+    let b = h.create(ROOT, "b").await;
+    // File over file: the target's last link goes, its chunks are queued.
+    h.ok(rename(ROOT, "a", ROOT, "b", 0)).await;
+    let Reply::Entry(now_b) = h.lookup(ROOT, "b").await.unwrap() else { panic!() };
+    assert_eq!(now_b.id, a.id);
+    assert_eq!(h.code(Request::GetAttr { id: b.id }).await, ErrorCode::NotFound);
+    assert_eq!(h.disposal(b.id), Some(DisposalState::DeleteChunks));
+    assert_eq!(h.ns().counts().unwrap(), (1, 1));
+    // File over one link of a file with two: only the link goes.
+    let c = h.create(ROOT, "c").await;
+    h.ok(Request::Link { id: c.id, new_parent: ROOT, new_name: b"c2".to_vec() }).await;
+    h.ok(rename(ROOT, "b", ROOT, "c", 0)).await;
+    assert_eq!(h.attr(c.id).await.nlink, 1);
+    assert_eq!(h.disposal(c.id), None);
+    // Directory over empty directory.
+    let d1 = h.mkdir(ROOT, "d1").await;
+    let d2 = h.mkdir(ROOT, "d2").await;
+    assert_eq!(h.attr(ROOT).await.nlink, 4);
+    h.ok(rename(ROOT, "d1", ROOT, "d2", 0)).await;
+    assert_eq!(h.attr(ROOT).await.nlink, 3);
+    assert_eq!(h.code(Request::GetAttr { id: d2.id }).await, ErrorCode::NotFound);
+    let Reply::Entry(x) = h.lookup(ROOT, "d2").await.unwrap() else { panic!() };
+    assert_eq!(x.id, d1.id);
+    // Directory over empty directory in another parent.
+    let p = h.mkdir(ROOT, "p").await;
+    h.mkdir(p.id, "victim").await;
+    assert_eq!(h.attr(p.id).await.nlink, 3);
+    h.ok(rename(ROOT, "d2", p.id, "victim", 0)).await;
+    assert_eq!((h.attr(ROOT).await.nlink, h.attr(p.id).await.nlink), (3, 3));
+    // Files: `b` (was `a`) and `c` (still linked as `c2`); dirs: root, p, p/victim.
+    assert_eq!(h.ns().counts().unwrap(), (2, 3));
+}
+
+#[tokio::test]
+async fn rename_errors_and_no_ops() {
+    let h = H::new().await;
+    let f = h.create(ROOT, "f").await;
+    let d = h.mkdir(ROOT, "d").await;
+    let full = h.mkdir(ROOT, "full").await;
+    h.create(full.id, "x").await;
+    let inner = h.mkdir(d.id, "inner").await;
+    assert_eq!(h.code(rename(ROOT, "f", ROOT, "d", 0)).await, ErrorCode::IsDir);
+    assert_eq!(h.code(rename(ROOT, "d", ROOT, "f", 0)).await, ErrorCode::NotDir);
+    assert_eq!(h.code(rename(d.id, "inner", ROOT, "full", 0)).await, ErrorCode::NotEmpty);
+    assert_eq!(h.code(rename(ROOT, "d", inner.id, "loop", 0)).await, ErrorCode::Invalid);
+    assert_eq!(h.code(rename(ROOT, "d", d.id, "self", 0)).await, ErrorCode::Invalid);
+    assert_eq!(h.code(rename(ROOT, "nope", ROOT, "x", 0)).await, ErrorCode::NotFound);
+    assert_eq!(h.code(rename(ROOT, "f", f.id, "x", 0)).await, ErrorCode::NotDir);
+    assert_eq!(h.code(rename(ROOT, "f", ROOT, "full", RENAME_NOREPLACE)).await, ErrorCode::Exists);
+    assert_eq!(h.code(rename(ROOT, "f", ROOT, "d", RENAME_EXCHANGE)).await, ErrorCode::Invalid);
+    assert_eq!(h.code(rename(ROOT, "f", ROOT, "g", 0x80)).await, ErrorCode::Invalid);
+    assert_eq!(h.code(rename(ROOT, "f", ROOT, "..", 0)).await, ErrorCode::Invalid);
+    h.ok(rename(ROOT, "f", ROOT, "g", RENAME_NOREPLACE)).await;
+    // Onto itself, and onto another link of the same inode: nothing happens.
+    let before = h.attr(f.id).await;
+    h.ok(rename(ROOT, "g", ROOT, "g", 0)).await;
+    h.ok(Request::Link { id: f.id, new_parent: d.id, new_name: b"g2".to_vec() }).await;
+    h.ok(rename(ROOT, "g", d.id, "g2", 0)).await;
+    assert!(h.lookup(ROOT, "g").await.is_ok() && h.lookup(d.id, "g2").await.is_ok());
+    assert_eq!(h.attr(f.id).await.nlink, 2);
+    assert_eq!(before.id, f.id);
+    // Moving a directory up (out of its parent) is fine.
+    h.ok(rename(d.id, "inner", ROOT, "inner", 0)).await;
+    assert_eq!(h.attr(ROOT).await.nlink, 5);
+}
+
+// ------------------------------------------------ links and symlinks
+
+#[tokio::test]
+async fn hard_links() {
+    let h = H::new().await;
+    let d = h.mkdir(ROOT, "d").await;
+    let f = h.create(ROOT, "f").await;
+    let t = h.tick();
+    let l = h.entry(Request::Link { id: f.id, new_parent: d.id, new_name: b"l".to_vec() }).await;
+    assert_eq!((l.id, l.nlink, l.ctime), (f.id, 2, ts(t)));
+    assert_eq!(h.attr(d.id).await.mtime, ts(t));
+    let Reply::Entry(via) = h.lookup(d.id, "l").await.unwrap() else { panic!() };
+    assert_eq!(via.id, f.id);
+    assert_eq!(
+        h.code(Request::Link { id: d.id, new_parent: ROOT, new_name: b"dl".to_vec() }).await,
+        ErrorCode::NotPermitted
+    );
+    assert_eq!(h.code(Request::Link { id: f.id, new_parent: ROOT, new_name: b"d".to_vec() }).await, ErrorCode::Exists);
+    let missing = EntryId { node: 1, epoch: 50, counter: 3 };
+    assert_eq!(
+        h.code(Request::Link { id: missing, new_parent: ROOT, new_name: b"m".to_vec() }).await,
+        ErrorCode::NotFound
+    );
+    assert_eq!(h.code(Request::Link { id: f.id, new_parent: f.id, new_name: b"m".to_vec() }).await, ErrorCode::NotDir);
+    assert_eq!(h.ns().counts().unwrap(), (1, 2), "a link is not a new file");
+    let t = h.tick();
+    h.ok(unlink(ROOT, "f")).await;
+    let a = h.attr(f.id).await;
+    assert_eq!((a.nlink, a.ctime), (1, ts(t)));
+    assert_eq!(h.disposal(f.id), None);
+    h.ok(unlink(d.id, "l")).await;
+    assert_eq!(h.code(Request::GetAttr { id: f.id }).await, ErrorCode::NotFound);
+    assert_eq!(h.disposal(f.id), Some(DisposalState::DeleteChunks));
+    assert_eq!(h.ns().counts().unwrap(), (0, 2));
+}
+
+#[tokio::test]
+async fn symlinks() {
+    let h = H::new().await;
+    let s =
+        h.entry(Request::Symlink { parent: ROOT, name: b"s".to_vec(), target: b"../x/y".to_vec(), caller: ME }).await;
+    assert_eq!((s.kind, s.mode, s.size, s.pattern.clone()), (FileKind::Symlink, 0o777, 6, None));
+    assert_eq!(h.ok(Request::ReadLink { id: s.id }).await, Reply::LinkTarget(b"../x/y".to_vec()));
+    let f = h.create(ROOT, "f").await;
+    assert_eq!(h.code(Request::ReadLink { id: f.id }).await, ErrorCode::Invalid);
+    let sym = |name: &str, target: Vec<u8>| Request::Symlink { parent: ROOT, name: name.into(), target, caller: ME };
+    assert_eq!(h.code(sym("s", b"t".to_vec())).await, ErrorCode::Exists);
+    assert_eq!(h.code(sym("e", Vec::new())).await, ErrorCode::NotFound);
+    assert_eq!(h.code(sym("long", vec![b'a'; 4097])).await, ErrorCode::NameTooLong);
+    h.ok(sym("max", vec![b'a'; 4096])).await;
+    // Non-excl create on a symlink's name does not open it.
+    assert_eq!(h.code(create_req(ROOT, "s", false)).await, ErrorCode::Exists);
+    h.ok(unlink(ROOT, "s")).await;
+    assert_eq!(h.code(Request::ReadLink { id: s.id }).await, ErrorCode::NotFound);
+    assert_eq!(h.ns().counts().unwrap(), (2, 1));
+}
+
+// ------------------------------------------------------------ xattrs
+
+#[tokio::test]
+async fn xattrs() {
+    let h = H::new().await;
+    let f = h.create(ROOT, "f").await;
+    let set = |name: &[u8], value: &[u8], flags| Request::SetXattr {
+        id: f.id,
+        name: name.to_vec(),
+        value: value.to_vec(),
+        flags,
+    };
+    let t = h.tick();
+    h.ok(set(b"user.a", b"1", 0)).await;
+    assert_eq!(h.attr(f.id).await.ctime, ts(t));
+    h.ok(set(b"user.b", b"", XATTR_CREATE)).await;
+    assert_eq!(h.code(set(b"user.a", b"2", XATTR_CREATE)).await, ErrorCode::Exists);
+    assert_eq!(h.code(set(b"user.c", b"2", XATTR_REPLACE)).await, ErrorCode::NoData);
+    h.ok(set(b"user.a", b"3", XATTR_REPLACE)).await;
+    assert_eq!(h.ok(Request::GetXattr { id: f.id, name: b"user.a".to_vec() }).await, Reply::Xattr(b"3".to_vec()));
+    assert_eq!(h.ok(Request::GetXattr { id: f.id, name: b"user.b".to_vec() }).await, Reply::Xattr(Vec::new()));
+    assert_eq!(h.code(Request::GetXattr { id: f.id, name: b"user.zz".to_vec() }).await, ErrorCode::NoData);
+    assert_eq!(
+        h.ok(Request::ListXattr { id: f.id }).await,
+        Reply::XattrNames(vec![b"user.a".to_vec(), b"user.b".to_vec()])
+    );
+    assert_eq!(h.code(set(&[b'n'; 256], b"", 0)).await, ErrorCode::NameTooLong);
+    assert_eq!(h.code(set(b"user.big", &vec![0; 65537], 0)).await, ErrorCode::Range);
+    h.ok(set(b"user.max", &vec![7; 65536], 0)).await;
+    assert_eq!(h.code(set(b"user.x", b"", XATTR_CREATE | XATTR_REPLACE)).await, ErrorCode::Invalid);
+    assert_eq!(h.code(set(b"", b"", 0)).await, ErrorCode::Invalid);
+    h.ok(Request::RemoveXattr { id: f.id, name: b"user.b".to_vec() }).await;
+    assert_eq!(h.code(Request::RemoveXattr { id: f.id, name: b"user.b".to_vec() }).await, ErrorCode::NoData);
+    // Directories have xattrs too; a neighbouring inode's are not listed.
+    let d = h.mkdir(ROOT, "d").await;
+    h.ok(Request::SetXattr { id: d.id, name: b"user.d".to_vec(), value: b"x".to_vec(), flags: 0 }).await;
+    assert_eq!(h.ok(Request::ListXattr { id: d.id }).await, Reply::XattrNames(vec![b"user.d".to_vec()]));
+    // Removing the inode removes its xattrs.
+    h.ok(unlink(ROOT, "f")).await;
+    assert_eq!(h.code(Request::ListXattr { id: f.id }).await, ErrorCode::NotFound);
+    let left = h.ns().read(|t| Ok(scan_children(&t.xattrs, f.id, None)?.count())).unwrap();
+    assert_eq!(left, 0);
+}
+
+// ---------------------------------------------------- setattr, sizes
+
+#[tokio::test]
+async fn setattr_modes_owners_times() {
+    let h = H::new().await;
+    let f = h.create(ROOT, "f").await;
+    let t = h.tick();
+    let a = h
+        .entry(Request::SetAttr {
+            id: f.id,
+            attr: SetAttr { mode: Some(0o104755), uid: Some(7), gid: Some(8), ..Default::default() },
+            caller: ME,
+        })
+        .await;
+    assert_eq!((a.mode, a.uid, a.gid, a.ctime, a.mtime), (0o4755, 7, 8, ts(t), f.mtime));
+    let t = h.tick();
+    let a = h
+        .entry(Request::SetAttr {
+            id: f.id,
+            attr: SetAttr { atime: Some(SetTime::At(ts(5))), mtime: Some(SetTime::Now), ..Default::default() },
+            caller: ME,
+        })
+        .await;
+    assert_eq!((a.atime, a.mtime, a.ctime), (ts(5), ts(t), ts(t)));
+    assert!(h.t.calls().is_empty(), "no size, no storage traffic");
+}
+
+#[tokio::test]
+async fn setattr_size_truncates_every_stripe_target() {
+    let h = H::new().await;
+    let d = h.mkdir(ROOT, "d").await;
+    let dp = DirPattern { chunk_size: 4096, stripe_count: 3, pool: PoolId::DEFAULT, chooser: Chooser::Balanced };
+    h.ok(Request::SetDirPattern { id: d.id, pattern: dp }).await;
+    let f = h.create(d.id, "f").await;
+    let p = f.pattern.clone().unwrap();
+    let t = h.tick();
+    let size = 4096 * 4 + 100;
+    let a = h
+        .entry(Request::SetAttr { id: f.id, attr: SetAttr { size: Some(size), ..Default::default() }, caller: ME })
+        .await;
+    assert_eq!((a.size, a.mtime, a.ctime), (size, ts(t), ts(t)));
+    let mut calls = h.t.calls();
+    calls.sort_by_key(|c| format!("{c:?}"));
+    let mut want: Vec<Call> =
+        p.targets.iter().enumerate().map(|(i, &tg)| Call::Truncate(tg, f.id, p.chunk_file_len(size, i))).collect();
+    want.sort_by_key(|c| format!("{c:?}"));
+    assert_eq!(calls, want);
+    assert_eq!(want.iter().map(|c| if let Call::Truncate(_, _, l) = c { *l } else { 0 }).sum::<u64>(), size);
+    // A failing target fails the truncate, names the target, keeps the size.
+    h.t.fail_truncates.store(true, Ordering::SeqCst);
+    let e = h
+        .call(Request::SetAttr { id: f.id, attr: SetAttr { size: Some(1), ..Default::default() }, caller: ME })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Io);
+    assert!(e.message.contains("target"), "{e}");
+    assert_eq!(h.attr(f.id).await.size, size);
+    let size_of = |id| Request::SetAttr { id, attr: SetAttr { size: Some(0), ..Default::default() }, caller: ME };
+    assert_eq!(h.code(size_of(d.id)).await, ErrorCode::IsDir);
+}
+
+#[tokio::test]
+async fn update_size_sets_size_and_mtime() {
+    let h = H::new().await;
+    let f = h.create(ROOT, "f").await;
+    let t = h.tick();
+    let a = h.entry(Request::UpdateSize { id: f.id, size: 12345, mtime: Some(ts(77)) }).await;
+    assert_eq!(a, h.attr(f.id).await);
+    assert_eq!((a.size, a.mtime, a.ctime), (12345, ts(77), ts(t)));
+    h.ok(Request::UpdateSize { id: f.id, size: 10, mtime: None }).await;
+    assert_eq!(h.attr(f.id).await.size, 10);
+    assert_eq!(h.code(Request::UpdateSize { id: ROOT, size: 1, mtime: None }).await, ErrorCode::IsDir);
+    let missing = EntryId { node: 1, epoch: 9, counter: 1 };
+    assert_eq!(h.code(Request::UpdateSize { id: missing, size: 1, mtime: None }).await, ErrorCode::NotFound);
+}
+
+// ------------------------------------------- unlink, open, disposal
+
+#[tokio::test]
+async fn unlink_queues_chunk_deletion_on_every_target() {
+    let h = H::new().await;
+    let f = h.create(ROOT, "f").await;
+    let t = h.tick();
+    h.ok(unlink(ROOT, "f")).await;
+    assert_eq!(h.attr(ROOT).await.mtime, ts(t));
+    assert_eq!(h.code(Request::GetAttr { id: f.id }).await, ErrorCode::NotFound);
+    assert_eq!(h.code(unlink(ROOT, "f")).await, ErrorCode::NotFound);
+    assert_eq!(h.disposal(f.id), Some(DisposalState::DeleteChunks));
+    let r = h.gc().await;
+    assert_eq!((r.deleted, r.failed), (1, 0));
+    let want: HashSet<TargetId> = f.pattern.unwrap().targets.into_iter().collect();
+    assert_eq!(h.t.unlinked(f.id), want);
+    assert_eq!(h.disposal(f.id), None);
+    assert_eq!(h.gc().await, RoundOutcome::default());
+}
+
+#[tokio::test]
+async fn failed_chunk_deletions_are_retried_until_done() {
+    let h = H::new().await;
+    let f = h.create(ROOT, "f").await;
+    h.ok(unlink(ROOT, "f")).await;
+    h.t.fail_unlinks.store(2, Ordering::SeqCst);
+    let mut st = RetryState::default();
+    let r = h.ns().disposal_round(&mut st).await.unwrap();
+    assert_eq!((r.deleted, r.failed), (0, 1));
+    assert!(r.next_due.is_some());
+    assert_eq!(h.disposal(f.id), Some(DisposalState::DeleteChunks), "kept until every target succeeded");
+    // Backed off: the same state skips it for now.
+    let r = h.ns().disposal_round(&mut st).await.unwrap();
+    assert_eq!((r.deleted, r.failed), (0, 0));
+    // Survives a restart, and the retry succeeds.
+    let mut h = h;
+    h.reopen();
+    let r = h.gc().await;
+    assert_eq!((r.deleted, r.failed), (1, 0));
+    assert_eq!(h.disposal(f.id), None);
+}
+
+#[tokio::test]
+async fn open_unlinked_file_keeps_its_chunks_until_the_last_release() {
+    let h = H::new().await;
+    let f = h.create(ROOT, "f").await;
+    let o = h.entry(Request::Open { id: f.id, write: true }).await;
+    assert_eq!(o.pattern, f.pattern, "open returns the pattern");
+    h.ok(Request::Open { id: f.id, write: false }).await;
+    h.ok(unlink(ROOT, "f")).await;
+    assert_eq!(h.lookup(ROOT, "f").await.unwrap_err().code, ErrorCode::NotFound);
+    // The open handles still see the inode (fstat, ftruncate, size reports).
+    assert_eq!(h.attr(f.id).await.nlink, 0);
+    h.ok(Request::UpdateSize { id: f.id, size: 5, mtime: None }).await;
+    assert_eq!(
+        h.code(Request::Link { id: f.id, new_parent: ROOT, new_name: b"back".to_vec() }).await,
+        ErrorCode::NotFound
+    );
+    assert_eq!(h.disposal(f.id), Some(DisposalState::OpenUnlinked));
+    assert_eq!(h.ns().counts().unwrap(), (0, 1));
+    assert_eq!(h.gc().await.deleted, 0);
+    assert!(h.t.unlinked(f.id).is_empty());
+    h.ok(Request::Release { id: f.id, write: false }).await;
+    assert_eq!(h.disposal(f.id), Some(DisposalState::OpenUnlinked), "one handle left");
+    h.ok(Request::Release { id: f.id, write: true }).await;
+    assert_eq!(h.code(Request::GetAttr { id: f.id }).await, ErrorCode::NotFound);
+    assert_eq!(h.disposal(f.id), Some(DisposalState::DeleteChunks));
+    assert_eq!(h.gc().await.deleted, 1);
+    assert_eq!(h.t.unlinked(f.id).len(), 4);
+    // Releases without opens are harmless.
+    h.ok(Request::Release { id: f.id, write: false }).await;
+    assert_eq!(h.code(Request::Open { id: f.id, write: false }).await, ErrorCode::NotFound);
+    assert!(!h.ns().opens.is_open(f.id), "a failed open is not counted");
+}
+
+#[tokio::test]
+async fn open_unlinked_entries_are_finished_at_restart() {
+    let mut h = H::new().await;
+    let f = h.create(ROOT, "f").await;
+    h.ok(Request::Open { id: f.id, write: true }).await;
+    h.ok(unlink(ROOT, "f")).await;
+    assert_eq!(h.disposal(f.id), Some(DisposalState::OpenUnlinked));
+    h.reopen();
+    assert_eq!(h.code(Request::GetAttr { id: f.id }).await, ErrorCode::NotFound);
+    assert_eq!(h.disposal(f.id), Some(DisposalState::DeleteChunks));
+    assert_eq!(h.gc().await.deleted, 1);
+}
+
+#[tokio::test]
+async fn an_orphan_released_before_its_unlink_committed_is_finished_by_the_disposal_task() {
+    // The race the disposal scan covers: the last release saw no record yet.
+    let h = H::new().await;
+    let f = h.create(ROOT, "f").await;
+    h.ns().opens_for_test_inc(f.id);
+    h.ok(unlink(ROOT, "f")).await;
+    h.ns().opens_for_test_dec(f.id);
+    assert_eq!(h.disposal(f.id), Some(DisposalState::OpenUnlinked));
+    let r = h.gc().await;
+    assert_eq!(r.orphans_finished, 1);
+    assert_eq!(h.gc().await.deleted, 1);
+    assert_eq!(h.code(Request::GetAttr { id: f.id }).await, ErrorCode::NotFound);
+}
+
+// ------------------------------------------------ persistence, misc
+
+#[tokio::test]
+async fn everything_survives_a_restart_and_ids_stay_unique() {
+    let mut h = H::new().await;
+    let epoch = h.ns().epoch();
+    let d = h.mkdir(ROOT, "d").await;
+    let f = h.create(d.id, "f").await;
+    h.ok(Request::SetXattr { id: f.id, name: b"user.k".to_vec(), value: b"v".to_vec(), flags: 0 }).await;
+    let s = h.entry(Request::Symlink { parent: d.id, name: b"s".to_vec(), target: b"f".to_vec(), caller: ME }).await;
+    h.reopen();
+    assert_eq!(h.ns().epoch(), epoch + 1);
+    assert_eq!(h.attr(f.id).await, f);
+    assert_eq!(h.attr(d.id).await.nlink, 2);
+    assert_eq!(h.ok(Request::GetXattr { id: f.id, name: b"user.k".to_vec() }).await, Reply::Xattr(b"v".to_vec()));
+    assert_eq!(h.ok(Request::ReadLink { id: s.id }).await, Reply::LinkTarget(b"f".to_vec()));
+    assert_eq!(h.ns().counts().unwrap(), (2, 2));
+    let g = h.create(d.id, "g").await;
+    assert_eq!(g.id.epoch, epoch + 1);
+    assert!(![d.id, f.id, s.id].contains(&g.id));
+    assert_eq!(h.readdir_all(d.id, 10).await.len(), 3);
+}
+
+#[tokio::test]
+async fn sync_false_store_works_and_persists() {
+    let mut h = H::with(FakeTargets::with_targets(2), false).await;
+    let f = h.create(ROOT, "f").await;
+    h.reopen();
+    assert_eq!(h.attr(f.id).await, f);
+}
+
+#[tokio::test]
+async fn meta_stat_ping_and_foreign_requests() {
+    let h = H::new().await;
+    h.create(ROOT, "f").await;
+    h.mkdir(ROOT, "d").await;
+    match h.ok(Request::MetaStat).await {
+        Reply::MetaStat { files, dirs, capacity } => {
+            assert_eq!((files, dirs), (1, 2));
+            assert!(capacity.total_bytes > 0 && capacity.free_bytes <= capacity.total_bytes);
+        }
+        r => panic!("{r:?}"),
+    }
+    assert_eq!(h.ok(Request::Ping).await, Reply::Pong { node_type: hivefs_types::NodeType::Meta, node: NodeId(1) });
+    let e = h.call(Request::UnlinkChunk { target: TargetId(1), entry: ROOT }).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotSupported);
+    assert!(e.message.contains("UnlinkChunk") && e.message.contains("metadata node"), "{e}");
+    assert_eq!(h.code(Request::ListTargets).await, ErrorCode::NotSupported);
+}
+
+#[tokio::test]
+async fn a_batch_isolates_failing_operations() {
+    // Many concurrent creates of partly equal names land in shared batches:
+    // each name is created exactly once, every loser gets Exists.
+    let h = Arc::new(H::new().await);
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let h = h.clone();
+        tasks.push(tokio::spawn(async move { h.call(create_req(ROOT, &format!("n{}", i % 16), true)).await }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(_) => ok += 1,
+            Err(e) => assert_eq!(e.code, ErrorCode::Exists),
+        }
+    }
+    assert_eq!(ok, 16);
+    assert_eq!(h.readdir_all(ROOT, 100).await.len(), 16);
+    assert_eq!(h.ns().counts().unwrap(), (16, 1));
+    let st = h.ns().writer_stats();
+    let (b, m) = (st.batches.load(Ordering::Relaxed), st.mutations.load(Ordering::Relaxed));
+    assert!(m >= 65 && b <= m, "{b} batches for {m} mutations");
+}
+
+impl Namespace {
+    fn opens_for_test_inc(&self, id: EntryId) {
+        self.open_file(id).unwrap();
+    }
+    fn opens_for_test_dec(&self, id: EntryId) {
+        // Decrement without the release path's disposal check (simulates the race).
+        let mut m = self.opens.0.lock().unwrap();
+        m.remove(&id);
+    }
+}
+
+// ------------------------------------------------------ benchmark
+
+/// Group commit benchmark: 10,000 creates with 1 and with 32 concurrent
+/// callers, with and without fsync. Run with
+/// `cargo test -p hivefs-meta --release -- --ignored --nocapture bench_group_commit`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn bench_group_commit() {
+    const N: usize = 10_000;
+    for sync in [true, false] {
+        for callers in [1usize, 32] {
+            let h = Arc::new(H::with(FakeTargets::with_targets(4), sync).await);
+            let start = std::time::Instant::now();
+            let mut tasks = Vec::new();
+            for c in 0..callers {
+                let h = h.clone();
+                tasks.push(tokio::spawn(async move {
+                    for i in (c..N).step_by(callers) {
+                        h.create(ROOT, &format!("f{i:06}")).await;
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            let secs = start.elapsed().as_secs_f64();
+            let st = h.ns().writer_stats();
+            let (b, m) = (st.batches.load(Ordering::Relaxed), st.mutations.load(Ordering::Relaxed));
+            println!(
+                "sync={sync} callers={callers}: {N} creates in {secs:.2} s = {:.0} creates/s, {b} commits, {:.1} ops/commit",
+                N as f64 / secs,
+                m as f64 / b as f64
+            );
+        }
+    }
+}
+
+// --------------------------------------------- start() against fake mgmtd
+
+mod service {
+    use super::*;
+    use crate::{start, Config, MetaError};
+    use hivefs_net::{call_once, serve, ClientConfig, Handler, Peer, ServerConfig};
+    use hivefs_proto::{NodeInfo, Reachability, TargetInfo};
+    use hivefs_types::ids::NodeType;
+
+    /// Plays mgmtd (one meta node, one storage target whose node is this
+    /// same server) and the storage node (records UnlinkChunk).
+    #[derive(Default)]
+    struct FakeCluster {
+        addr: Mutex<String>,
+        unlinked: Mutex<Vec<(TargetId, EntryId)>>,
+        heartbeats: AtomicU32,
+    }
+
+    impl Handler for FakeCluster {
+        async fn handle(&self, req: Request, _p: Vec<u8>, _peer: &Peer) -> (Response, Vec<u8>) {
+            let addr = self.addr.lock().unwrap().clone();
+            let r = match req {
+                Request::RegisterNode { node_type: NodeType::Meta, .. } => {
+                    Ok(Reply::NodeRegistered { node: NodeId(3) })
+                }
+                Request::GetRootOwner => Ok(Reply::RootOwner(Some(NodeId(3)))),
+                Request::Heartbeat { meta, .. } => {
+                    assert!(meta.is_some_and(|c| c.total_bytes > 0));
+                    self.heartbeats.fetch_add(1, Ordering::SeqCst);
+                    Ok(Reply::Ok)
+                }
+                Request::ListNodes { .. } => Ok(Reply::Nodes(vec![NodeInfo {
+                    id: NodeId(9),
+                    node_type: NodeType::Storage,
+                    addr,
+                    hostname: "h".into(),
+                    last_seen_ms: 0,
+                    reachability: Reachability::Online,
+                    capacity: None,
+                }])),
+                Request::ListTargets => Ok(Reply::Targets(vec![TargetInfo {
+                    id: TargetId(21),
+                    node: NodeId(9),
+                    pool: PoolId::DEFAULT,
+                    capacity: Default::default(),
+                    last_seen_ms: 0,
+                    reachability: Reachability::Online,
+                }])),
+                Request::UnlinkChunk { target, entry } => {
+                    self.unlinked.lock().unwrap().push((target, entry));
+                    Ok(Reply::Ok)
+                }
+                other => Err(fs_err!(NotSupported, "fake cluster: {other:?}")),
+            };
+            (r, Vec::new())
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn start_serves_registers_heartbeats_and_restarts() {
+        let fake = Arc::new(FakeCluster::default());
+        let srv = serve("127.0.0.1:0", ServerConfig::new(NodeType::Mgmt, None), fake.clone()).await.unwrap();
+        *fake.addr.lock().unwrap() = srv.local_addr.to_string();
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = Config {
+            dir: dir.path().to_path_buf(),
+            listen: "127.0.0.1:0".into(),
+            mgmtd: srv.local_addr.to_string(),
+            heartbeat_interval_ms: 50,
+            target_refresh_ms: 100,
+            ..Config::default()
+        };
+        let svc = start(cfg.clone()).await.unwrap();
+        assert_eq!(svc.node_id, NodeId(3));
+        let addr = svc.local_addr.to_string();
+        let cc = ClientConfig::new(None);
+        let f = match call_once(&addr, &cc, &create_req(ROOT, "f", true)).await.unwrap() {
+            Reply::Entry(a) => a,
+            r => panic!("{r:?}"),
+        };
+        assert_eq!(f.pattern.unwrap().targets, vec![TargetId(21)]);
+        assert_eq!(f.owner, NodeId(3));
+        // A second service on the same data dir is refused, naming the store.
+        let e = start(cfg.clone()).await.err().expect("data dir in use");
+        assert!(matches!(e, MetaError::Store(_)) && e.to_string().contains("meta.redb"), "{e}");
+        // Unlink: the chunk file is deleted on the target's node.
+        call_once(&addr, &cc, &unlink(ROOT, "f")).await.unwrap();
+        for _ in 0..200 {
+            if !fake.unlinked.lock().unwrap().is_empty() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert_eq!(*fake.unlinked.lock().unwrap(), vec![(TargetId(21), f.id)]);
+        for _ in 0..250 {
+            if fake.heartbeats.load(Ordering::SeqCst) >= 2 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert!(fake.heartbeats.load(Ordering::SeqCst) >= 2, "heartbeats repeat");
+        let d =
+            match call_once(&addr, &cc, &Request::Mkdir { parent: ROOT, name: b"d".to_vec(), mode: 0o700, caller: ME })
+                .await
+                .unwrap()
+            {
+                Reply::Entry(a) => a,
+                r => panic!("{r:?}"),
+            };
+        svc.stop().await;
+        // Restart on the same data dir: same node id, same namespace.
+        let svc = start(Config { listen: "127.0.0.1:0".into(), ..cfg.clone() }).await.unwrap();
+        assert_eq!(svc.node_id, NodeId(3));
+        let addr2 = svc.local_addr.to_string();
+        match call_once(&addr2, &cc, &Request::Lookup { parent: ROOT, name: b"d".to_vec() }).await.unwrap() {
+            Reply::Entry(a) => assert_eq!(a.id, d.id),
+            r => panic!("{r:?}"),
+        }
+        // The port is taken: the error names the address.
+        let e = start(Config { listen: addr2.clone(), dir: dir.path().join("other"), ..cfg }).await.err().unwrap();
+        assert!(e.to_string().contains(&addr2), "{e}");
+        svc.stop().await;
+        srv.abort();
+    }
+
+    #[test]
+    fn config_defaults_and_unknown_keys() {
+        let c: Config = toml::from_str("dir = \"/tmp/x\"\nsync = false").unwrap();
+        assert_eq!((c.listen.as_str(), c.mgmtd.as_str(), c.sync), ("127.0.0.1:8005", "127.0.0.1:8008", false));
+        assert_eq!((c.heartbeat_interval_ms, c.target_refresh_ms), (1000, 2000));
+        assert!(toml::from_str::<Config>("lisen = \"x\"").is_err());
+    }
+}
+
+// ------------------------------------------------------------ kill -9
+
+const KILL9_DIR: &str = "HIVEFS_META_KILL9_DIR";
+const KILL9_SYNC: &str = "HIVEFS_META_KILL9_SYNC";
+
+/// Child half of `kill9_loses_no_acknowledged_mutation`: creates files from
+/// 8 concurrent callers and prints each one after its acknowledgement,
+/// until it is killed. Does nothing when run on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn kill9_child() {
+    let Ok(dir) = std::env::var(KILL9_DIR) else { return };
+    let sync = std::env::var(KILL9_SYNC).as_deref() == Ok("1");
+    let clock = Arc::new(AtomicI64::new(1));
+    let ns = Arc::new(open_ns(std::path::Path::new(&dir), FakeTargets::with_targets(4), clock, sync));
+    ns.ensure_root().await.unwrap();
+    let mut tasks = Vec::new();
+    for w in 0..8 {
+        let ns = ns.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..1_000_000u32 {
+                let name = format!("w{w}-{i}");
+                ns.handle(create_req(ROOT, &name, true)).await.unwrap();
+                use std::io::Write;
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "ACK {name}").unwrap();
+                out.flush().unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// An acknowledged create survives `kill -9` of the server process, with
+/// `sync = true` and with `sync = false` (no fsync, but every commit is in
+/// the kernel before the acknowledgement).
+#[test]
+fn kill9_loses_no_acknowledged_mutation() {
+    use std::io::BufRead;
+    for sync in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "tests::kill9_child", "--ignored", "--nocapture", "--test-threads=1"])
+            .env(KILL9_DIR, dir.path())
+            .env(KILL9_SYNC, if sync { "1" } else { "0" })
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut acked = Vec::new();
+        // Kill it in full flight, after a good number of acknowledgements.
+        for line in lines.by_ref() {
+            if let Some(name) = line.unwrap().strip_prefix("ACK ") {
+                acked.push(name.to_string());
+                if acked.len() == 3000 {
+                    child.kill().unwrap(); // SIGKILL
+                    break;
+                }
+            }
+        }
+        // Acknowledgements printed before the kill are still in the pipe.
+        for line in lines {
+            match line {
+                Ok(l) => acked.extend(l.strip_prefix("ACK ").map(str::to_string)),
+                Err(_) => break,
+            }
+        }
+        child.wait().unwrap();
+        assert!(acked.len() >= 3000, "child acknowledged only {}", acked.len());
+        let ns = open_ns(dir.path(), FakeTargets::with_targets(4), Arc::new(AtomicI64::new(2)), sync);
+        let names: HashSet<Vec<u8>> = ns
+            .read(|t| {
+                Ok(scan_children(&t.dentries, ROOT, None)?.map(|r| r.map(|(n, _)| n)).collect::<Result<_, _>>()?)
+            })
+            .unwrap();
+        let lost: Vec<&String> = acked.iter().filter(|n| !names.contains(n.as_bytes())).collect();
+        assert!(
+            lost.is_empty(),
+            "sync={sync}: {} of {} acknowledged creates lost, e.g. {:?}",
+            lost.len(),
+            acked.len(),
+            &lost[..lost.len().min(5)]
+        );
+        assert_eq!(
+            ns.counts().unwrap().0,
+            names.len() as u64,
+            "sync={sync}: the file counter commits with the creates"
+        );
+    }
+}

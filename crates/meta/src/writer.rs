@@ -1,0 +1,237 @@
+//! Group commit: the single writer of the metadata store.
+//!
+//! Owns the write side of the database. Every mutation is queued (bounded)
+//! to one thread, which takes all queued mutations (up to [`BATCH_MAX`]),
+//! applies them in order in ONE write transaction (each sees the effects of
+//! the ones before it), commits once, and only then answers all of them. One
+//! fsync is thus shared by every operation that arrived while the previous
+//! commit was running. It must not be bypassed: nothing else writes the store
+//! once the writer runs.
+//!
+//! A mutation refused by the namespace rules fails alone (rules check before
+//! they write, see `ops`); a store failure fails the whole batch, and nothing
+//! of it is committed.
+
+use crate::chooser;
+use crate::ops::{apply, Ctx, Mutation, OpError, Tables};
+use crate::store::{sys, sys_get, SYSTEM};
+use crate::targets::DataTargets;
+use hivefs_proto::Reply;
+use hivefs_types::attr::Timespec;
+use hivefs_types::error::{FsError, FsResult};
+use hivefs_types::fs_err;
+use hivefs_types::ids::{EntryId, NodeId};
+use hivefs_types::pattern::{DirPattern, Pattern, PatternKind};
+use rand::rngs::StdRng;
+use redb::Database;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot, Notify};
+use tracing::error;
+
+/// Mutations waiting for the writer; senders wait when it is full (backpressure).
+pub const QUEUE_MAX: usize = 8192;
+/// Most mutations committed in one transaction (bounds a batch's latency and memory).
+pub const BATCH_MAX: usize = 1024;
+
+/// The clock seam: the writer reads the time once per batch.
+pub type Clock = Arc<dyn Fn() -> Timespec + Send + Sync>;
+
+pub fn system_clock() -> Clock {
+    Arc::new(|| {
+        let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        Timespec { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
+    })
+}
+
+/// Counts of batches and mutations, to see how well commits are shared.
+#[derive(Debug, Default)]
+pub struct WriterStats {
+    pub batches: AtomicU64,
+    pub mutations: AtomicU64,
+}
+
+/// Everything the writer thread owns besides the database.
+pub struct WriterState {
+    pub node: NodeId,
+    pub epoch: u32,
+    /// Last EntryId counter minted in this boot.
+    pub counter: u64,
+    pub targets: Arc<dyn DataTargets>,
+    /// Round-robin cursor of the target choosers.
+    pub rr: u64,
+    pub rng: StdRng,
+    pub is_open: Arc<dyn Fn(EntryId) -> bool + Send + Sync>,
+    pub clock: Clock,
+    /// Woken after a commit that queued chunk deletions or parked an orphan.
+    pub disposal_wakeup: Arc<Notify>,
+}
+
+impl WriterState {
+    fn make_pattern(&mut self, dp: &DirPattern) -> FsResult<Pattern> {
+        let cands = self.targets.candidates(dp.pool);
+        if cands.is_empty() {
+            return Err(fs_err!(NoSpace, "no storage target of pool {} is online", dp.pool));
+        }
+        let want = if dp.stripe_count == 0 { cands.len() } else { dp.stripe_count as usize };
+        let targets = chooser::choose(dp.chooser, &cands, want, &mut self.rr, &mut self.rng);
+        assert!(!targets.is_empty(), "a chooser returns at least one target when there are candidates");
+        Ok(Pattern { kind: PatternKind::Raid0, chunk_size: dp.chunk_size, targets })
+    }
+}
+
+struct Job {
+    m: Mutation,
+    reply: oneshot::Sender<FsResult<Reply>>,
+}
+
+pub struct Writer {
+    tx: Option<mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    pub stats: Arc<WriterStats>,
+}
+
+fn stopped() -> FsError {
+    fs_err!(Unavailable, "the metadata writer has stopped")
+}
+
+impl Writer {
+    pub fn spawn(db: Arc<Database>, state: WriterState) -> std::io::Result<Writer> {
+        let (tx, rx) = mpsc::channel(QUEUE_MAX);
+        let stats = Arc::new(WriterStats::default());
+        let st = stats.clone();
+        let thread = std::thread::Builder::new().name("meta-writer".into()).spawn(move || run(&db, rx, state, &st))?;
+        Ok(Writer { tx: Some(tx), thread: Some(thread), stats })
+    }
+
+    /// Queues a mutation and waits until it is committed (or refused).
+    pub async fn submit(&self, m: Mutation) -> FsResult<Reply> {
+        let (reply, rx) = oneshot::channel();
+        let tx = self.tx.as_ref().ok_or_else(stopped)?;
+        tx.send(Job { m, reply }).await.map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
+    }
+
+    /// Stops accepting mutations, lets the thread finish its batch, and joins it.
+    pub fn shutdown(&mut self) {
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                error!("metadata writer thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // Joining releases the database (and its file lock) deterministically.
+        self.shutdown();
+    }
+}
+
+fn run(db: &Database, mut rx: mpsc::Receiver<Job>, mut st: WriterState, stats: &WriterStats) {
+    while let Some(first) = rx.blocking_recv() {
+        let mut muts = Vec::with_capacity(64);
+        let mut replies = Vec::with_capacity(64);
+        muts.push(first.m);
+        replies.push(first.reply);
+        while muts.len() < BATCH_MAX {
+            match rx.try_recv() {
+                Ok(j) => {
+                    muts.push(j.m);
+                    replies.push(j.reply);
+                }
+                Err(_) => break,
+            }
+        }
+        stats.batches.fetch_add(1, Ordering::Relaxed);
+        stats.mutations.fetch_add(muts.len() as u64, Ordering::Relaxed);
+        let results = run_batch(db, &mut st, muts);
+        // Answers go out only now: after the commit.
+        for (r, tx) in results.into_iter().zip(replies) {
+            let _ = tx.send(r);
+        }
+    }
+}
+
+/// Applies and commits one batch; one result per mutation, in order.
+pub fn run_batch(db: &Database, st: &mut WriterState, muts: Vec<Mutation>) -> Vec<FsResult<Reply>> {
+    let n = muts.len();
+    let fail_all = |msg: &str| -> Vec<FsResult<Reply>> {
+        error!("metadata store failure, batch of {n} operations not committed: {msg}");
+        (0..n).map(|_| Err(fs_err!(Io, "metadata store failure: {msg}"))).collect()
+    };
+    let txn = match db.begin_write() {
+        Ok(t) => t,
+        Err(e) => return fail_all(&e.to_string()),
+    };
+    // Durability stays Immediate: the backend decides whether that fsyncs
+    // (see `store::SwitchableSyncBackend`), never whether it reaches the file.
+    let mut results = Vec::with_capacity(n);
+    let wake = match apply_all(&txn, st, muts, &mut results) {
+        Ok(w) => w,
+        Err(msg) => {
+            let _ = txn.abort();
+            return fail_all(&msg);
+        }
+    };
+    if let Err(e) = txn.commit() {
+        return fail_all(&e.to_string());
+    }
+    if wake {
+        st.disposal_wakeup.notify_one();
+    }
+    results
+}
+
+fn apply_all(
+    txn: &redb::WriteTransaction,
+    st: &mut WriterState,
+    muts: Vec<Mutation>,
+    results: &mut Vec<FsResult<Reply>>,
+) -> Result<bool, String> {
+    let fatal = |e: OpError| match e {
+        OpError::Fatal(m) => m,
+        OpError::Fs(e) => e.to_string(),
+    };
+    let mut t = Tables::open(txn).map_err(fatal)?;
+    let now = (st.clock)();
+    let (node, epoch) = (st.node, st.epoch);
+    let is_open = st.is_open.clone();
+    let is_open_fn = |id: EntryId| is_open(id);
+    let mut counter = st.counter;
+    let mut choose = |dp: &DirPattern| st.make_pattern(dp);
+    let mut ctx = Ctx {
+        node,
+        epoch,
+        counter: &mut counter,
+        now,
+        choose: &mut choose,
+        is_open: &is_open_fn,
+        files_delta: 0,
+        dirs_delta: 0,
+        disposal_queued: false,
+    };
+    for m in muts {
+        match apply(&mut t, &mut ctx, m) {
+            Ok(r) => results.push(Ok(r)),
+            Err(OpError::Fs(e)) => results.push(Err(e)),
+            Err(OpError::Fatal(msg)) => return Err(msg),
+        }
+    }
+    let (files_delta, dirs_delta, wake) = (ctx.files_delta, ctx.dirs_delta, ctx.disposal_queued);
+    st.counter = counter;
+    drop(t);
+    if files_delta != 0 || dirs_delta != 0 {
+        let mut s = txn.open_table(SYSTEM).map_err(|e| e.to_string())?;
+        for (key, d) in [(sys::FILES, files_delta), (sys::DIRS, dirs_delta)] {
+            if d != 0 {
+                let v = sys_get(&s, key).map_err(|e| e.to_string())?;
+                let v = if d >= 0 { v.saturating_add(d as u64) } else { v.saturating_sub(d.unsigned_abs()) };
+                s.insert(key, v).map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    Ok(wake)
+}
