@@ -138,10 +138,18 @@ pub fn nodes(c: Conn) -> Result<()> {
     let Reply::Nodes(mut nodes) = reply else { bail!("unexpected reply from mgmtd") };
     nodes.sort_by_key(|n| (n.node_type as u8, n.id));
     if c.json {
-        println!("{}", serde_json::to_string_pretty(&nodes.iter().map(|n| serde_json::json!({
-            "id": n.id.0, "type": n.node_type.to_string(), "address": n.addr, "hostname": n.hostname,
-            "last_seen_ms": n.last_seen_ms, "state": n.reachability.as_str(),
-        })).collect::<Vec<_>>())?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &nodes
+                    .iter()
+                    .map(|n| serde_json::json!({
+                        "id": n.id.0, "type": n.node_type.to_string(), "address": n.addr, "hostname": n.hostname,
+                        "last_seen_ms": n.last_seen_ms, "state": n.reachability.as_str(),
+                    }))
+                    .collect::<Vec<_>>()
+            )?
+        );
         return Ok(());
     }
     let rows: Vec<Vec<String>> = nodes
@@ -169,12 +177,19 @@ pub fn targets(c: Conn) -> Result<()> {
     let Reply::Targets(mut ts) = reply else { bail!("unexpected reply from mgmtd") };
     ts.sort_by_key(|t| t.id);
     if c.json {
-        println!("{}", serde_json::to_string_pretty(&ts.iter().map(|t| serde_json::json!({
-            "id": t.id.0, "node": t.node.0, "pool": t.pool.0,
-            "total_bytes": t.capacity.total_bytes, "free_bytes": t.capacity.free_bytes,
-            "total_inodes": t.capacity.total_inodes, "free_inodes": t.capacity.free_inodes,
-            "state": t.reachability.as_str(), "last_seen_ms": t.last_seen_ms,
-        })).collect::<Vec<_>>())?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &ts.iter()
+                    .map(|t| serde_json::json!({
+                        "id": t.id.0, "node": t.node.0, "pool": t.pool.0,
+                        "total_bytes": t.capacity.total_bytes, "free_bytes": t.capacity.free_bytes,
+                        "total_inodes": t.capacity.total_inodes, "free_inodes": t.capacity.free_inodes,
+                        "state": t.reachability.as_str(), "last_seen_ms": t.last_seen_ms,
+                    }))
+                    .collect::<Vec<_>>()
+            )?
+        );
         return Ok(());
     }
     let rows: Vec<Vec<String>> = ts

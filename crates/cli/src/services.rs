@@ -173,11 +173,7 @@ pub fn run_storage(a: StorageArgs) -> Result<()> {
 
 /// Where a mount records how to reach its file system, for admin commands given `--mount`.
 pub fn mount_record_path(mnt: &Path) -> PathBuf {
-    let key: String = mnt
-        .to_string_lossy()
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
+    let key: String = mnt.to_string_lossy().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
     PathBuf::from("/run/hivefs/mounts").join(format!("{key}.toml"))
 }
 

@@ -115,8 +115,13 @@ fn free_port(host: &str) -> Result<u16> {
 
 pub fn load_layout(dir: &Path) -> Result<Layout> {
     let p = dir.join("fs.toml");
-    let s = std::fs::read_to_string(&p)
-        .with_context(|| format!("{} is not a HiveFS directory (no fs.toml); run `hivefs up --dir {}` first", dir.display(), dir.display()))?;
+    let s = std::fs::read_to_string(&p).with_context(|| {
+        format!(
+            "{} is not a HiveFS directory (no fs.toml); run `hivefs up --dir {}` first",
+            dir.display(),
+            dir.display()
+        )
+    })?;
     toml::from_str(&s).map_err(|e| anyhow!("{}: {e}", p.display()))
 }
 
@@ -126,7 +131,10 @@ fn layout_for(a: &UpArgs, dir: &Path) -> Result<Layout> {
         let check = |name: &str, given: Option<u32>, have: u32| -> Result<()> {
             if let Some(g) = given {
                 if g != have {
-                    bail!("{} was created with --{name} {have}; it cannot change to {g} (use a new --dir)", dir.display());
+                    bail!(
+                        "{} was created with --{name} {have}; it cannot change to {g} (use a new --dir)",
+                        dir.display()
+                    );
                 }
             }
             Ok(())
@@ -214,7 +222,11 @@ fn wait_until<F: FnMut() -> Result<bool>>(what: &str, timeout: Duration, mut f: 
 
 fn check_alive(name: &str, sdir: &Path) -> Result<()> {
     if service_running(sdir, name).is_none() {
-        bail!("{name} exited; last lines of {}:\n{}", sdir.join(format!("{name}.log")).display(), log_tail(&sdir.join(format!("{name}.log"))));
+        bail!(
+            "{name} exited; last lines of {}:\n{}",
+            sdir.join(format!("{name}.log")).display(),
+            log_tail(&sdir.join(format!("{name}.log")))
+        );
     }
     Ok(())
 }
@@ -257,7 +269,7 @@ pub fn up(a: UpArgs) -> Result<()> {
             }
         }
         spawn_service(&name, &args, &sdir)?;
-        started.push(name.clone());
+        started.push((name.clone(), format!("{}:{port}", layout.host), sdir.clone()));
         if role == "mgmtd" {
             wait_until("mgmtd to answer", timeout, || {
                 check_alive(&name, &sdir)?;
@@ -265,6 +277,15 @@ pub fn up(a: UpArgs) -> Result<()> {
             })?;
         }
     }
+    // A started service serves once it answers on its own address (mgmtd may
+    // still list a killed predecessor as online for a while).
+    for (name, addr, sdir) in &started {
+        wait_until(&format!("{name} to serve on {addr}"), timeout, || {
+            check_alive(name, sdir)?;
+            Ok(rt.block_on(call_once(addr, &ccfg, &Request::Ping)).is_ok())
+        })?;
+    }
+    let mut started: Vec<String> = started.into_iter().map(|(n, _, _)| n).collect();
 
     // Every node and target registered and online.
     let want_targets = (layout.storage * layout.targets_per_storage) as usize;
@@ -280,7 +301,8 @@ pub fn up(a: UpArgs) -> Result<()> {
             Ok(Reply::Targets(t)) => t,
             _ => return Ok(false),
         };
-        let online = |t: NodeType| nodes.iter().filter(|n| n.node_type == t && n.reachability == Reachability::Online).count();
+        let online =
+            |t: NodeType| nodes.iter().filter(|n| n.node_type == t && n.reachability == Reachability::Online).count();
         Ok(online(NodeType::Meta) >= layout.meta as usize
             && online(NodeType::Storage) >= layout.storage as usize
             && targets.iter().filter(|t| t.reachability == Reachability::Online).count() >= want_targets)
@@ -290,7 +312,8 @@ pub fn up(a: UpArgs) -> Result<()> {
     if first_up {
         rt.block_on(async {
             let c = Client::connect(client_opts.clone()).await?;
-            let pat = DirPattern { chunk_size: layout.chunk_size, stripe_count: layout.stripe, ..DirPattern::default() };
+            let pat =
+                DirPattern { chunk_size: layout.chunk_size, stripe_count: layout.stripe, ..DirPattern::default() };
             // The root may take a moment to exist after its owner registered.
             let mut last = None;
             for _ in 0..100 {
@@ -516,6 +539,11 @@ pub fn down(a: DownArgs) -> Result<()> {
         let _ = std::fs::remove_file(sdir.join(format!("{name}.pid")));
     }
     let _ = std::fs::remove_file(cdir.join("mount.pid"));
-    println!("HiveFS in {} is down ({} unmounted; data kept — `hivefs up --dir {}` brings it back).", dir.display(), mnt.display(), dir.display());
+    println!(
+        "HiveFS in {} is down ({} unmounted; data kept — `hivefs up --dir {}` brings it back).",
+        dir.display(),
+        mnt.display(),
+        dir.display()
+    );
     Ok(())
 }

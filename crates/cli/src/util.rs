@@ -1,6 +1,6 @@
 //! Small helpers of the command line: sizes, tables, logging, signals.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 
 /// Parses "512k", "1m", "4KiB", "1g", "4096" into bytes (binary units).
@@ -54,7 +54,8 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
 pub fn init_logging(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("HIVEFS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
 }
 
 /// Loads a TOML config file into `T`; unknown keys are an error naming the file.
@@ -98,7 +99,7 @@ pub fn absolute(p: &Path) -> Result<PathBuf> {
     }
 }
 
-/// Mount points of HiveFS file systems (fstype fuse.hivefs), with their sources.
+/// Mount points of HiveFS file systems (FUSE mounts whose source is "hivefs"), with their sources.
 pub fn hivefs_mounts() -> Vec<(PathBuf, String)> {
     let s = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let mut out = Vec::new();
@@ -107,7 +108,7 @@ pub fn hivefs_mounts() -> Vec<(PathBuf, String)> {
         let mut post = post.split(' ');
         let fstype = post.next().unwrap_or("");
         let source = post.next().unwrap_or("");
-        if fstype == "fuse.hivefs" {
+        if (fstype == "fuse.hivefs" || fstype == "fuse") && source == "hivefs" {
             if let Some(mp) = pre.split(' ').nth(4) {
                 out.push((PathBuf::from(mp.replace("\\040", " ")), source.to_string()));
             }
@@ -119,13 +120,6 @@ pub fn hivefs_mounts() -> Vec<(PathBuf, String)> {
 pub fn is_mounted(mnt: &Path) -> bool {
     let Ok(c) = std::fs::canonicalize(mnt) else { return false };
     hivefs_mounts().iter().any(|(p, _)| *p == c)
-}
-
-pub fn ensure(cond: bool, msg: impl FnOnce() -> String) -> Result<()> {
-    if !cond {
-        bail!(msg());
-    }
-    Ok(())
 }
 
 #[cfg(test)]

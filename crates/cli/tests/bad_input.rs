@@ -23,12 +23,20 @@ fn bad_input_is_refused_clearly() {
     assert!(e.contains("listen_adress") && e.contains("meta.toml"), "{e}");
 
     // Busy mount point (already mounted) and non-empty mount point.
-    let e = stderr_of(&["mount", "--mgmtd", &fs.mgmtd_addr(), "--secret-file", fs.secret().to_str().unwrap(), fs.mnt_s()]);
+    let e =
+        stderr_of(&["mount", "--mgmtd", &fs.mgmtd_addr(), "--secret-file", fs.secret().to_str().unwrap(), fs.mnt_s()]);
     assert!(e.contains("busy"), "{e}");
     let full = tmp.path().join("full");
     std::fs::create_dir(&full).unwrap();
     std::fs::write(full.join("x"), b"").unwrap();
-    let e = stderr_of(&["mount", "--mgmtd", &fs.mgmtd_addr(), "--secret-file", fs.secret().to_str().unwrap(), full.to_str().unwrap()]);
+    let e = stderr_of(&[
+        "mount",
+        "--mgmtd",
+        &fs.mgmtd_addr(),
+        "--secret-file",
+        fs.secret().to_str().unwrap(),
+        full.to_str().unwrap(),
+    ]);
     assert!(e.contains("not empty"), "{e}");
 
     // Port in use: mgmtd's own port.

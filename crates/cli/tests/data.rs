@@ -22,7 +22,8 @@ fn chunk_file_len(size: u64, cs: u64, n: u64, idx: u64) -> u64 {
 fn files_round_trip_with_exact_sizes_and_chunk_layout() {
     let fs = TestFs::up(&["--storage", "2", "--targets-per-storage", "2", "--chunk-size", "64k"]);
     // (directory, chunk size, stripe)
-    let layouts: [(&str, u64, &str); 4] = [("s1", 4096, "1"), ("s2", 65536, "2"), ("s3", 16384, "3"), ("sall", 65536, "all")];
+    let layouts: [(&str, u64, &str); 4] =
+        [("s1", 4096, "1"), ("s2", 65536, "2"), ("s3", 16384, "3"), ("sall", 65536, "all")];
     let m2 = fs.second_mount();
     let mut seed = 1u64;
     for (d, cs, stripe) in layouts {

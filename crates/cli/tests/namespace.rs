@@ -54,10 +54,7 @@ fn namespace_operations_and_errors() {
     f.set_len(10).unwrap();
     drop(f);
     assert_eq!(std::fs::metadata(p("d/f")).unwrap().len(), 10);
-    let times = [
-        libc::timespec { tv_sec: 1_000_000, tv_nsec: 5 },
-        libc::timespec { tv_sec: 2_000_000, tv_nsec: 7 },
-    ];
+    let times = [libc::timespec { tv_sec: 1_000_000, tv_nsec: 5 }, libc::timespec { tv_sec: 2_000_000, tv_nsec: 7 }];
     // SAFETY: valid path and a two-element timespec array.
     assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, c(&p("d/f")).as_ptr(), times.as_ptr(), 0) }, 0);
     let md = std::fs::metadata(p("d/f")).unwrap();

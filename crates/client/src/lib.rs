@@ -183,7 +183,10 @@ impl Client {
                 format!("hard link of {} across metadata nodes {} and {}", e.id, e.owner, new_parent.owner),
             ));
         }
-        entry(self.meta(e.owner, &Request::Link { id: e.id, new_parent: new_parent.id, new_name: new_name.to_vec() }).await?)
+        entry(
+            self.meta(e.owner, &Request::Link { id: e.id, new_parent: new_parent.id, new_name: new_name.to_vec() })
+                .await?,
+        )
     }
 
     pub async fn getxattr(&self, e: Ent, name: &[u8]) -> FsResult<Vec<u8>> {

@@ -37,10 +37,7 @@ pub fn new_uuid() -> String {
 pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.tmp",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
-    ));
+    let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("file")));
     {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(data)?;
@@ -54,9 +51,8 @@ impl NodeIdentity {
     pub fn load_or_create(dir: &Path) -> std::io::Result<NodeIdentity> {
         let p = dir.join("node.toml");
         match std::fs::read_to_string(&p) {
-            Ok(s) => toml::from_str(&s).map_err(|e| {
-                std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", p.display()))
-            }),
+            Ok(s) => toml::from_str(&s)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", p.display()))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let id = NodeIdentity { uuid: new_uuid(), node_id: None };
                 id.save(dir)?;
@@ -207,10 +203,9 @@ impl Cluster {
             return Ok(n.addr.clone());
         }
         let v = self.refresh().await?;
-        v.nodes
-            .get(&(node_type, node))
-            .map(|n| n.addr.clone())
-            .ok_or_else(|| FsError::new(ErrorCode::NotFound, format!("{node_type} node {node} is not registered with mgmtd")))
+        v.nodes.get(&(node_type, node)).map(|n| n.addr.clone()).ok_or_else(|| {
+            FsError::new(ErrorCode::NotFound, format!("{node_type} node {node} is not registered with mgmtd"))
+        })
     }
 
     pub async fn node_pool(&self, node_type: NodeType, node: NodeId) -> Result<Arc<Pool>, FsError> {

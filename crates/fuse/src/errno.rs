@@ -23,11 +23,9 @@ pub fn errno(e: &FsError) -> Errno {
         ErrorCode::NotSupported => libc::EOPNOTSUPP,
         ErrorCode::TooManyLinks => libc::EMLINK,
         ErrorCode::Loop => libc::ELOOP,
-        ErrorCode::Unavailable
-        | ErrorCode::Io
-        | ErrorCode::Protocol
-        | ErrorCode::Auth
-        | ErrorCode::Internal => libc::EIO,
+        ErrorCode::Unavailable | ErrorCode::Io | ErrorCode::Protocol | ErrorCode::Auth | ErrorCode::Internal => {
+            libc::EIO
+        }
         _ => libc::EIO,
     };
     Errno::from_i32(code)

@@ -209,7 +209,11 @@ impl Inner {
         let write = acc == libc::O_WRONLY || acc == libc::O_RDWR;
         let mut attr = self.client.open(ent, write).await?;
         if write && flags & libc::O_TRUNC != 0 && attr.size != 0 {
-            attr = match self.client.setattr(ent, SetAttr { size: Some(0), ..Default::default() }, Caller::default()).await {
+            attr = match self
+                .client
+                .setattr(ent, SetAttr { size: Some(0), ..Default::default() }, Caller::default())
+                .await
+            {
                 Ok(a) => a,
                 Err(e) => {
                     let _ = self.client.release(ent, write).await;
@@ -338,7 +342,8 @@ impl Filesystem for HiveFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let set = SetAttr { mode: mode.map(|m| m & 0o7777), uid, gid, size, atime: settime(atime), mtime: settime(mtime) };
+        let set =
+            SetAttr { mode: mode.map(|m| m & 0o7777), uid, gid, size, atime: settime(atime), mtime: settime(mtime) };
         let c = caller(req);
         run!(self, reply, |inner| {
             let e = inner.ent(ino)?;
@@ -361,8 +366,9 @@ impl Filesystem for HiveFs {
         let name = name_bytes(name);
         let c = caller(req);
         run!(self, reply, |inner| {
-            let kind = FileKind::from_mode(mode)
-                .ok_or_else(|| FsError::new(ErrorCode::Invalid, format!("mknod: unknown file type in mode {mode:o}")))?;
+            let kind = FileKind::from_mode(mode).ok_or_else(|| {
+                FsError::new(ErrorCode::Invalid, format!("mknod: unknown file type in mode {mode:o}"))
+            })?;
             let p = inner.ent(parent)?;
             let a = inner.client.create(p, &name, kind, mode & !umask & 0o7777, rdev, true, c).await?;
             Ok(move |reply: ReplyEntry| reply.entry(&ENTRY_TTL, &inner.entry_reply(&a), Generation(0)))
@@ -438,7 +444,16 @@ impl Filesystem for HiveFs {
         })
     }
 
-    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
         let name = name_bytes(name);
         let c = caller(req);
         run!(self, reply, |inner| {
@@ -447,7 +462,15 @@ impl Filesystem for HiveFs {
             let a = inner.client.create(p, &name, FileKind::File, mode & !umask & 0o7777, 0, excl, c).await?;
             let ent = Ent::from(&a);
             let (fh, _) = inner.open_file(ent, flags).await?;
-            Ok(move |reply: ReplyCreate| reply.created(&ENTRY_TTL, &inner.entry_reply(&a), Generation(0), FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO))
+            Ok(move |reply: ReplyCreate| {
+                reply.created(
+                    &ENTRY_TTL,
+                    &inner.entry_reply(&a),
+                    Generation(0),
+                    FileHandle(fh),
+                    FopenFlags::FOPEN_DIRECT_IO,
+                )
+            })
         })
     }
 
@@ -605,16 +628,18 @@ impl Filesystem for HiveFs {
             let st = inner.client.statfs().await?;
             const BS: u64 = 4096;
             let c = st.storage;
-            Ok(move |reply: ReplyStatfs| reply.statfs(
-                c.total_bytes / BS,
-                c.free_bytes / BS,
-                c.free_bytes / BS,
-                c.total_inodes.max(st.files + st.dirs),
-                c.free_inodes,
-                BS as u32,
-                255,
-                BS as u32,
-            ))
+            Ok(move |reply: ReplyStatfs| {
+                reply.statfs(
+                    c.total_bytes / BS,
+                    c.free_bytes / BS,
+                    c.free_bytes / BS,
+                    c.total_inodes.max(st.files + st.dirs),
+                    c.free_inodes,
+                    BS as u32,
+                    255,
+                    BS as u32,
+                )
+            })
         })
     }
 

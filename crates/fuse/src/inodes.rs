@@ -53,7 +53,10 @@ impl Inodes {
     /// Inode number for a directory listing without taking a reference:
     /// the known number, or a stable hash that cannot collide with assigned ones.
     pub fn peek_ino(&self, id: &EntryId) -> u64 {
-        self.by_id.get(id).copied().unwrap_or_else(|| (1 << 63) | (id.counter ^ (u64::from(id.node) << 40) ^ (u64::from(id.epoch) << 20)))
+        self.by_id
+            .get(id)
+            .copied()
+            .unwrap_or_else(|| (1 << 63) | (id.counter ^ (u64::from(id.node) << 40) ^ (u64::from(id.epoch) << 20)))
     }
 
     pub fn forget(&mut self, ino: u64, n: u64) {

@@ -12,7 +12,7 @@ use crate::store::{sys, sys_get, Store, StoreError, SYSTEM};
 use crate::targets::{capacity_of, DataTargets};
 use crate::writer::{run_batch, system_clock, Clock, Writer, WriterState, WriterStats};
 use hivefs_proto::{Reply, Request, Response};
-use hivefs_types::attr::{EntryAttr, SetAttr};
+use hivefs_types::attr::{EntryAttr, FileKind, SetAttr};
 use hivefs_types::error::{FsError, FsResult};
 use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, NodeId, NodeType};
@@ -301,6 +301,9 @@ impl Namespace {
             Request::GetAttr { id } => entry(self.getattr(id)),
             Request::SetAttr { id, attr, caller: _ } => entry(self.set_attr(id, attr).await),
             Request::Create { parent, name, kind, mode, rdev, excl, caller } => {
+                if kind == FileKind::File {
+                    self.targets.refresh_if_empty().await;
+                }
                 self.submit(Mutation::Create { parent, name, kind, mode, rdev, excl, uid: caller.uid, gid: caller.gid })
                     .await
             }

@@ -23,6 +23,11 @@ pub trait DataTargets: Send + Sync + 'static {
     fn truncate_chunk(&self, target: TargetId, entry: EntryId, len: u64) -> BoxFut<FsResult<()>>;
     /// Deletes `entry`'s chunk file on `target`; a missing file is success.
     fn unlink_chunk(&self, target: TargetId, entry: EntryId) -> BoxFut<FsResult<()>>;
+    /// Makes sure the view of targets is current when it offers none at all
+    /// (right after start, before the periodic refresh has seen new targets).
+    fn refresh_if_empty(&self) -> BoxFut<()> {
+        Box::pin(async {})
+    }
 }
 
 /// [`DataTargets`] over the cluster view refreshed from mgmtd.
@@ -39,6 +44,17 @@ impl DataTargets for ClusterTargets {
             .filter(|t| t.pool == pool && t.reachability == Reachability::Online)
             .map(|t| (t.id, t.node, t.capacity.free_bytes))
             .collect()
+    }
+
+    fn refresh_if_empty(&self) -> BoxFut<()> {
+        let cluster = self.cluster.clone();
+        Box::pin(async move {
+            if !cluster.view().targets.values().any(|t| t.reachability == Reachability::Online) {
+                if let Err(e) = cluster.refresh().await {
+                    tracing::debug!("cluster view refresh failed: {e}");
+                }
+            }
+        })
     }
 
     fn truncate_chunk(&self, target: TargetId, entry: EntryId, len: u64) -> BoxFut<FsResult<()>> {

@@ -62,19 +62,13 @@ pub enum MgmtError {
     #[error("invalid mgmtd configuration: {0}")]
     Config(String),
     #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("registry {} is corrupt: {reason} (fix or restore it; mgmtd will not start over it)", path.display())]
     CorruptRegistry { path: PathBuf, reason: String },
     #[error("{0}")]
     Secret(String),
     #[error("mgmtd cannot listen on {addr}: {source}")]
-    Listen {
-        addr: String,
-        source: std::io::Error,
-    },
+    Listen { addr: String, source: std::io::Error },
 }
 
 /// A running management service. Dropping it (or [`MgmtService::stop`])
@@ -109,9 +103,7 @@ impl Handler for MgmtHandler {
                 let state = self.state.clone();
                 tokio::task::spawn_blocking(move || lock(&state).handle(req, Instant::now()))
                     .await
-                    .unwrap_or_else(|e| {
-                        Err(fs_err!(Internal, "mgmtd registration task failed: {e}"))
-                    })
+                    .unwrap_or_else(|e| Err(fs_err!(Internal, "mgmtd registration task failed: {e}")))
             }
             _ => lock(&self.state).handle(req, Instant::now()),
         };
@@ -137,32 +129,18 @@ pub async fn start(cfg: Config) -> Result<MgmtService, MgmtError> {
         Some(p) => Some(hivefs_net::load_secret(p).map_err(MgmtError::Secret)?),
         None => None,
     };
-    let timeouts = Timeouts {
-        probably_offline_after_ms: cfg.probably_offline_after_ms,
-        offline_after_ms: cfg.offline_after_ms,
-    };
+    let timeouts =
+        Timeouts { probably_offline_after_ms: cfg.probably_offline_after_ms, offline_after_ms: cfg.offline_after_ms };
     let dir = cfg.dir.clone();
     let mgmt = tokio::task::spawn_blocking(move || Mgmt::open(&dir, timeouts, Instant::now()))
         .await
         .map_err(|e| MgmtError::Config(format!("registry loader failed: {e}")))??;
-    let handler = Arc::new(MgmtHandler {
-        state: Arc::new(Mutex::new(mgmt)),
-    });
-    let server = serve(
-        &cfg.listen,
-        ServerConfig::new(NodeType::Mgmt, secret),
-        handler,
-    )
-    .await
-    .map_err(|source| MgmtError::Listen {
-        addr: cfg.listen.clone(),
-        source,
-    })?;
+    let handler = Arc::new(MgmtHandler { state: Arc::new(Mutex::new(mgmt)) });
+    let server = serve(&cfg.listen, ServerConfig::new(NodeType::Mgmt, secret), handler)
+        .await
+        .map_err(|source| MgmtError::Listen { addr: cfg.listen.clone(), source })?;
     tracing::info!(addr = %server.local_addr, dir = %cfg.dir.display(), "mgmtd started");
-    Ok(MgmtService {
-        local_addr: server.local_addr,
-        server,
-    })
+    Ok(MgmtService { local_addr: server.local_addr, server })
 }
 
 #[cfg(test)]
@@ -176,11 +154,7 @@ mod tests {
     fn config_defaults_and_unknown_keys() {
         let c: Config = toml::from_str("dir = \"/x\"").unwrap();
         assert_eq!(
-            (
-                c.listen.as_str(),
-                c.probably_offline_after_ms,
-                c.offline_after_ms
-            ),
+            (c.listen.as_str(), c.probably_offline_after_ms, c.offline_after_ms),
             ("127.0.0.1:8008", 10_000, 30_000)
         );
         assert!(toml::from_str::<Config>("dri = \"/x\"").is_err());
@@ -189,11 +163,7 @@ mod tests {
     #[tokio::test]
     async fn service_keeps_ids_across_restart() {
         let d = tempfile::tempdir().unwrap();
-        let cfg = Config {
-            dir: d.path().to_path_buf(),
-            listen: "127.0.0.1:0".into(),
-            ..Default::default()
-        };
+        let cfg = Config { dir: d.path().to_path_buf(), listen: "127.0.0.1:0".into(), ..Default::default() };
         let reg = |uuid: &str| Request::RegisterNode {
             node_type: NodeType::Storage,
             uuid: uuid.into(),
@@ -205,31 +175,16 @@ mod tests {
         let addr = svc.local_addr.to_string();
         assert_eq!(
             call_once(&addr, &cc, &Request::Ping).await.unwrap(),
-            Reply::Pong {
-                node_type: NodeType::Mgmt,
-                node: MGMT_NODE_ID
-            }
+            Reply::Pong { node_type: NodeType::Mgmt, node: MGMT_NODE_ID }
         );
-        assert_eq!(
-            call_once(&addr, &cc, &reg("a")).await.unwrap(),
-            Reply::NodeRegistered { node: NodeId(1) }
-        );
-        assert_eq!(
-            call_once(&addr, &cc, &reg("b")).await.unwrap(),
-            Reply::NodeRegistered { node: NodeId(2) }
-        );
+        assert_eq!(call_once(&addr, &cc, &reg("a")).await.unwrap(), Reply::NodeRegistered { node: NodeId(1) });
+        assert_eq!(call_once(&addr, &cc, &reg("b")).await.unwrap(), Reply::NodeRegistered { node: NodeId(2) });
         svc.stop();
 
         let svc = start(cfg.clone()).await.unwrap();
         let addr = svc.local_addr.to_string();
-        assert_eq!(
-            call_once(&addr, &cc, &reg("b")).await.unwrap(),
-            Reply::NodeRegistered { node: NodeId(2) }
-        );
-        assert_eq!(
-            call_once(&addr, &cc, &reg("c")).await.unwrap(),
-            Reply::NodeRegistered { node: NodeId(3) }
-        );
+        assert_eq!(call_once(&addr, &cc, &reg("b")).await.unwrap(), Reply::NodeRegistered { node: NodeId(2) });
+        assert_eq!(call_once(&addr, &cc, &reg("c")).await.unwrap(), Reply::NodeRegistered { node: NodeId(3) });
         let e = call_once(&addr, &cc, &Request::MetaStat).await.unwrap_err();
         assert_eq!(e.code, hivefs_types::ErrorCode::NotSupported);
     }
@@ -244,20 +199,11 @@ mod tests {
             offline_after_ms: 4,
             ..Default::default()
         };
-        assert!(matches!(
-            start(cfg.clone()).await,
-            Err(MgmtError::Config(_))
-        ));
+        assert!(matches!(start(cfg.clone()).await, Err(MgmtError::Config(_))));
         std::fs::write(d.path().join(REGISTRY_FILE), "nodes = 3").unwrap();
-        let cfg = Config {
-            probably_offline_after_ms: 1,
-            ..cfg
-        };
+        let cfg = Config { probably_offline_after_ms: 1, ..cfg };
         let e = start(cfg).await.err().unwrap();
         let msg = e.to_string();
-        assert!(
-            matches!(e, MgmtError::CorruptRegistry { .. }) && msg.contains("registry.toml"),
-            "{msg}"
-        );
+        assert!(matches!(e, MgmtError::CorruptRegistry { .. }) && msg.contains("registry.toml"), "{msg}");
     }
 }

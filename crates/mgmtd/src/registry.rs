@@ -82,12 +82,7 @@ pub struct NextIds {
 
 impl Default for NextIds {
     fn default() -> Self {
-        NextIds {
-            meta: 1,
-            storage: 1,
-            client: 1,
-            target: 1,
-        }
+        NextIds { meta: 1, storage: 1, client: 1, target: 1 }
     }
 }
 
@@ -141,11 +136,7 @@ fn check_text(what: &str, s: &str, max: usize) -> Result<(), FsError> {
         return Err(fs_err!(Invalid, "{what} is empty"));
     }
     if s.len() > max {
-        return Err(fs_err!(
-            Invalid,
-            "{what} is {} bytes long (at most {max})",
-            s.len()
-        ));
+        return Err(fs_err!(Invalid, "{what} is {} bytes long (at most {max})", s.len()));
     }
     if s.chars().any(char::is_control) {
         return Err(fs_err!(Invalid, "{what} {s:?} contains control characters"));
@@ -155,9 +146,7 @@ fn check_text(what: &str, s: &str, max: usize) -> Result<(), FsError> {
 
 impl Registry {
     pub fn node(&self, node_type: NodeType, id: NodeId) -> Option<&NodeRecord> {
-        self.nodes
-            .iter()
-            .find(|n| n.node_type == node_type && n.id == id)
+        self.nodes.iter().find(|n| n.node_type == node_type && n.id == id)
     }
 
     pub fn target(&self, id: TargetId) -> Option<&TargetRecord> {
@@ -177,10 +166,7 @@ impl Registry {
         check_text("node address", addr, ADDR_LEN_MAX)?;
         check_text("node hostname", hostname, HOSTNAME_LEN_MAX)?;
         if node_type == NodeType::Mgmt {
-            return Err(fs_err!(
-                Invalid,
-                "mgmt nodes do not register with mgmtd (uuid {uuid})"
-            ));
+            return Err(fs_err!(Invalid, "mgmt nodes do not register with mgmtd (uuid {uuid})"));
         }
         if let Some(n) = self.nodes.iter_mut().find(|n| n.uuid == uuid) {
             if n.node_type != node_type {
@@ -199,14 +185,9 @@ impl Registry {
         if self.nodes.len() >= NODES_MAX {
             return Err(fs_err!(NoSpace, "registry is full ({NODES_MAX} nodes)"));
         }
-        let slot = self
-            .next_ids
-            .slot(node_type)
-            .expect("mgmt nodes were refused above");
+        let slot = self.next_ids.slot(node_type).expect("mgmt nodes were refused above");
         let id = NodeId(*slot);
-        *slot = slot
-            .checked_add(1)
-            .ok_or_else(|| fs_err!(NoSpace, "{node_type} node ids are exhausted"))?;
+        *slot = slot.checked_add(1).ok_or_else(|| fs_err!(NoSpace, "{node_type} node ids are exhausted"))?;
         self.nodes.push(NodeRecord {
             node_type,
             id,
@@ -223,17 +204,10 @@ impl Registry {
     /// Registers a storage target of storage node `node` by its uuid, or
     /// returns the id a known uuid already has. Returns the id, its pool and
     /// whether the registry changed.
-    pub fn register_target(
-        &mut self,
-        node: NodeId,
-        uuid: &str,
-    ) -> Result<(TargetId, PoolId, bool), FsError> {
+    pub fn register_target(&mut self, node: NodeId, uuid: &str) -> Result<(TargetId, PoolId, bool), FsError> {
         check_text("target uuid", uuid, UUID_LEN_MAX)?;
         if self.node(NodeType::Storage, node).is_none() {
-            return Err(fs_err!(
-                NotFound,
-                "storage node {node} is not registered (target uuid {uuid})"
-            ));
+            return Err(fs_err!(NotFound, "storage node {node} is not registered (target uuid {uuid})"));
         }
         if let Some(t) = self.targets.iter().find(|t| t.uuid == uuid) {
             if t.node != node {
@@ -250,18 +224,10 @@ impl Registry {
             return Err(fs_err!(NoSpace, "registry is full ({TARGETS_MAX} targets)"));
         }
         let id = TargetId(self.next_ids.target);
-        self.next_ids.target = self
-            .next_ids
-            .target
-            .checked_add(1)
-            .ok_or_else(|| fs_err!(NoSpace, "target ids are exhausted"))?;
+        self.next_ids.target =
+            self.next_ids.target.checked_add(1).ok_or_else(|| fs_err!(NoSpace, "target ids are exhausted"))?;
         let pool = PoolId::DEFAULT;
-        self.targets.push(TargetRecord {
-            id,
-            uuid: uuid.to_string(),
-            node,
-            pool,
-        });
+        self.targets.push(TargetRecord { id, uuid: uuid.to_string(), node, pool });
         Ok((id, pool, true))
     }
 
@@ -276,15 +242,9 @@ impl Registry {
         let mut uuids = HashSet::new();
         let mut ids = HashSet::new();
         for n in &self.nodes {
-            let next = self
-                .next_ids
-                .get(n.node_type)
-                .ok_or_else(|| format!("node {} has type mgmt", n.uuid))?;
+            let next = self.next_ids.get(n.node_type).ok_or_else(|| format!("node {} has type mgmt", n.uuid))?;
             if n.id.0 == 0 || n.id.0 >= next {
-                return Err(format!(
-                    "{} node {} has an id outside 1..{next}",
-                    n.node_type, n.id
-                ));
+                return Err(format!("{} node {} has an id outside 1..{next}", n.node_type, n.id));
             }
             if !uuids.insert(n.uuid.as_str()) {
                 return Err(format!("node uuid {} appears twice", n.uuid));
@@ -297,10 +257,7 @@ impl Registry {
         let mut tids = HashSet::new();
         for t in &self.targets {
             if t.id.0 == 0 || t.id.0 >= self.next_ids.target {
-                return Err(format!(
-                    "target {} has an id outside 1..{}",
-                    t.id, self.next_ids.target
-                ));
+                return Err(format!("target {} has an id outside 1..{}", t.id, self.next_ids.target));
             }
             if !tuuids.insert(t.uuid.as_str()) {
                 return Err(format!("target uuid {} appears twice", t.uuid));
@@ -309,17 +266,12 @@ impl Registry {
                 return Err(format!("target id {} appears twice", t.id));
             }
             if self.node(NodeType::Storage, t.node).is_none() {
-                return Err(format!(
-                    "target {} belongs to storage node {}, which is not registered",
-                    t.id, t.node
-                ));
+                return Err(format!("target {} belongs to storage node {}, which is not registered", t.id, t.node));
             }
         }
         if let Some(r) = self.root_owner {
             if self.node(NodeType::Meta, r).is_none() {
-                return Err(format!(
-                    "root owner is meta node {r}, which is not registered"
-                ));
+                return Err(format!("root owner is meta node {r}, which is not registered"));
             }
         }
         Ok(())
@@ -338,28 +290,18 @@ impl Registry {
     /// Loads `path`; `Ok(None)` if it does not exist.
     pub fn load(path: &Path) -> Result<Option<Registry>, crate::MgmtError> {
         match std::fs::read_to_string(path) {
-            Ok(s) => Registry::from_toml(&s).map(Some).map_err(|reason| {
-                crate::MgmtError::CorruptRegistry {
-                    path: path.to_path_buf(),
-                    reason,
-                }
-            }),
+            Ok(s) => Registry::from_toml(&s)
+                .map(Some)
+                .map_err(|reason| crate::MgmtError::CorruptRegistry { path: path.to_path_buf(), reason }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(crate::MgmtError::Io {
-                path: path.to_path_buf(),
-                source,
-            }),
+            Err(source) => Err(crate::MgmtError::Io { path: path.to_path_buf(), source }),
         }
     }
 
     pub fn save(&self, path: &Path) -> Result<(), FsError> {
         debug_assert_eq!(self.validate(), Ok(()));
-        hivefs_cluster::write_atomic(path, self.to_toml().as_bytes()).map_err(|e| {
-            FsError::new(
-                ErrorCode::Io,
-                format!("cannot write registry {}: {e}", path.display()),
-            )
-        })
+        hivefs_cluster::write_atomic(path, self.to_toml().as_bytes())
+            .map_err(|e| FsError::new(ErrorCode::Io, format!("cannot write registry {}: {e}", path.display())))
     }
 }
 
@@ -370,32 +312,13 @@ mod tests {
     #[test]
     fn node_ids_start_at_one_per_type_and_are_stable_per_uuid() {
         let mut r = Registry::default();
-        assert_eq!(
-            r.register_node(NodeType::Storage, "s1", "a:1", "h")
-                .unwrap(),
-            (NodeId(1), true)
-        );
-        assert_eq!(
-            r.register_node(NodeType::Meta, "m1", "a:2", "h").unwrap(),
-            (NodeId(1), true)
-        );
-        assert_eq!(
-            r.register_node(NodeType::Storage, "s2", "a:3", "h")
-                .unwrap(),
-            (NodeId(2), true)
-        );
+        assert_eq!(r.register_node(NodeType::Storage, "s1", "a:1", "h").unwrap(), (NodeId(1), true));
+        assert_eq!(r.register_node(NodeType::Meta, "m1", "a:2", "h").unwrap(), (NodeId(1), true));
+        assert_eq!(r.register_node(NodeType::Storage, "s2", "a:3", "h").unwrap(), (NodeId(2), true));
         // Same uuid, same address: same id, nothing to persist.
-        assert_eq!(
-            r.register_node(NodeType::Storage, "s1", "a:1", "h")
-                .unwrap(),
-            (NodeId(1), false)
-        );
+        assert_eq!(r.register_node(NodeType::Storage, "s1", "a:1", "h").unwrap(), (NodeId(1), false));
         // Same uuid, new address: same id, address updated.
-        assert_eq!(
-            r.register_node(NodeType::Storage, "s1", "b:1", "h2")
-                .unwrap(),
-            (NodeId(1), true)
-        );
+        assert_eq!(r.register_node(NodeType::Storage, "s1", "b:1", "h2").unwrap(), (NodeId(1), true));
         let n = r.node(NodeType::Storage, NodeId(1)).unwrap();
         assert_eq!((n.addr.as_str(), n.hostname.as_str()), ("b:1", "h2"));
         assert_eq!(r.validate(), Ok(()));
@@ -405,30 +328,13 @@ mod tests {
     fn uuid_cannot_change_type_and_mgmt_cannot_register() {
         let mut r = Registry::default();
         r.register_node(NodeType::Meta, "u", "a:1", "h").unwrap();
-        let e = r
-            .register_node(NodeType::Storage, "u", "a:1", "h")
-            .unwrap_err();
+        let e = r.register_node(NodeType::Storage, "u", "a:1", "h").unwrap_err();
         assert_eq!(e.code, ErrorCode::Invalid);
         assert!(e.message.contains("meta node 1"), "{e}");
-        assert_eq!(
-            r.register_node(NodeType::Mgmt, "x", "a:1", "h")
-                .unwrap_err()
-                .code,
-            ErrorCode::Invalid
-        );
-        assert_eq!(
-            r.register_node(NodeType::Meta, "", "a:1", "h")
-                .unwrap_err()
-                .code,
-            ErrorCode::Invalid
-        );
+        assert_eq!(r.register_node(NodeType::Mgmt, "x", "a:1", "h").unwrap_err().code, ErrorCode::Invalid);
+        assert_eq!(r.register_node(NodeType::Meta, "", "a:1", "h").unwrap_err().code, ErrorCode::Invalid);
         let long = "x".repeat(UUID_LEN_MAX + 1);
-        assert_eq!(
-            r.register_node(NodeType::Meta, &long, "a:1", "h")
-                .unwrap_err()
-                .code,
-            ErrorCode::Invalid
-        );
+        assert_eq!(r.register_node(NodeType::Meta, &long, "a:1", "h").unwrap_err().code, ErrorCode::Invalid);
     }
 
     #[test]
@@ -447,34 +353,17 @@ mod tests {
         let mut r = Registry::default();
         let e = r.register_target(NodeId(1), "t1").unwrap_err();
         assert_eq!(e.code, ErrorCode::NotFound);
-        r.register_node(NodeType::Storage, "s1", "a:1", "h")
-            .unwrap();
-        r.register_node(NodeType::Storage, "s2", "a:2", "h")
-            .unwrap();
+        r.register_node(NodeType::Storage, "s1", "a:1", "h").unwrap();
+        r.register_node(NodeType::Storage, "s2", "a:2", "h").unwrap();
         // A meta node with id 3 does not make storage node 3 exist.
         r.register_node(NodeType::Meta, "m1", "a:3", "h").unwrap();
-        assert_eq!(
-            r.register_target(NodeId(3), "t").unwrap_err().code,
-            ErrorCode::NotFound
-        );
-        assert_eq!(
-            r.register_target(NodeId(1), "t1").unwrap(),
-            (TargetId(1), PoolId::DEFAULT, true)
-        );
-        assert_eq!(
-            r.register_target(NodeId(2), "t2").unwrap(),
-            (TargetId(2), PoolId::DEFAULT, true)
-        );
-        assert_eq!(
-            r.register_target(NodeId(1), "t1").unwrap(),
-            (TargetId(1), PoolId::DEFAULT, false)
-        );
+        assert_eq!(r.register_target(NodeId(3), "t").unwrap_err().code, ErrorCode::NotFound);
+        assert_eq!(r.register_target(NodeId(1), "t1").unwrap(), (TargetId(1), PoolId::DEFAULT, true));
+        assert_eq!(r.register_target(NodeId(2), "t2").unwrap(), (TargetId(2), PoolId::DEFAULT, true));
+        assert_eq!(r.register_target(NodeId(1), "t1").unwrap(), (TargetId(1), PoolId::DEFAULT, false));
         let e = r.register_target(NodeId(2), "t1").unwrap_err();
         assert_eq!(e.code, ErrorCode::Invalid);
-        assert!(
-            e.message.contains("storage node 1") && e.message.contains("storage node 2"),
-            "{e}"
-        );
+        assert!(e.message.contains("storage node 1") && e.message.contains("storage node 2"), "{e}");
         assert_eq!(r.validate(), Ok(()));
     }
 
@@ -483,8 +372,7 @@ mod tests {
         let mut r = Registry::default();
         assert_eq!(Registry::from_toml(&r.to_toml()).unwrap(), r);
         r.register_node(NodeType::Meta, "m1", "a:2", "h").unwrap();
-        r.register_node(NodeType::Storage, "s1", "a:1", "h")
-            .unwrap();
+        r.register_node(NodeType::Storage, "s1", "a:1", "h").unwrap();
         r.register_target(NodeId(1), "t1").unwrap();
         let text = r.to_toml();
         assert_eq!(Registry::from_toml(&text).unwrap(), r);
@@ -498,11 +386,9 @@ mod tests {
         let mut bad = r.clone();
         bad.targets[0].node = NodeId(7);
         assert!(bad.validate().unwrap_err().contains("storage node 7"));
-        assert!(Registry::from_toml(
-            "format_version = 2\n[next_ids]\nmeta=1\nstorage=1\nclient=1\ntarget=1\n"
-        )
-        .unwrap_err()
-        .contains("format_version 2"));
+        assert!(Registry::from_toml("format_version = 2\n[next_ids]\nmeta=1\nstorage=1\nclient=1\ntarget=1\n")
+            .unwrap_err()
+            .contains("format_version 2"));
         assert!(Registry::from_toml("garbage").is_err());
     }
 }

@@ -69,10 +69,7 @@ pub struct Mgmt {
 impl Mgmt {
     /// Loads `<dir>/registry.toml` (an absent file is an empty registry).
     pub fn open(dir: &Path, timeouts: Timeouts, now: Instant) -> Result<Mgmt, MgmtError> {
-        std::fs::create_dir_all(dir).map_err(|source| MgmtError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        std::fs::create_dir_all(dir).map_err(|source| MgmtError::Io { path: dir.to_path_buf(), source })?;
         let path = dir.join(REGISTRY_FILE);
         let reg = Registry::load(&path)?.unwrap_or_default();
         info!(
@@ -81,14 +78,7 @@ impl Mgmt {
             targets = reg.targets.len(),
             "registry loaded"
         );
-        Ok(Mgmt {
-            path,
-            reg,
-            timeouts,
-            started: now,
-            nodes: HashMap::new(),
-            targets: HashMap::new(),
-        })
+        Ok(Mgmt { path, reg, timeouts, started: now, nodes: HashMap::new(), targets: HashMap::new() })
     }
 
     pub fn registry(&self) -> &Registry {
@@ -97,10 +87,7 @@ impl Mgmt {
 
     /// Applies `f` to a copy of the registry, persists the copy if `f` says
     /// it changed, then makes it current.
-    fn mutate<T>(
-        &mut self,
-        f: impl FnOnce(&mut Registry) -> Result<(T, bool), FsError>,
-    ) -> Result<T, FsError> {
+    fn mutate<T>(&mut self, f: impl FnOnce(&mut Registry) -> Result<(T, bool), FsError>) -> Result<T, FsError> {
         let mut next = self.reg.clone();
         let (out, changed) = f(&mut next)?;
         if changed {
@@ -115,22 +102,11 @@ impl Mgmt {
     /// Answers one request. Only registrations touch the disk.
     pub fn handle(&mut self, req: Request, now: Instant) -> Result<Reply, FsError> {
         match req {
-            Request::Ping => Ok(Reply::Pong {
-                node_type: NodeType::Mgmt,
-                node: MGMT_NODE_ID,
-            }),
-            Request::RegisterNode {
-                node_type,
-                uuid,
-                addr,
-                hostname,
-            } => {
+            Request::Ping => Ok(Reply::Pong { node_type: NodeType::Mgmt, node: MGMT_NODE_ID }),
+            Request::RegisterNode { node_type, uuid, addr, hostname } => {
                 let node = self.mutate(|r| r.register_node(node_type, &uuid, &addr, &hostname))?;
                 info!(%node_type, %node, %addr, %uuid, "node registered");
-                let live = self.nodes.entry((node_type, node)).or_insert(NodeLive {
-                    last_seen: now,
-                    meta: None,
-                });
+                let live = self.nodes.entry((node_type, node)).or_insert(NodeLive { last_seen: now, meta: None });
                 live.last_seen = now;
                 Ok(Reply::NodeRegistered { node })
             }
@@ -140,32 +116,19 @@ impl Mgmt {
                     Ok(((t, p), changed))
                 })?;
                 info!(%target, storage_node = %node, %uuid, "target registered");
-                let live = self.targets.entry(target).or_insert(TargetLive {
-                    last_seen: now,
-                    capacity: Capacity::default(),
-                });
+                let live =
+                    self.targets.entry(target).or_insert(TargetLive { last_seen: now, capacity: Capacity::default() });
                 live.last_seen = now;
                 Ok(Reply::TargetRegistered { target, pool })
             }
-            Request::Heartbeat {
-                node_type,
-                node,
-                targets,
-                meta,
-            } => {
+            Request::Heartbeat { node_type, node, targets, meta } => {
                 if self.reg.node(node_type, node).is_none() {
                     return Err(fs_err!(
                         NotFound,
                         "{node_type} node {node} is not registered with this mgmtd; register again"
                     ));
                 }
-                self.nodes.insert(
-                    (node_type, node),
-                    NodeLive {
-                        last_seen: now,
-                        meta,
-                    },
-                );
+                self.nodes.insert((node_type, node), NodeLive { last_seen: now, meta });
                 for tc in targets {
                     match self.reg.target(tc.target) {
                         Some(t) if node_type == NodeType::Storage && t.node == node => {
@@ -183,11 +146,7 @@ impl Mgmt {
             Request::ListNodes { node_type } => Ok(Reply::Nodes(self.list_nodes(node_type, now))),
             Request::ListTargets => Ok(Reply::Targets(self.list_targets(now))),
             Request::GetRootOwner => Ok(Reply::RootOwner(self.reg.root_owner)),
-            other => Err(fs_err!(
-                NotSupported,
-                "mgmtd does not serve {}",
-                request_name(&other)
-            )),
+            other => Err(fs_err!(NotSupported, "mgmtd does not serve {}", request_name(&other))),
         }
     }
 
@@ -260,10 +219,7 @@ mod tests {
         Duration::from_millis(v)
     }
 
-    const T: Timeouts = Timeouts {
-        probably_offline_after_ms: 10_000,
-        offline_after_ms: 30_000,
-    };
+    const T: Timeouts = Timeouts { probably_offline_after_ms: 10_000, offline_after_ms: 30_000 };
 
     #[test]
     fn classification_by_age() {
@@ -300,32 +256,17 @@ mod tests {
         let mut m = Mgmt::open(d.path(), T, t0).unwrap();
         let s = reg_node(&mut m, NodeType::Storage, "s", t0 + ms(1_000));
         let meta = reg_node(&mut m, NodeType::Meta, "m", t0 + ms(1_000));
-        let Reply::TargetRegistered { target, pool } = m
-            .handle(
-                Request::RegisterTarget {
-                    node: s,
-                    uuid: "t".into(),
-                },
-                t0 + ms(1_000),
-            )
-            .unwrap()
+        let Reply::TargetRegistered { target, pool } =
+            m.handle(Request::RegisterTarget { node: s, uuid: "t".into() }, t0 + ms(1_000)).unwrap()
         else {
             panic!()
         };
         assert_eq!((target, pool), (TargetId(1), PoolId::DEFAULT));
-        let cap = Capacity {
-            total_bytes: 100,
-            free_bytes: 50,
-            total_inodes: 10,
-            free_inodes: 5,
-        };
+        let cap = Capacity { total_bytes: 100, free_bytes: 50, total_inodes: 10, free_inodes: 5 };
         let hb = Request::Heartbeat {
             node_type: NodeType::Storage,
             node: s,
-            targets: vec![TargetCapacity {
-                target,
-                capacity: cap,
-            }],
+            targets: vec![TargetCapacity { target, capacity: cap }],
             meta: None,
         };
         m.handle(hb, t0 + ms(20_000)).unwrap();
@@ -333,31 +274,16 @@ mod tests {
         let now = t0 + ms(25_000);
         let nodes = m.list_nodes(None, now);
         assert_eq!(nodes.len(), 2);
-        let sn = nodes
-            .iter()
-            .find(|n| n.node_type == NodeType::Storage)
-            .unwrap();
-        assert_eq!(
-            (sn.last_seen_ms, sn.reachability),
-            (5_000, Reachability::Online)
-        );
-        let mn = nodes
-            .iter()
-            .find(|n| n.node_type == NodeType::Meta)
-            .unwrap();
-        assert_eq!(
-            (mn.id, mn.last_seen_ms, mn.reachability),
-            (meta, 24_000, Reachability::ProbablyOffline)
-        );
+        let sn = nodes.iter().find(|n| n.node_type == NodeType::Storage).unwrap();
+        assert_eq!((sn.last_seen_ms, sn.reachability), (5_000, Reachability::Online));
+        let mn = nodes.iter().find(|n| n.node_type == NodeType::Meta).unwrap();
+        assert_eq!((mn.id, mn.last_seen_ms, mn.reachability), (meta, 24_000, Reachability::ProbablyOffline));
         assert_eq!(m.list_nodes(Some(NodeType::Meta), now).len(), 1);
         assert_eq!(m.list_nodes(Some(NodeType::Client), now).len(), 0);
 
         let ts = m.list_targets(now);
         assert_eq!(ts.len(), 1);
-        assert_eq!(
-            (ts[0].capacity, ts[0].last_seen_ms, ts[0].node),
-            (cap, 5_000, s)
-        );
+        assert_eq!((ts[0].capacity, ts[0].last_seen_ms, ts[0].node), (cap, 5_000, s));
         let ts = m.list_targets(t0 + ms(50_000));
         assert_eq!(ts[0].reachability, Reachability::Offline);
     }
@@ -368,28 +294,15 @@ mod tests {
         let t0 = Instant::now();
         let mut m = Mgmt::open(d.path(), T, t0).unwrap();
         let s = reg_node(&mut m, NodeType::Storage, "s", t0);
-        m.handle(
-            Request::RegisterTarget {
-                node: s,
-                uuid: "t".into(),
-            },
-            t0,
-        )
-        .unwrap();
+        m.handle(Request::RegisterTarget { node: s, uuid: "t".into() }, t0).unwrap();
         drop(m);
         // Restarted mgmtd: registry reloaded, nobody heard from yet.
         let t1 = t0 + ms(100_000);
         let m = Mgmt::open(d.path(), T, t1).unwrap();
         let n = &m.list_nodes(None, t1 + ms(12_000))[0];
-        assert_eq!(
-            (n.last_seen_ms, n.reachability),
-            (12_000, Reachability::ProbablyOffline)
-        );
+        assert_eq!((n.last_seen_ms, n.reachability), (12_000, Reachability::ProbablyOffline));
         let t = &m.list_targets(t1 + ms(3_000))[0];
-        assert_eq!(
-            (t.last_seen_ms, t.reachability),
-            (3_000, Reachability::Online)
-        );
+        assert_eq!((t.last_seen_ms, t.reachability), (3_000, Reachability::Online));
     }
 
     #[test]
@@ -397,43 +310,16 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let t0 = Instant::now();
         let mut m = Mgmt::open(d.path(), T, t0).unwrap();
-        let hb = |node| Request::Heartbeat {
-            node_type: NodeType::Meta,
-            node,
-            targets: vec![],
-            meta: None,
-        };
-        assert_eq!(
-            m.handle(hb(NodeId(1)), t0).unwrap_err().code,
-            ErrorCode::NotFound
-        );
+        let hb = |node| Request::Heartbeat { node_type: NodeType::Meta, node, targets: vec![], meta: None };
+        assert_eq!(m.handle(hb(NodeId(1)), t0).unwrap_err().code, ErrorCode::NotFound);
         let id = reg_node(&mut m, NodeType::Meta, "m", t0);
-        let cap = Capacity {
-            total_bytes: 1,
-            ..Default::default()
-        };
-        m.handle(
-            Request::Heartbeat {
-                node_type: NodeType::Meta,
-                node: id,
-                targets: vec![],
-                meta: Some(cap),
-            },
-            t0,
-        )
-        .unwrap();
+        let cap = Capacity { total_bytes: 1, ..Default::default() };
+        m.handle(Request::Heartbeat { node_type: NodeType::Meta, node: id, targets: vec![], meta: Some(cap) }, t0)
+            .unwrap();
         assert_eq!(m.list_nodes(None, t0)[0].capacity, Some(cap));
         // A storage node with the same number is another node.
         let e = m
-            .handle(
-                Request::Heartbeat {
-                    node_type: NodeType::Storage,
-                    node: id,
-                    targets: vec![],
-                    meta: None,
-                },
-                t0,
-            )
+            .handle(Request::Heartbeat { node_type: NodeType::Storage, node: id, targets: vec![], meta: None }, t0)
             .unwrap_err();
         assert_eq!(e.code, ErrorCode::NotFound);
         assert!(e.message.contains("storage node 1"), "{e}");
@@ -444,10 +330,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let t0 = Instant::now();
         let mut m = Mgmt::open(d.path(), T, t0).unwrap();
-        assert_eq!(
-            m.handle(Request::GetRootOwner, t0).unwrap(),
-            Reply::RootOwner(None)
-        );
+        assert_eq!(m.handle(Request::GetRootOwner, t0).unwrap(), Reply::RootOwner(None));
         let s1 = reg_node(&mut m, NodeType::Storage, "s1", t0);
         let m1 = reg_node(&mut m, NodeType::Meta, "m1", t0);
         let m2 = reg_node(&mut m, NodeType::Meta, "m2", t0);
@@ -460,10 +343,7 @@ mod tests {
         assert_eq!(reg_node(&mut m, NodeType::Meta, "m2", t0), m2);
         assert_eq!(reg_node(&mut m, NodeType::Meta, "m3", t0), NodeId(3));
         assert_eq!(reg_node(&mut m, NodeType::Storage, "s2", t0), NodeId(2));
-        assert_eq!(
-            m.handle(Request::GetRootOwner, t0).unwrap(),
-            Reply::RootOwner(Some(m1))
-        );
+        assert_eq!(m.handle(Request::GetRootOwner, t0).unwrap(), Reply::RootOwner(Some(m1)));
     }
 
     #[test]
@@ -495,23 +375,15 @@ mod tests {
     fn corrupt_registry_is_a_startup_error_naming_the_file() {
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join(REGISTRY_FILE), "format_version = \"x\"").unwrap();
-        let e = Mgmt::open(d.path(), T, Instant::now())
-            .err()
-            .expect("corrupt registry refused");
-        assert!(
-            e.to_string()
-                .contains(&d.path().join(REGISTRY_FILE).display().to_string()),
-            "{e}"
-        );
+        let e = Mgmt::open(d.path(), T, Instant::now()).err().expect("corrupt registry refused");
+        assert!(e.to_string().contains(&d.path().join(REGISTRY_FILE).display().to_string()), "{e}");
     }
 
     #[test]
     fn other_requests_are_not_supported() {
         let d = tempfile::tempdir().unwrap();
         let mut m = Mgmt::open(d.path(), T, Instant::now()).unwrap();
-        let e = m
-            .handle(Request::GetAttr { id: EntryId::ROOT }, Instant::now())
-            .unwrap_err();
+        let e = m.handle(Request::GetAttr { id: EntryId::ROOT }, Instant::now()).unwrap_err();
         assert_eq!(e.code, ErrorCode::NotSupported);
         assert_eq!(e.message, "mgmtd does not serve GetAttr");
     }

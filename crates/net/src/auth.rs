@@ -53,8 +53,8 @@ pub fn nonce() -> [u8; 32] {
 /// Loads a secret file. Refuses a file that other users can read, an empty
 /// file, or one larger than 4 KiB.
 pub fn load_secret(path: &Path) -> Result<Secret, String> {
-    let meta = std::fs::metadata(path)
-        .map_err(|e| format!("cannot read shared secret file {}: {e}", path.display()))?;
+    let meta =
+        std::fs::metadata(path).map_err(|e| format!("cannot read shared secret file {}: {e}", path.display()))?;
     if meta.permissions().mode() & 0o007 != 0 {
         return Err(format!(
             "shared secret file {} is accessible by other users (mode {:o}); run `chmod 600 {}`",

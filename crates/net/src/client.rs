@@ -94,9 +94,8 @@ async fn connect(addr: &str, cfg: &ClientConfig) -> Result<Conn, FsError> {
         loop {
             match read_frame(&mut rd).await {
                 Ok(f) => {
-                    let resp = decode_body::<Response>(&f.body).map_err(|e| {
-                        FsError::new(ErrorCode::Protocol, format!("{addr_r}: malformed reply: {e}"))
-                    });
+                    let resp = decode_body::<Response>(&f.body)
+                        .map_err(|e| FsError::new(ErrorCode::Protocol, format!("{addr_r}: malformed reply: {e}")));
                     let waiter = pending_r.lock().expect("pending lock").remove(&f.header.request_id);
                     match (waiter, resp) {
                         (Some(w), Ok(r)) => {
@@ -159,16 +158,17 @@ where
         None => Vec::new(),
     };
     let hello = Hello::Client { protocol_version: PROTOCOL_VERSION, nonce: client_nonce, mac };
-    write_frame(wr, FrameKind::Hello, 0, &encode_body(&hello), &[])
-        .await
-        .map_err(|e| unavailable(addr, e))?;
+    write_frame(wr, FrameKind::Hello, 0, &encode_body(&hello), &[]).await.map_err(|e| unavailable(addr, e))?;
     wr.flush().await.map_err(|e| unavailable(addr, e))?;
     let f = read_frame(rd).await.map_err(|e| unavailable(addr, format_args!("handshake: {e}")))?;
     match decode_body::<Hello>(&f.body) {
         Ok(Hello::Accepted { mac }) => {
             if let Some(s) = &cfg.secret {
                 if !s.verify(b"server", &client_nonce, &server_nonce, &mac) {
-                    return Err(FsError::new(ErrorCode::Auth, format!("{addr}: server failed to prove the shared secret")));
+                    return Err(FsError::new(
+                        ErrorCode::Auth,
+                        format!("{addr}: server failed to prove the shared secret"),
+                    ));
                 }
             }
             Ok(())

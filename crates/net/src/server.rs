@@ -23,12 +23,7 @@ pub struct Peer {
 /// A service's request handler. Returns the response and a raw data payload
 /// (empty unless the reply carries bytes, as `Reply::Data` does).
 pub trait Handler: Send + Sync + 'static {
-    fn handle(
-        &self,
-        req: Request,
-        payload: Vec<u8>,
-        peer: &Peer,
-    ) -> impl Future<Output = (Response, Vec<u8>)> + Send;
+    fn handle(&self, req: Request, payload: Vec<u8>, peer: &Peer) -> impl Future<Output = (Response, Vec<u8>)> + Send;
 }
 
 #[derive(Clone, Debug)]
@@ -68,14 +63,10 @@ impl ServerHandle {
 }
 
 /// Binds `addr` and serves connections until the returned handle is aborted.
-pub async fn serve<H: Handler>(
-    addr: &str,
-    cfg: ServerConfig,
-    handler: Arc<H>,
-) -> std::io::Result<ServerHandle> {
-    let listener = TcpListener::bind(addr).await.map_err(|e| {
-        std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"))
-    })?;
+pub async fn serve<H: Handler>(addr: &str, cfg: ServerConfig, handler: Arc<H>) -> std::io::Result<ServerHandle> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
     let local_addr = listener.local_addr()?;
     info!(%local_addr, node_type = %cfg.node_type, "listening");
     let cfg = Arc::new(cfg);
@@ -113,10 +104,7 @@ struct Outgoing {
     payload: Vec<u8>,
 }
 
-async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
-    stream: &mut S,
-    cfg: &ServerConfig,
-) -> Result<(), String> {
+async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, cfg: &ServerConfig) -> Result<(), String> {
     let server_nonce = nonce();
     let hello = Hello::Server {
         protocol_version: PROTOCOL_VERSION,
@@ -124,9 +112,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
         nonce: server_nonce,
         auth_required: cfg.secret.is_some(),
     };
-    write_frame(stream, FrameKind::Hello, 0, &encode_body(&hello), &[])
-        .await
-        .map_err(|e| e.to_string())?;
+    write_frame(stream, FrameKind::Hello, 0, &encode_body(&hello), &[]).await.map_err(|e| e.to_string())?;
     stream.flush().await.map_err(|e| e.to_string())?;
     let f = read_frame(stream).await.map_err(|e| e.to_string())?;
     if f.header.kind != FrameKind::Hello {
@@ -162,9 +148,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             (m, Err(reason))
         }
     };
-    write_frame(stream, FrameKind::Hello, 0, &encode_body(&msg), &[])
-        .await
-        .map_err(|e| e.to_string())?;
+    write_frame(stream, FrameKind::Hello, 0, &encode_body(&msg), &[]).await.map_err(|e| e.to_string())?;
     stream.flush().await.map_err(|e| e.to_string())?;
     result
 }
@@ -191,10 +175,7 @@ where
     let writer = tokio::spawn(async move {
         let mut w = BufWriter::with_capacity(64 << 10, wr);
         while let Some(out) = rx.recv().await {
-            if write_frame(&mut w, FrameKind::Response, out.request_id, &out.body, &out.payload)
-                .await
-                .is_err()
-            {
+            if write_frame(&mut w, FrameKind::Response, out.request_id, &out.body, &out.payload).await.is_err() {
                 return;
             }
             // Flush only when nothing else is queued: batches small replies.

@@ -12,12 +12,25 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Hello {
     /// Server → client, first frame on every connection.
-    Server { protocol_version: u16, node_type: NodeType, nonce: [u8; 32], auth_required: bool },
+    Server {
+        protocol_version: u16,
+        node_type: NodeType,
+        nonce: [u8; 32],
+        auth_required: bool,
+    },
     /// Client → server: its nonce and HMAC(secret, "client" | server nonce | client nonce).
-    Client { protocol_version: u16, nonce: [u8; 32], mac: Vec<u8> },
+    Client {
+        protocol_version: u16,
+        nonce: [u8; 32],
+        mac: Vec<u8>,
+    },
     /// Server → client: HMAC(secret, "server" | client nonce | server nonce), proving the server knows the secret too.
-    Accepted { mac: Vec<u8> },
-    Refused { reason: String },
+    Accepted {
+        mac: Vec<u8>,
+    },
+    Refused {
+        reason: String,
+    },
 }
 
 /// Identity of the user on whose behalf a namespace operation runs.
@@ -102,51 +115,163 @@ pub enum Request {
 
     // ---- management (mgmtd) ----
     /// Registers a node. A node that presents a uuid already known gets its old id back.
-    RegisterNode { node_type: NodeType, uuid: String, addr: String, hostname: String },
+    RegisterNode {
+        node_type: NodeType,
+        uuid: String,
+        addr: String,
+        hostname: String,
+    },
     /// Registers a storage target of a registered node (by the uuid in its `target.toml`).
-    RegisterTarget { node: NodeId, uuid: String },
-    Heartbeat { node_type: NodeType, node: NodeId, targets: Vec<TargetCapacity>, meta: Option<Capacity> },
-    ListNodes { node_type: Option<NodeType> },
+    RegisterTarget {
+        node: NodeId,
+        uuid: String,
+    },
+    Heartbeat {
+        node_type: NodeType,
+        node: NodeId,
+        targets: Vec<TargetCapacity>,
+        meta: Option<Capacity>,
+    },
+    ListNodes {
+        node_type: Option<NodeType>,
+    },
     ListTargets,
     /// Owner of the root directory (the first metadata node ever registered).
     GetRootOwner,
 
     // ---- metadata (meta) ----
-    Lookup { parent: EntryId, name: Vec<u8> },
-    GetAttr { id: EntryId },
-    SetAttr { id: EntryId, attr: SetAttr, caller: Caller },
+    Lookup {
+        parent: EntryId,
+        name: Vec<u8>,
+    },
+    GetAttr {
+        id: EntryId,
+    },
+    SetAttr {
+        id: EntryId,
+        attr: SetAttr,
+        caller: Caller,
+    },
     /// Creates a non-directory, non-symlink entry (regular file, fifo, socket, device).
-    Create { parent: EntryId, name: Vec<u8>, kind: FileKind, mode: u32, rdev: u32, excl: bool, caller: Caller },
-    Mkdir { parent: EntryId, name: Vec<u8>, mode: u32, caller: Caller },
-    Unlink { parent: EntryId, name: Vec<u8> },
-    Rmdir { parent: EntryId, name: Vec<u8> },
-    Rename { parent: EntryId, name: Vec<u8>, new_parent: EntryId, new_name: Vec<u8>, flags: u32 },
+    Create {
+        parent: EntryId,
+        name: Vec<u8>,
+        kind: FileKind,
+        mode: u32,
+        rdev: u32,
+        excl: bool,
+        caller: Caller,
+    },
+    Mkdir {
+        parent: EntryId,
+        name: Vec<u8>,
+        mode: u32,
+        caller: Caller,
+    },
+    Unlink {
+        parent: EntryId,
+        name: Vec<u8>,
+    },
+    Rmdir {
+        parent: EntryId,
+        name: Vec<u8>,
+    },
+    Rename {
+        parent: EntryId,
+        name: Vec<u8>,
+        new_parent: EntryId,
+        new_name: Vec<u8>,
+        flags: u32,
+    },
     /// Lists entries with names after `after` (exclusive), in name order, at most `max` of them.
-    ReadDir { dir: EntryId, after: Option<Vec<u8>>, max: u32 },
-    Symlink { parent: EntryId, name: Vec<u8>, target: Vec<u8>, caller: Caller },
-    ReadLink { id: EntryId },
-    Link { id: EntryId, new_parent: EntryId, new_name: Vec<u8> },
-    GetXattr { id: EntryId, name: Vec<u8> },
-    SetXattr { id: EntryId, name: Vec<u8>, value: Vec<u8>, flags: u32 },
-    ListXattr { id: EntryId },
-    RemoveXattr { id: EntryId, name: Vec<u8> },
-    SetDirPattern { id: EntryId, pattern: DirPattern },
+    ReadDir {
+        dir: EntryId,
+        after: Option<Vec<u8>>,
+        max: u32,
+    },
+    Symlink {
+        parent: EntryId,
+        name: Vec<u8>,
+        target: Vec<u8>,
+        caller: Caller,
+    },
+    ReadLink {
+        id: EntryId,
+    },
+    Link {
+        id: EntryId,
+        new_parent: EntryId,
+        new_name: Vec<u8>,
+    },
+    GetXattr {
+        id: EntryId,
+        name: Vec<u8>,
+    },
+    SetXattr {
+        id: EntryId,
+        name: Vec<u8>,
+        value: Vec<u8>,
+        flags: u32,
+    },
+    ListXattr {
+        id: EntryId,
+    },
+    RemoveXattr {
+        id: EntryId,
+        name: Vec<u8>,
+    },
+    SetDirPattern {
+        id: EntryId,
+        pattern: DirPattern,
+    },
     /// A client opens a file; the server counts opens so that an unlinked open file keeps its data.
-    Open { id: EntryId, write: bool },
+    Open {
+        id: EntryId,
+        write: bool,
+    },
     /// The last handle of a client on a file is gone.
-    Release { id: EntryId, write: bool },
+    Release {
+        id: EntryId,
+        write: bool,
+    },
     /// A client reports the size it computed from the chunk files after writing (on close and fsync).
-    UpdateSize { id: EntryId, size: u64, mtime: Option<Timespec> },
+    UpdateSize {
+        id: EntryId,
+        size: u64,
+        mtime: Option<Timespec>,
+    },
     MetaStat,
 
     // ---- storage ----
     /// Payload: the bytes to write at `offset` of the chunk file.
-    WriteChunk { target: TargetId, entry: EntryId, offset: u64 },
-    ReadChunk { target: TargetId, entry: EntryId, offset: u64, len: u32 },
-    TruncateChunk { target: TargetId, entry: EntryId, len: u64 },
-    UnlinkChunk { target: TargetId, entry: EntryId },
-    StatChunk { target: TargetId, entry: EntryId },
-    FsyncChunk { target: TargetId, entry: EntryId },
+    WriteChunk {
+        target: TargetId,
+        entry: EntryId,
+        offset: u64,
+    },
+    ReadChunk {
+        target: TargetId,
+        entry: EntryId,
+        offset: u64,
+        len: u32,
+    },
+    TruncateChunk {
+        target: TargetId,
+        entry: EntryId,
+        len: u64,
+    },
+    UnlinkChunk {
+        target: TargetId,
+        entry: EntryId,
+    },
+    StatChunk {
+        target: TargetId,
+        entry: EntryId,
+    },
+    FsyncChunk {
+        target: TargetId,
+        entry: EntryId,
+    },
 }
 
 impl Request {
@@ -182,18 +307,33 @@ impl Request {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
     Ok,
-    Pong { node_type: NodeType, node: NodeId },
-    NodeRegistered { node: NodeId },
-    TargetRegistered { target: TargetId, pool: PoolId },
+    Pong {
+        node_type: NodeType,
+        node: NodeId,
+    },
+    NodeRegistered {
+        node: NodeId,
+    },
+    TargetRegistered {
+        target: TargetId,
+        pool: PoolId,
+    },
     Nodes(Vec<NodeInfo>),
     Targets(Vec<TargetInfo>),
     RootOwner(Option<NodeId>),
     Entry(EntryAttr),
-    DirPage { entries: Vec<DirEntry>, more: bool },
+    DirPage {
+        entries: Vec<DirEntry>,
+        more: bool,
+    },
     LinkTarget(Vec<u8>),
     Xattr(Vec<u8>),
     XattrNames(Vec<Vec<u8>>),
-    MetaStat { files: u64, dirs: u64, capacity: Capacity },
+    MetaStat {
+        files: u64,
+        dirs: u64,
+        capacity: Capacity,
+    },
     Written(u32),
     /// The frame's payload carries the bytes read (short at the end of the chunk file).
     Data,

@@ -52,10 +52,7 @@ pub struct ChunkStore {
 impl ChunkStore {
     /// `dir` is a formatted target directory (see [`crate::target::open_target`]).
     pub fn new(target: TargetId, dir: &Path) -> ChunkStore {
-        ChunkStore {
-            target,
-            dir: dir.to_path_buf(),
-        }
+        ChunkStore { target, dir: dir.to_path_buf() }
     }
 
     pub fn target(&self) -> TargetId {
@@ -83,14 +80,7 @@ impl ChunkStore {
     /// exist and `create` is false.
     fn open(&self, entry: EntryId, create: bool) -> FsResult<Option<File>> {
         let path = self.chunk_path(entry);
-        let open = || {
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(create)
-                .mode(0o600)
-                .open(&path)
-        };
+        let open = || OpenOptions::new().read(true).write(true).create(create).mode(0o600).open(&path);
         match open() {
             Ok(f) => Ok(Some(f)),
             Err(e) if e.kind() == ErrorKind::NotFound && !create => Ok(None),
@@ -110,9 +100,7 @@ impl ChunkStore {
             Ok(()) => {
                 // Make the new directory entry durable before files appear under it.
                 let chunks = self.dir.join(CHUNKS_DIR);
-                File::open(&chunks)
-                    .and_then(|d| d.sync_all())
-                    .map_err(|e| self.err(entry, &e))
+                File::open(&chunks).and_then(|d| d.sync_all()).map_err(|e| self.err(entry, &e))
             }
             Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
             Err(e) => Err(self.err(entry, &e)),
@@ -123,12 +111,7 @@ impl ChunkStore {
     /// the number of bytes written (all of them).
     pub fn write(&self, entry: EntryId, offset: u64, data: &[u8]) -> FsResult<u32> {
         let len = u32::try_from(data.len()).map_err(|_| {
-            fs_err!(
-                Invalid,
-                "target {}, chunk {entry}: write of {} bytes is too large",
-                self.target,
-                data.len()
-            )
+            fs_err!(Invalid, "target {}, chunk {entry}: write of {} bytes is too large", self.target, data.len())
         })?;
         match offset.checked_add(u64::from(len)) {
             Some(end) if end <= OFFSET_MAX => {}
@@ -144,11 +127,8 @@ impl ChunkStore {
             // As write(2) of nothing: no effect, and no file is created.
             return Ok(0);
         }
-        let f = self
-            .open(entry, true)?
-            .expect("open with create yields a file");
-        f.write_all_at(data, offset)
-            .map_err(|e| self.err(entry, &e))?;
+        let f = self.open(entry, true)?.expect("open with create yields a file");
+        f.write_all_at(data, offset).map_err(|e| self.err(entry, &e))?;
         Ok(len)
     }
 
@@ -182,11 +162,7 @@ impl ChunkStore {
     /// Sets the chunk file's length. A missing file is created unless `len` is 0.
     pub fn truncate(&self, entry: EntryId, len: u64) -> FsResult<()> {
         if len > OFFSET_MAX {
-            return Err(fs_err!(
-                Invalid,
-                "target {}, chunk {entry}: length {len} is out of range",
-                self.target
-            ));
+            return Err(fs_err!(Invalid, "target {}, chunk {entry}: length {len} is out of range", self.target));
         }
         match self.open(entry, len > 0)? {
             Some(f) => f.set_len(len).map_err(|e| self.err(entry, &e)),
@@ -224,9 +200,7 @@ impl ChunkStore {
         f.sync_data().map_err(|e| self.err(entry, &e))?;
         // The file may have been created since the last sync of its directory.
         let sub = path.parent().expect("a chunk path has a parent");
-        File::open(sub)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| self.err(entry, &e))
+        File::open(sub).and_then(|d| d.sync_all()).map_err(|e| self.err(entry, &e))
     }
 }
 
@@ -243,48 +217,25 @@ mod tests {
         (d, s)
     }
 
-    const E: EntryId = EntryId {
-        node: 1,
-        epoch: 2,
-        counter: 0xab,
-    };
+    const E: EntryId = EntryId { node: 1, epoch: 2, counter: 0xab };
 
     #[test]
     fn chunk_paths_are_derived_from_the_id_only() {
-        assert_eq!(
-            chunk_rel_path(E),
-            PathBuf::from(format!("chunks/{:02x}/1-2-AB", E.hash_dir()))
-        );
+        assert_eq!(chunk_rel_path(E), PathBuf::from(format!("chunks/{:02x}/1-2-AB", E.hash_dir())));
         assert_eq!(
             chunk_rel_path(EntryId::ROOT),
             PathBuf::from(format!("chunks/{:02x}/root", EntryId::ROOT.hash_dir()))
         );
         // Every id maps to exactly two plain components below chunks/.
-        for id in [
-            EntryId {
-                node: u32::MAX,
-                epoch: u32::MAX,
-                counter: u64::MAX,
-            },
-            EntryId {
-                node: 0,
-                epoch: 0,
-                counter: 0,
-            },
-        ] {
+        for id in
+            [EntryId { node: u32::MAX, epoch: u32::MAX, counter: u64::MAX }, EntryId { node: 0, epoch: 0, counter: 0 }]
+        {
             let p = chunk_rel_path(id);
             let parts: Vec<_> = p.components().collect();
             assert_eq!(parts.len(), 3, "{p:?}");
-            assert!(
-                p.components()
-                    .all(|c| matches!(c, std::path::Component::Normal(_))),
-                "{p:?}"
-            );
+            assert!(p.components().all(|c| matches!(c, std::path::Component::Normal(_))), "{p:?}");
             let name = p.file_name().unwrap().to_str().unwrap();
-            assert!(
-                name.chars().all(|c| c.is_ascii_hexdigit() || c == '-'),
-                "{name}"
-            );
+            assert!(name.chars().all(|c| c.is_ascii_hexdigit() || c == '-'), "{name}");
         }
     }
 
@@ -292,11 +243,7 @@ mod tests {
     fn write_read_stat_round_trip() {
         let (_d, s) = store();
         assert_eq!(s.write(E, 100, b"").unwrap(), 0);
-        assert_eq!(
-            s.read(E, 0, 10).unwrap(),
-            b"",
-            "missing chunk reads as empty"
-        );
+        assert_eq!(s.read(E, 0, 10).unwrap(), b"", "missing chunk reads as empty");
         assert_eq!(s.stat(E).unwrap(), 0);
         assert!(!s.chunk_path(E).exists());
         assert_eq!(s.write(E, 0, b"hello").unwrap(), 5);
@@ -307,10 +254,7 @@ mod tests {
         assert_eq!(s.read(E, 15, 4).unwrap(), b"");
         assert_eq!(s.read(E, 1000, 4).unwrap(), b"");
         assert_eq!(s.read(E, 0, 0).unwrap(), b"");
-        let mode = std::fs::metadata(s.chunk_path(E))
-            .unwrap()
-            .permissions()
-            .mode();
+        let mode = std::fs::metadata(s.chunk_path(E)).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         s.fsync(E).unwrap();
         s.fsync(EntryId { counter: 99, ..E }).unwrap();
@@ -332,11 +276,7 @@ mod tests {
         assert_eq!(s.stat(f).unwrap(), 0);
         assert_eq!(s.read(f, 0, 100).unwrap(), b"");
         s.write(f, 1, b"x").unwrap();
-        assert_eq!(
-            s.read(f, 0, 100).unwrap(),
-            b"\0x",
-            "a new file after unlink"
-        );
+        assert_eq!(s.read(f, 0, 100).unwrap(), b"\0x", "a new file after unlink");
     }
 
     #[test]
@@ -345,14 +285,8 @@ mod tests {
         let e = s.write(E, u64::MAX - 1, b"ab").unwrap_err();
         assert_eq!(e.code, ErrorCode::Invalid);
         assert!(e.message.starts_with("target 3, chunk 1-2-AB:"), "{e}");
-        assert_eq!(
-            s.write(E, OFFSET_MAX, b"a").unwrap_err().code,
-            ErrorCode::Invalid
-        );
-        assert_eq!(
-            s.truncate(E, u64::MAX).unwrap_err().code,
-            ErrorCode::Invalid
-        );
+        assert_eq!(s.write(E, OFFSET_MAX, b"a").unwrap_err().code, ErrorCode::Invalid);
+        assert_eq!(s.truncate(E, u64::MAX).unwrap_err().code, ErrorCode::Invalid);
     }
 
     #[test]
@@ -367,10 +301,6 @@ mod tests {
         let enospc = std::io::Error::from_raw_os_error(libc::ENOSPC);
         let e = s.err(E, &enospc);
         assert_eq!(e.code, ErrorCode::NoSpace);
-        assert!(
-            e.message
-                .starts_with("target 3, chunk 1-2-AB: No space left on device"),
-            "{e}"
-        );
+        assert!(e.message.starts_with("target 3, chunk 1-2-AB: No space left on device"), "{e}");
     }
 }

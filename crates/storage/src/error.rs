@@ -12,20 +12,13 @@ pub enum StorageError {
     #[error("invalid storage configuration: {0}")]
     Config(String),
     #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("target dir {} is not formatted; run hivefs storage --init", dir.display())]
     NotFormatted { dir: PathBuf },
     #[error("{} is not empty and is not a HiveFS storage target (it holds {entry:?}); refusing to format it", dir.display())]
     NotATarget { dir: PathBuf, entry: String },
     #[error("target dir {} belongs to file system {found}, not to file system {expected}", dir.display())]
-    ForeignFileSystem {
-        dir: PathBuf,
-        found: String,
-        expected: String,
-    },
+    ForeignFileSystem { dir: PathBuf, found: String, expected: String },
     #[error("{}: {reason}", path.display())]
     BadTargetFile { path: PathBuf, reason: String },
     #[error(
@@ -33,41 +26,21 @@ pub enum StorageError {
          to its uuid {uuid}: wrong mgmtd or a lost registry",
         dir.display()
     )]
-    TargetIdMismatch {
-        dir: PathBuf,
-        stored: TargetId,
-        assigned: TargetId,
-        mgmtd: String,
-        uuid: String,
-    },
+    TargetIdMismatch { dir: PathBuf, stored: TargetId, assigned: TargetId, mgmtd: String, uuid: String },
     #[error("target dir {} belongs to storage node {stored}, but this service is storage node {node}", dir.display())]
-    TargetNodeMismatch {
-        dir: PathBuf,
-        stored: NodeId,
-        node: NodeId,
-    },
+    TargetNodeMismatch { dir: PathBuf, stored: NodeId, node: NodeId },
     #[error("target dirs {} and {} are the same target (uuid {uuid})", first.display(), second.display())]
-    DuplicateTarget {
-        first: PathBuf,
-        second: PathBuf,
-        uuid: String,
-    },
+    DuplicateTarget { first: PathBuf, second: PathBuf, uuid: String },
     #[error("{0}")]
     Secret(String),
     #[error("storage service cannot listen on {addr}: {source}")]
-    Listen {
-        addr: String,
-        source: std::io::Error,
-    },
+    Listen { addr: String, source: std::io::Error },
     #[error("registration with mgmtd {mgmtd} failed: {source}")]
     Mgmt { mgmtd: String, source: FsError },
 }
 
 impl StorageError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> StorageError {
-        StorageError::Io {
-            path: path.into(),
-            source,
-        }
+        StorageError::Io { path: path.into(), source }
     }
 }

@@ -113,47 +113,26 @@ struct StorageHandler {
 }
 
 /// Runs blocking file I/O off the async workers.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> FsResult<T> + Send + 'static,
-) -> FsResult<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .unwrap_or_else(|e| Err(fs_err!(Internal, "chunk I/O task failed: {e}")))
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> FsResult<T> + Send + 'static) -> FsResult<T> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(fs_err!(Internal, "chunk I/O task failed: {e}")))
 }
 
 impl Ready {
     fn store(&self, target: TargetId) -> FsResult<Arc<ChunkStore>> {
-        self.stores.get(&target).cloned().ok_or_else(|| {
-            fs_err!(
-                NotFound,
-                "storage target {target} is not served by storage node {}",
-                self.node
-            )
-        })
+        self.stores
+            .get(&target)
+            .cloned()
+            .ok_or_else(|| fs_err!(NotFound, "storage target {target} is not served by storage node {}", self.node))
     }
 
     async fn handle(&self, req: Request, payload: Vec<u8>) -> (Response, Vec<u8>) {
         let r = match req {
-            Request::Ping => Ok(Reply::Pong {
-                node_type: NodeType::Storage,
-                node: self.node,
-            }),
-            Request::WriteChunk {
-                target,
-                entry,
-                offset,
-            } => match self.store(target) {
-                Ok(s) => blocking(move || s.write(entry, offset, &payload))
-                    .await
-                    .map(Reply::Written),
+            Request::Ping => Ok(Reply::Pong { node_type: NodeType::Storage, node: self.node }),
+            Request::WriteChunk { target, entry, offset } => match self.store(target) {
+                Ok(s) => blocking(move || s.write(entry, offset, &payload)).await.map(Reply::Written),
                 Err(e) => Err(e),
             },
-            Request::ReadChunk {
-                target,
-                entry,
-                offset,
-                len,
-            } => {
+            Request::ReadChunk { target, entry, offset, len } => {
                 if len > MAX_PAYLOAD_LEN {
                     Err(fs_err!(
                         Invalid,
@@ -170,9 +149,7 @@ impl Ready {
                 }
             }
             Request::TruncateChunk { target, entry, len } => match self.store(target) {
-                Ok(s) => blocking(move || s.truncate(entry, len))
-                    .await
-                    .map(|()| Reply::Ok),
+                Ok(s) => blocking(move || s.truncate(entry, len)).await.map(|()| Reply::Ok),
                 Err(e) => Err(e),
             },
             Request::UnlinkChunk { target, entry } => match self.store(target) {
@@ -187,12 +164,7 @@ impl Ready {
                 Ok(s) => blocking(move || s.fsync(entry)).await.map(|()| Reply::Ok),
                 Err(e) => Err(e),
             },
-            other => Err(fs_err!(
-                NotSupported,
-                "storage node {} does not serve {}",
-                self.node,
-                request_name(&other)
-            )),
+            other => Err(fs_err!(NotSupported, "storage node {} does not serve {}", self.node, request_name(&other))),
         };
         (r, Vec::new())
     }
@@ -202,13 +174,9 @@ impl Handler for StorageHandler {
     async fn handle(&self, req: Request, payload: Vec<u8>, _peer: &Peer) -> (Response, Vec<u8>) {
         match self.ready.get() {
             Some(ready) => ready.handle(req, payload).await,
-            None => (
-                Err(fs_err!(
-                    Unavailable,
-                    "storage service is starting (not yet registered with mgmtd)"
-                )),
-                Vec::new(),
-            ),
+            None => {
+                (Err(fs_err!(Unavailable, "storage service is starting (not yet registered with mgmtd)")), Vec::new())
+            }
         }
     }
 }
@@ -233,13 +201,8 @@ pub fn statvfs(path: &Path) -> std::io::Result<Capacity> {
     }
     // The field types differ between platforms (u32 on some 32-bit ones).
     #[allow(clippy::unnecessary_cast)]
-    let (frsize, blocks, bavail, files, favail) = (
-        s.f_frsize as u64,
-        s.f_blocks as u64,
-        s.f_bavail as u64,
-        s.f_files as u64,
-        s.f_favail as u64,
-    );
+    let (frsize, blocks, bavail, files, favail) =
+        (s.f_frsize as u64, s.f_blocks as u64, s.f_bavail as u64, s.f_files as u64, s.f_favail as u64);
     Ok(Capacity {
         total_bytes: blocks.saturating_mul(frsize),
         free_bytes: bavail.saturating_mul(frsize),
@@ -255,40 +218,18 @@ struct Opened {
 }
 
 /// Registers each target with mgmtd and persists its id; checks stored ids.
-async fn register_targets(
-    mgmt: &Pool,
-    node: NodeId,
-    opened: &mut [Opened],
-) -> Result<Vec<TargetId>, StorageError> {
+async fn register_targets(mgmt: &Pool, node: NodeId, opened: &mut [Opened]) -> Result<Vec<TargetId>, StorageError> {
     let mut ids = Vec::with_capacity(opened.len());
     for t in opened.iter_mut() {
         if let Some(stored) = t.file.node_id {
             if stored != node {
-                return Err(StorageError::TargetNodeMismatch {
-                    dir: t.dir.clone(),
-                    stored,
-                    node,
-                });
+                return Err(StorageError::TargetNodeMismatch { dir: t.dir.clone(), stored, node });
             }
         }
-        let mgmt_err = |source: FsError| StorageError::Mgmt {
-            mgmtd: mgmt.addr().to_string(),
-            source,
-        };
-        let assigned = match mgmt
-            .rpc(&Request::RegisterTarget {
-                node,
-                uuid: t.file.uuid.clone(),
-            })
-            .await
-        {
+        let mgmt_err = |source: FsError| StorageError::Mgmt { mgmtd: mgmt.addr().to_string(), source };
+        let assigned = match mgmt.rpc(&Request::RegisterTarget { node, uuid: t.file.uuid.clone() }).await {
             Ok(Reply::TargetRegistered { target, .. }) => target,
-            Ok(other) => {
-                return Err(mgmt_err(fs_err!(
-                    Protocol,
-                    "unexpected reply to RegisterTarget: {other:?}"
-                )))
-            }
+            Ok(other) => return Err(mgmt_err(fs_err!(Protocol, "unexpected reply to RegisterTarget: {other:?}"))),
             Err(e) => return Err(mgmt_err(e)),
         };
         match t.file.target_id {
@@ -308,9 +249,7 @@ async fn register_targets(
                 let (file, dir) = (t.file.clone(), t.dir.clone());
                 tokio::task::spawn_blocking(move || file.save(&dir))
                     .await
-                    .map_err(|e| {
-                        StorageError::Config(format!("target file writer failed: {e}"))
-                    })??;
+                    .map_err(|e| StorageError::Config(format!("target file writer failed: {e}")))??;
             }
         }
         info!(target = %assigned, dir = %t.dir.display(), "target registered");
@@ -325,9 +264,7 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
         return Err(StorageError::Config("no storage targets configured".into()));
     }
     if cfg.heartbeat_interval_ms == 0 {
-        return Err(StorageError::Config(
-            "heartbeat_interval_ms must be at least 1".into(),
-        ));
+        return Err(StorageError::Config("heartbeat_interval_ms must be at least 1".into()));
     }
     let secret = match &cfg.secret_file {
         Some(p) => Some(hivefs_net::load_secret(p).map_err(StorageError::Secret)?),
@@ -338,33 +275,16 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
     for dir in &cfg.targets {
         let file = open_target(dir, cfg.fs_uuid.as_deref())?;
         if let Some(o) = opened.iter().find(|o| o.file.uuid == file.uuid) {
-            return Err(StorageError::DuplicateTarget {
-                first: o.dir.clone(),
-                second: dir.clone(),
-                uuid: file.uuid,
-            });
+            return Err(StorageError::DuplicateTarget { first: o.dir.clone(), second: dir.clone(), uuid: file.uuid });
         }
-        opened.push(Opened {
-            dir: dir.clone(),
-            file,
-        });
+        opened.push(Opened { dir: dir.clone(), file });
     }
-    let mut identity =
-        NodeIdentity::load_or_create(&cfg.dir).map_err(|e| StorageError::io(&cfg.dir, e))?;
+    let mut identity = NodeIdentity::load_or_create(&cfg.dir).map_err(|e| StorageError::io(&cfg.dir, e))?;
 
-    let handler = Arc::new(StorageHandler {
-        ready: OnceLock::new(),
-    });
-    let server = serve(
-        &cfg.listen,
-        ServerConfig::new(NodeType::Storage, secret.clone()),
-        handler.clone(),
-    )
-    .await
-    .map_err(|source| StorageError::Listen {
-        addr: cfg.listen.clone(),
-        source,
-    })?;
+    let handler = Arc::new(StorageHandler { ready: OnceLock::new() });
+    let server = serve(&cfg.listen, ServerConfig::new(NodeType::Storage, secret.clone()), handler.clone())
+        .await
+        .map_err(|source| StorageError::Listen { addr: cfg.listen.clone(), source })?;
     // From here on, an error drops `server`'s task (abort) before returning.
     let server = AbortOnDrop(Some(server));
     let local_addr = server.0.as_ref().expect("set above").local_addr;
@@ -380,26 +300,13 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
     };
 
     let mgmt = Arc::new(Pool::new(cfg.mgmtd.clone(), ClientConfig::new(secret)));
-    let node = hivefs_cluster::register_node(
-        &mgmt,
-        NodeType::Storage,
-        &cfg.dir,
-        &mut identity,
-        &advertise,
-        REGISTER_DEADLINE,
-    )
-    .await
-    .map_err(|source| StorageError::Mgmt {
-        mgmtd: cfg.mgmtd.clone(),
-        source,
-    })?;
+    let node =
+        hivefs_cluster::register_node(&mgmt, NodeType::Storage, &cfg.dir, &mut identity, &advertise, REGISTER_DEADLINE)
+            .await
+            .map_err(|source| StorageError::Mgmt { mgmtd: cfg.mgmtd.clone(), source })?;
     let ids = register_targets(&mgmt, node, &mut opened).await?;
 
-    let stores = ids
-        .iter()
-        .zip(&opened)
-        .map(|(&id, o)| (id, Arc::new(ChunkStore::new(id, &o.dir))))
-        .collect();
+    let stores = ids.iter().zip(&opened).map(|(&id, o)| (id, Arc::new(ChunkStore::new(id, &o.dir)))).collect();
     if handler.ready.set(Ready { node, stores }).is_err() {
         unreachable!("the handler is made ready once");
     }
@@ -409,22 +316,12 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
         identity,
         dir: cfg.dir.clone(),
         advertise,
-        targets: ids
-            .iter()
-            .zip(&opened)
-            .map(|(&id, o)| (id, o.file.uuid.clone(), o.dir.clone()))
-            .collect(),
+        targets: ids.iter().zip(&opened).map(|(&id, o)| (id, o.file.uuid.clone(), o.dir.clone())).collect(),
         every: Duration::from_millis(cfg.heartbeat_interval_ms),
     };
     let heartbeat = tokio::spawn(hb.run());
     info!(%node, addr = %local_addr, targets = ?ids, "storage service started");
-    Ok(StorageService {
-        local_addr,
-        node_id: node,
-        targets: ids,
-        server: server.take(),
-        heartbeat,
-    })
+    Ok(StorageService { local_addr, node_id: node, targets: ids, server: server.take(), heartbeat })
 }
 
 struct AbortOnDrop(Option<ServerHandle>);
@@ -461,20 +358,9 @@ impl Heartbeat {
     async fn run(mut self) {
         let mut failing = false;
         loop {
-            let dirs: Vec<(TargetId, PathBuf)> = self
-                .targets
-                .iter()
-                .map(|(id, _, d)| (*id, d.clone()))
-                .collect();
-            let targets = tokio::task::spawn_blocking(move || sample(&dirs))
-                .await
-                .unwrap_or_default();
-            let req = Request::Heartbeat {
-                node_type: NodeType::Storage,
-                node: self.node,
-                targets,
-                meta: None,
-            };
+            let dirs: Vec<(TargetId, PathBuf)> = self.targets.iter().map(|(id, _, d)| (*id, d.clone())).collect();
+            let targets = tokio::task::spawn_blocking(move || sample(&dirs)).await.unwrap_or_default();
+            let req = Request::Heartbeat { node_type: NodeType::Storage, node: self.node, targets, meta: None };
             match self.mgmt.rpc(&req).await {
                 Ok(_) => {
                     if failing {
@@ -483,15 +369,9 @@ impl Heartbeat {
                     failing = false;
                 }
                 Err(e) if e.code == ErrorCode::NotFound => {
-                    warn!(
-                        "mgmtd {} does not know this node: {e}; registering again",
-                        self.mgmt.addr()
-                    );
+                    warn!("mgmtd {} does not know this node: {e}; registering again", self.mgmt.addr());
                     if let Err(e) = self.register_again().await {
-                        error!(
-                            "registering again with mgmtd {} failed: {e}",
-                            self.mgmt.addr()
-                        );
+                        error!("registering again with mgmtd {} failed: {e}", self.mgmt.addr());
                     }
                 }
                 Err(e) if !failing => {
@@ -538,10 +418,7 @@ fn sample(targets: &[(TargetId, PathBuf)]) -> Vec<TargetCapacity> {
     targets
         .iter()
         .filter_map(|(target, dir)| match statvfs(dir) {
-            Ok(capacity) => Some(TargetCapacity {
-                target: *target,
-                capacity,
-            }),
+            Ok(capacity) => Some(TargetCapacity { target: *target, capacity }),
             Err(e) => {
                 warn!(%target, "statvfs of {} failed: {e}", dir.display());
                 None
@@ -585,49 +462,19 @@ mod tests {
             ..Default::default()
         };
         let e = start(cfg.clone()).await.err().unwrap();
-        assert_eq!(
-            e.to_string(),
-            format!(
-                "target dir {} is not formatted; run hivefs storage --init",
-                t.display()
-            )
-        );
+        assert_eq!(e.to_string(), format!("target dir {} is not formatted; run hivefs storage --init", t.display()));
 
         init_target(&t, "fs-a").unwrap();
-        let e = start(Config {
-            fs_uuid: Some("fs-b".into()),
-            ..cfg.clone()
-        })
-        .await
-        .err()
-        .unwrap();
+        let e = start(Config { fs_uuid: Some("fs-b".into()), ..cfg.clone() }).await.err().unwrap();
         assert!(matches!(e, StorageError::ForeignFileSystem { .. }), "{e}");
 
-        let e = start(Config {
-            targets: vec![t.clone(), t.clone()],
-            ..cfg.clone()
-        })
-        .await
-        .err()
-        .unwrap();
+        let e = start(Config { targets: vec![t.clone(), t.clone()], ..cfg.clone() }).await.err().unwrap();
         assert!(matches!(e, StorageError::DuplicateTarget { .. }), "{e}");
 
-        let e = start(Config {
-            targets: vec![],
-            ..cfg.clone()
-        })
-        .await
-        .err()
-        .unwrap();
+        let e = start(Config { targets: vec![], ..cfg.clone() }).await.err().unwrap();
         assert!(matches!(e, StorageError::Config(_)), "{e}");
 
-        let e = start(Config {
-            listen: "0.0.0.0:0".into(),
-            ..cfg
-        })
-        .await
-        .err()
-        .unwrap();
+        let e = start(Config { listen: "0.0.0.0:0".into(), ..cfg }).await.err().unwrap();
         assert!(e.to_string().contains("advertise"), "{e}");
     }
 }

@@ -56,12 +56,8 @@ impl TargetFile {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(StorageError::io(path, e)),
         };
-        let bad = |reason: String| StorageError::BadTargetFile {
-            path: path.clone(),
-            reason,
-        };
-        let tf: TargetFile =
-            toml::from_str(&text).map_err(|e| bad(format!("not a valid target file: {e}")))?;
+        let bad = |reason: String| StorageError::BadTargetFile { path: path.clone(), reason };
+        let tf: TargetFile = toml::from_str(&text).map_err(|e| bad(format!("not a valid target file: {e}")))?;
         if tf.format_version != TARGET_FORMAT_VERSION {
             return Err(bad(format!(
                 "target format version {} is not supported (this hivefs reads version {TARGET_FORMAT_VERSION})",
@@ -85,10 +81,7 @@ impl TargetFile {
 }
 
 fn check_fs_uuid(fs_uuid: &str) -> Result<(), StorageError> {
-    if fs_uuid.is_empty()
-        || fs_uuid.len() > FS_UUID_LEN_MAX
-        || !fs_uuid.chars().all(|c| c.is_ascii_graphic())
-    {
+    if fs_uuid.is_empty() || fs_uuid.len() > FS_UUID_LEN_MAX || !fs_uuid.chars().all(|c| c.is_ascii_graphic()) {
         return Err(StorageError::Config(format!(
             "file system uuid {fs_uuid:?} must be 1 to {FS_UUID_LEN_MAX} printable ASCII characters"
         )));
@@ -120,13 +113,9 @@ pub fn init_target(dir: &Path, fs_uuid: &str) -> Result<(), StorageError> {
         let entry = entry.map_err(|e| StorageError::io(dir, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         let leftover = FORMATTABLE_LEFTOVERS.contains(&name.as_str())
-            && (name != CHUNKS_DIR
-                || is_empty_dir(&chunks).map_err(|e| StorageError::io(&chunks, e))?);
+            && (name != CHUNKS_DIR || is_empty_dir(&chunks).map_err(|e| StorageError::io(&chunks, e))?);
         if !leftover {
-            return Err(StorageError::NotATarget {
-                dir: dir.to_path_buf(),
-                entry: name,
-            });
+            return Err(StorageError::NotATarget { dir: dir.to_path_buf(), entry: name });
         }
     }
     match std::fs::DirBuilder::new().mode(0o700).create(&chunks) {
@@ -154,9 +143,7 @@ fn is_empty_dir(p: &Path) -> std::io::Result<bool> {
 /// Opens a formatted target: reads `target.toml`, checks the file system
 /// (when `fs_uuid` is given) and that `chunks/` exists.
 pub fn open_target(dir: &Path, fs_uuid: Option<&str>) -> Result<TargetFile, StorageError> {
-    let tf = TargetFile::load(dir)?.ok_or_else(|| StorageError::NotFormatted {
-        dir: dir.to_path_buf(),
-    })?;
+    let tf = TargetFile::load(dir)?.ok_or_else(|| StorageError::NotFormatted { dir: dir.to_path_buf() })?;
     if let Some(expected) = fs_uuid {
         if tf.fs_uuid != expected {
             return Err(StorageError::ForeignFileSystem {
@@ -186,22 +173,10 @@ mod tests {
         let t = d.path().join("t1");
         init_target(&t, "fs-a").unwrap();
         let tf = open_target(&t, Some("fs-a")).unwrap();
-        assert_eq!(
-            (
-                tf.format_version,
-                tf.fs_uuid.as_str(),
-                tf.target_id,
-                tf.node_id
-            ),
-            (1, "fs-a", None, None)
-        );
+        assert_eq!((tf.format_version, tf.fs_uuid.as_str(), tf.target_id, tf.node_id), (1, "fs-a", None, None));
         assert!(t.join(CHUNKS_DIR).is_dir());
         init_target(&t, "fs-a").unwrap();
-        assert_eq!(
-            open_target(&t, None).unwrap(),
-            tf,
-            "formatting again changed nothing"
-        );
+        assert_eq!(open_target(&t, None).unwrap(), tf, "formatting again changed nothing");
     }
 
     #[test]
@@ -210,10 +185,7 @@ mod tests {
         let t = d.path().join("t");
         init_target(&t, "fs-a").unwrap();
         let e = init_target(&t, "fs-b").unwrap_err().to_string();
-        assert!(
-            e.contains(&t.display().to_string()) && e.contains("fs-a") && e.contains("fs-b"),
-            "{e}"
-        );
+        assert!(e.contains(&t.display().to_string()) && e.contains("fs-a") && e.contains("fs-b"), "{e}");
         let e = open_target(&t, Some("fs-b")).unwrap_err();
         assert!(matches!(e, StorageError::ForeignFileSystem { .. }), "{e}");
 
@@ -221,28 +193,16 @@ mod tests {
         std::fs::create_dir(&other).unwrap();
         std::fs::write(other.join("precious.txt"), "x").unwrap();
         let e = init_target(&other, "fs-a").unwrap_err().to_string();
-        assert!(
-            e.contains("precious.txt") && e.contains("not a HiveFS storage target"),
-            "{e}"
-        );
+        assert!(e.contains("precious.txt") && e.contains("not a HiveFS storage target"), "{e}");
         assert!(!other.join(TARGET_FILE).exists());
 
         // A non-empty chunks dir without target.toml is not ours either.
         let half = d.path().join("half");
         std::fs::create_dir_all(half.join("chunks/ab")).unwrap();
-        assert!(matches!(
-            init_target(&half, "fs-a"),
-            Err(StorageError::NotATarget { .. })
-        ));
+        assert!(matches!(init_target(&half, "fs-a"), Err(StorageError::NotATarget { .. })));
 
-        assert!(matches!(
-            init_target(&d.path().join("x"), ""),
-            Err(StorageError::Config(_))
-        ));
-        assert!(matches!(
-            init_target(&d.path().join("x"), "a b"),
-            Err(StorageError::Config(_))
-        ));
+        assert!(matches!(init_target(&d.path().join("x"), ""), Err(StorageError::Config(_))));
+        assert!(matches!(init_target(&d.path().join("x"), "a b"), Err(StorageError::Config(_))));
     }
 
     #[test]
@@ -259,40 +219,16 @@ mod tests {
     fn open_refuses_unformatted_corrupt_and_damaged_targets() {
         let d = tempfile::tempdir().unwrap();
         let e = open_target(d.path(), None).unwrap_err().to_string();
-        assert_eq!(
-            e,
-            format!(
-                "target dir {} is not formatted; run hivefs storage --init",
-                d.path().display()
-            )
-        );
+        assert_eq!(e, format!("target dir {} is not formatted; run hivefs storage --init", d.path().display()));
 
-        std::fs::write(
-            d.path().join(TARGET_FILE),
-            "format_version = 1\nbogus = 2\n",
-        )
-        .unwrap();
+        std::fs::write(d.path().join(TARGET_FILE), "format_version = 1\nbogus = 2\n").unwrap();
         let e = open_target(d.path(), None).unwrap_err();
-        assert!(
-            matches!(e, StorageError::BadTargetFile { .. }) && e.to_string().contains(TARGET_FILE),
-            "{e}"
-        );
+        assert!(matches!(e, StorageError::BadTargetFile { .. }) && e.to_string().contains(TARGET_FILE), "{e}");
 
-        std::fs::write(
-            d.path().join(TARGET_FILE),
-            "format_version = 7\nuuid = \"u\"\nfs_uuid = \"f\"\n",
-        )
-        .unwrap();
-        assert!(open_target(d.path(), None)
-            .unwrap_err()
-            .to_string()
-            .contains("version 7"));
+        std::fs::write(d.path().join(TARGET_FILE), "format_version = 7\nuuid = \"u\"\nfs_uuid = \"f\"\n").unwrap();
+        assert!(open_target(d.path(), None).unwrap_err().to_string().contains("version 7"));
 
-        std::fs::write(
-            d.path().join(TARGET_FILE),
-            "format_version = 1\nuuid = \"u\"\nfs_uuid = \"f\"\n",
-        )
-        .unwrap();
+        std::fs::write(d.path().join(TARGET_FILE), "format_version = 1\nuuid = \"u\"\nfs_uuid = \"f\"\n").unwrap();
         let e = open_target(d.path(), None).unwrap_err().to_string();
         assert!(e.contains("chunks") && e.contains("damaged"), "{e}");
         std::fs::create_dir(d.path().join(CHUNKS_DIR)).unwrap();
@@ -309,9 +245,6 @@ mod tests {
         tf.save(d.path()).unwrap();
         assert_eq!(open_target(d.path(), None).unwrap(), tf);
         let text = std::fs::read_to_string(d.path().join(TARGET_FILE)).unwrap();
-        assert!(
-            text.contains("target_id = 3") && text.contains("node_id = 2"),
-            "{text}"
-        );
+        assert!(text.contains("target_id = 3") && text.contains("node_id = 2"), "{text}");
     }
 }

@@ -98,9 +98,7 @@ impl Default for DirPattern {
 /// Checks a chunk size: a power of two from 4 KiB to 1 GiB.
 pub fn validate_chunk_size(cs: u64) -> Result<u32, String> {
     if !cs.is_power_of_two() || cs < u64::from(CHUNK_SIZE_MIN) || cs > u64::from(CHUNK_SIZE_MAX) {
-        return Err(format!(
-            "chunk size {cs} is invalid: it must be a power of two from 4 KiB to 1 GiB"
-        ));
+        return Err(format!("chunk size {cs} is invalid: it must be a power of two from 4 KiB to 1 GiB"));
     }
     Ok(cs as u32)
 }

@@ -38,9 +38,9 @@ impl TestFs {
         let tmp = tempfile::Builder::new().prefix("hivefs-test-").tempdir().expect("tempdir");
         let dir = tmp.path().join("fs");
         let mnt = tmp.path().join("mnt");
-        let mut args = vec!["up", "--dir", dir.to_str().unwrap(), "--mount", mnt.to_str().unwrap()];
-        args.extend_from_slice(extra);
         let fs = TestFs { tmp, dir, mnt };
+        let mut args = vec!["up", "--dir", fs.dir_s(), "--mount", fs.mnt_s()];
+        args.extend_from_slice(extra);
         hivefs_ok(&args);
         fs
     }
