@@ -1022,6 +1022,7 @@ mod service {
                     capacity: Default::default(),
                     last_seen_ms: 0,
                     reachability: Reachability::Online,
+                    capacity_pool: hivefs_proto::CapacityPool::Normal,
                 }])),
                 Request::UnlinkChunk { target, entry } => {
                     self.unlinked.lock().unwrap().push((target, entry));

@@ -93,6 +93,36 @@ pub struct TargetInfo {
     pub capacity: Capacity,
     pub last_seen_ms: u64,
     pub reachability: Reachability,
+    /// Capacity pool by free space and free inodes against mgmtd's limits.
+    pub capacity_pool: CapacityPool,
+}
+
+/// Capacity class of a target (BeeGFS's capacity pools): choosers take
+/// targets from `Normal`, from `Low` only when a stripe cannot be filled
+/// otherwise, and never from `Emergency`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum CapacityPool {
+    Normal,
+    Low,
+    Emergency,
+}
+
+impl CapacityPool {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            CapacityPool::Normal => "normal",
+            CapacityPool::Low => "low",
+            CapacityPool::Emergency => "emergency",
+        }
+    }
+}
+
+/// A storage pool: a named set of targets a directory's files may use.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolInfo {
+    pub id: PoolId,
+    pub name: String,
+    pub targets: Vec<TargetId>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -272,6 +302,18 @@ pub enum Request {
         target: TargetId,
         entry: EntryId,
     },
+
+    // ---- storage pools (mgmtd) ----
+    /// Creates a storage pool; names are unique.
+    CreatePool {
+        name: String,
+    },
+    /// Moves a target into a pool (existing files keep their targets).
+    MoveTargetToPool {
+        target: TargetId,
+        pool: PoolId,
+    },
+    ListPools,
 }
 
 impl Request {
@@ -300,6 +342,8 @@ impl Request {
                 | Request::UnlinkChunk { .. }
                 | Request::StatChunk { .. }
                 | Request::FsyncChunk { .. }
+                | Request::MoveTargetToPool { .. }
+                | Request::ListPools
         )
     }
 }
@@ -338,6 +382,10 @@ pub enum Reply {
     /// The frame's payload carries the bytes read (short at the end of the chunk file).
     Data,
     ChunkLen(u64),
+    PoolCreated {
+        pool: PoolId,
+    },
+    Pools(Vec<PoolInfo>),
 }
 
 pub type Response = Result<Reply, FsError>;
