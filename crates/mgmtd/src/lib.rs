@@ -1,9 +1,11 @@
 //! HiveFS management service (`hivefs mgmtd`).
 //!
-//! Owns the registry of nodes and storage targets (ids assigned here, stable
-//! per uuid and persisted in `<dir>/registry.toml`), the owner of the root
-//! directory (the first metadata node ever registered), and the liveness of
-//! every node and target (heartbeats, reported capacities, reachability).
+//! Owns the registry of nodes, storage targets and storage pools (ids
+//! assigned here, stable per uuid and persisted in `<dir>/registry.toml`),
+//! the owner of the root directory (the first metadata node ever
+//! registered), the liveness of every node and target (heartbeats, reported
+//! capacities, reachability) and each target's capacity pool (normal, low,
+//! emergency: derived from its reported free space and free inodes).
 //!
 //! It must not touch file data or the namespace, and must not hold anything
 //! in memory that a restart cannot rebuild: the registry is written before a
@@ -13,12 +15,36 @@
 //!
 //! The service is a library: [`start`] runs it inside the caller's tokio
 //! runtime, so tests run it in-process and the binary stays thin.
+//!
+//! # Configuration
+//!
+//! One TOML file ([`Config`]); every key is optional, unknown keys are an
+//! error:
+//!
+//! | key | default | meaning |
+//! |---|---|---|
+//! | `dir` | `/var/lib/hivefs/mgmtd` | holds `registry.toml` |
+//! | `listen` | `127.0.0.1:8008` | address to serve on |
+//! | `secret_file` | none: no authentication | shared secret file |
+//! | `probably_offline_after_ms` | `10000` | not heard from this long: probably-offline (> 0) |
+//! | `offline_after_ms` | `30000` | … this long: offline (>= `probably_offline_after_ms`) |
+//! | `space_low_limit_bytes` | `1073741824` (1 GiB) | less free space: not in the normal capacity pool |
+//! | `space_emergency_limit_bytes` | `268435456` (256 MiB) | less: emergency (<= `space_low_limit_bytes`) |
+//! | `inodes_low_limit` | `10000` | fewer free inodes: not in the normal capacity pool |
+//! | `inodes_emergency_limit` | `1000` | fewer: emergency (<= `inodes_low_limit`) |
+//!
+//! A target is in the normal capacity pool when its free space and its free
+//! inodes are both at least the low limits, in the low pool when both are at
+//! least the emergency limits, else in the emergency pool (as is a target
+//! that has not reported its capacity yet); a file system that reports no
+//! inode count at all (btrfs) is classified by its free space alone. See
+//! [`capacity_pool`]. The limits apply to every storage pool alike.
 
 pub mod registry;
 pub mod state;
 
-pub use registry::{NodeRecord, Registry, TargetRecord, REGISTRY_FILE};
-pub use state::{classify, Mgmt, Timeouts, MGMT_NODE_ID};
+pub use registry::{NodeRecord, PoolRecord, Registry, TargetRecord, DEFAULT_POOL_NAME, REGISTRY_FILE};
+pub use state::{capacity_pool, classify, CapacityLimits, Mgmt, Timeouts, MGMT_NODE_ID};
 
 use hivefs_net::{serve, Handler, Peer, ServerConfig, ServerHandle};
 use hivefs_proto::{Request, Response};
@@ -42,6 +68,40 @@ pub struct Config {
     pub probably_offline_after_ms: u64,
     /// … and offline once it is this old.
     pub offline_after_ms: u64,
+    /// A target with less free space than this is not in the normal
+    /// capacity pool.
+    pub space_low_limit_bytes: u64,
+    /// A target with less free space than this is in the emergency capacity
+    /// pool. At most `space_low_limit_bytes`.
+    pub space_emergency_limit_bytes: u64,
+    /// A target with fewer free inodes than this is not in the normal
+    /// capacity pool.
+    pub inodes_low_limit: u64,
+    /// A target with fewer free inodes than this is in the emergency
+    /// capacity pool. At most `inodes_low_limit`.
+    pub inodes_emergency_limit: u64,
+}
+
+impl Config {
+    pub fn capacity_limits(&self) -> CapacityLimits {
+        CapacityLimits {
+            space_low_limit_bytes: self.space_low_limit_bytes,
+            space_emergency_limit_bytes: self.space_emergency_limit_bytes,
+            inodes_low_limit: self.inodes_low_limit,
+            inodes_emergency_limit: self.inodes_emergency_limit,
+        }
+    }
+
+    /// Checks the relations between keys; [`start`] refuses a config that fails.
+    pub fn validate(&self) -> Result<(), MgmtError> {
+        if self.probably_offline_after_ms == 0 || self.probably_offline_after_ms > self.offline_after_ms {
+            return Err(MgmtError::Config(format!(
+                "need 0 < probably_offline_after_ms ({}) <= offline_after_ms ({})",
+                self.probably_offline_after_ms, self.offline_after_ms
+            )));
+        }
+        self.capacity_limits().validate().map_err(MgmtError::Config)
+    }
 }
 
 impl Default for Config {
@@ -52,6 +112,10 @@ impl Default for Config {
             secret_file: None,
             probably_offline_after_ms: 10_000,
             offline_after_ms: 30_000,
+            space_low_limit_bytes: CapacityLimits::DEFAULT.space_low_limit_bytes,
+            space_emergency_limit_bytes: CapacityLimits::DEFAULT.space_emergency_limit_bytes,
+            inodes_low_limit: CapacityLimits::DEFAULT.inodes_low_limit,
+            inodes_emergency_limit: CapacityLimits::DEFAULT.inodes_emergency_limit,
         }
     }
 }
@@ -98,12 +162,15 @@ struct MgmtHandler {
 impl Handler for MgmtHandler {
     async fn handle(&self, req: Request, _payload: Vec<u8>, _peer: &Peer) -> (Response, Vec<u8>) {
         let resp = match req {
-            // Registrations write the registry (fsync): off the async workers.
-            Request::RegisterNode { .. } | Request::RegisterTarget { .. } => {
+            // These write the registry (fsync): off the async workers.
+            Request::RegisterNode { .. }
+            | Request::RegisterTarget { .. }
+            | Request::CreatePool { .. }
+            | Request::MoveTargetToPool { .. } => {
                 let state = self.state.clone();
                 tokio::task::spawn_blocking(move || lock(&state).handle(req, Instant::now()))
                     .await
-                    .unwrap_or_else(|e| Err(fs_err!(Internal, "mgmtd registration task failed: {e}")))
+                    .unwrap_or_else(|e| Err(fs_err!(Internal, "mgmtd registry task failed: {e}")))
             }
             _ => lock(&self.state).handle(req, Instant::now()),
         };
@@ -119,20 +186,16 @@ fn lock(state: &Mutex<Mgmt>) -> std::sync::MutexGuard<'_, Mgmt> {
 
 /// Loads the registry and serves management requests on `cfg.listen`.
 pub async fn start(cfg: Config) -> Result<MgmtService, MgmtError> {
-    if cfg.probably_offline_after_ms == 0 || cfg.probably_offline_after_ms > cfg.offline_after_ms {
-        return Err(MgmtError::Config(format!(
-            "need 0 < probably_offline_after_ms ({}) <= offline_after_ms ({})",
-            cfg.probably_offline_after_ms, cfg.offline_after_ms
-        )));
-    }
+    cfg.validate()?;
     let secret = match &cfg.secret_file {
         Some(p) => Some(hivefs_net::load_secret(p).map_err(MgmtError::Secret)?),
         None => None,
     };
     let timeouts =
         Timeouts { probably_offline_after_ms: cfg.probably_offline_after_ms, offline_after_ms: cfg.offline_after_ms };
+    let limits = cfg.capacity_limits();
     let dir = cfg.dir.clone();
-    let mgmt = tokio::task::spawn_blocking(move || Mgmt::open(&dir, timeouts, Instant::now()))
+    let mgmt = tokio::task::spawn_blocking(move || Mgmt::open(&dir, timeouts, limits, Instant::now()))
         .await
         .map_err(|e| MgmtError::Config(format!("registry loader failed: {e}")))??;
     let handler = Arc::new(MgmtHandler { state: Arc::new(Mutex::new(mgmt)) });
@@ -147,8 +210,8 @@ pub async fn start(cfg: Config) -> Result<MgmtService, MgmtError> {
 mod tests {
     use super::*;
     use hivefs_net::{call_once, ClientConfig};
-    use hivefs_proto::Reply;
-    use hivefs_types::ids::NodeId;
+    use hivefs_proto::{CapacityPool, PoolInfo, Reply};
+    use hivefs_types::ids::{NodeId, PoolId, TargetId};
 
     #[test]
     fn config_defaults_and_unknown_keys() {
@@ -158,6 +221,52 @@ mod tests {
             ("127.0.0.1:8008", 10_000, 30_000)
         );
         assert!(toml::from_str::<Config>("dri = \"/x\"").is_err());
+        assert_eq!(c.capacity_limits(), CapacityLimits::DEFAULT);
+        assert_eq!(
+            (c.space_low_limit_bytes, c.space_emergency_limit_bytes, c.inodes_low_limit, c.inodes_emergency_limit),
+            (1 << 30, 256 << 20, 10_000, 1_000)
+        );
+        assert!(c.validate().is_ok());
+        assert!(Config::default().validate().is_ok());
+
+        let c: Config = toml::from_str(
+            "space_low_limit_bytes = 5000\nspace_emergency_limit_bytes = 500\n\
+             inodes_low_limit = 70\ninodes_emergency_limit = 7",
+        )
+        .unwrap();
+        assert_eq!(
+            c.capacity_limits(),
+            CapacityLimits {
+                space_low_limit_bytes: 5000,
+                space_emergency_limit_bytes: 500,
+                inodes_low_limit: 70,
+                inodes_emergency_limit: 7
+            }
+        );
+        assert!(toml::from_str::<Config>("space_low_limit = 1").is_err());
+    }
+
+    #[test]
+    fn capacity_limits_are_validated() {
+        let c = Config { space_low_limit_bytes: 100, space_emergency_limit_bytes: 101, ..Default::default() };
+        let e = c.validate().unwrap_err();
+        assert!(matches!(e, MgmtError::Config(_)), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "invalid mgmtd configuration: need space_emergency_limit_bytes (101) <= space_low_limit_bytes (100)"
+        );
+        let c = Config { inodes_low_limit: 0, ..Default::default() };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("need inodes_emergency_limit (1000) <= inodes_low_limit (0)"), "{e}");
+        // Equal limits are fine: there is then no low pool.
+        let c = Config {
+            space_low_limit_bytes: 1,
+            space_emergency_limit_bytes: 1,
+            inodes_low_limit: 0,
+            inodes_emergency_limit: 0,
+            ..Default::default()
+        };
+        assert!(c.validate().is_ok());
     }
 
     #[tokio::test]
@@ -190,6 +299,48 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn storage_pools_over_the_wire_and_across_restart() {
+        let d = tempfile::tempdir().unwrap();
+        let cfg = Config { dir: d.path().to_path_buf(), listen: "127.0.0.1:0".into(), ..Default::default() };
+        let cc = ClientConfig::new(None);
+        let svc = start(cfg.clone()).await.unwrap();
+        let addr = svc.local_addr.to_string();
+        let reg = Request::RegisterNode {
+            node_type: NodeType::Storage,
+            uuid: "s".into(),
+            addr: "127.0.0.1:9".into(),
+            hostname: "h".into(),
+        };
+        assert_eq!(call_once(&addr, &cc, &reg).await.unwrap(), Reply::NodeRegistered { node: NodeId(1) });
+        let reg_t = |uuid: &str| Request::RegisterTarget { node: NodeId(1), uuid: uuid.into() };
+        for (i, uuid) in ["t1", "t2"].into_iter().enumerate() {
+            let r = call_once(&addr, &cc, &reg_t(uuid)).await.unwrap();
+            assert_eq!(r, Reply::TargetRegistered { target: TargetId(i as u32 + 1), pool: PoolId::DEFAULT });
+        }
+        let create = Request::CreatePool { name: "ssd".into() };
+        assert_eq!(call_once(&addr, &cc, &create).await.unwrap(), Reply::PoolCreated { pool: PoolId(2) });
+        let e = call_once(&addr, &cc, &create).await.unwrap_err();
+        assert_eq!(e.code, hivefs_types::ErrorCode::Exists);
+        let mv = Request::MoveTargetToPool { target: TargetId(2), pool: PoolId(2) };
+        assert_eq!(call_once(&addr, &cc, &mv).await.unwrap(), Reply::Ok);
+        let want = Reply::Pools(vec![
+            PoolInfo { id: PoolId::DEFAULT, name: "default".into(), targets: vec![TargetId(1)] },
+            PoolInfo { id: PoolId(2), name: "ssd".into(), targets: vec![TargetId(2)] },
+        ]);
+        assert_eq!(call_once(&addr, &cc, &Request::ListPools).await.unwrap(), want);
+        // Nothing reported yet: every target is in the emergency capacity pool.
+        let Reply::Targets(ts) = call_once(&addr, &cc, &Request::ListTargets).await.unwrap() else { panic!() };
+        assert!(ts.iter().all(|t| t.capacity_pool == CapacityPool::Emergency), "{ts:?}");
+        svc.stop();
+
+        let svc = start(cfg).await.unwrap();
+        let addr = svc.local_addr.to_string();
+        assert_eq!(call_once(&addr, &cc, &Request::ListPools).await.unwrap(), want);
+        let r = call_once(&addr, &cc, &reg_t("t2")).await.unwrap();
+        assert_eq!(r, Reply::TargetRegistered { target: TargetId(2), pool: PoolId(2) });
+    }
+
+    #[tokio::test]
     async fn bad_config_and_corrupt_registry_fail_start() {
         let d = tempfile::tempdir().unwrap();
         let cfg = Config {
@@ -200,6 +351,9 @@ mod tests {
             ..Default::default()
         };
         assert!(matches!(start(cfg.clone()).await, Err(MgmtError::Config(_))));
+        let limits = Config { inodes_emergency_limit: 20_000, probably_offline_after_ms: 1, ..cfg.clone() };
+        let e = start(limits).await.err().unwrap();
+        assert!(matches!(e, MgmtError::Config(_)) && e.to_string().contains("inodes_low_limit"), "{e}");
         std::fs::write(d.path().join(REGISTRY_FILE), "nodes = 3").unwrap();
         let cfg = Config { probably_offline_after_ms: 1, ..cfg };
         let e = start(cfg).await.err().unwrap();

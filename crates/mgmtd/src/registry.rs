@@ -1,5 +1,6 @@
-//! The persistent registry: which nodes and targets exist, their ids, and
-//! the owner of the root directory.
+//! The persistent registry: which nodes, targets and storage pools exist,
+//! their ids, which pool each target belongs to, and the owner of the root
+//! directory.
 //!
 //! Pure data and pure mutations; the only I/O is [`Registry::load`] and
 //! [`Registry::save`]. Liveness (heartbeats, capacities) is not here: it is
@@ -17,6 +18,7 @@
 //! storage = 2
 //! client = 1
 //! target = 3
+//! pool = 3                       # absent in registries written before storage pools: 2
 //!
 //! [[nodes]]
 //! node_type = "Storage"          # "Meta" | "Storage" | "Client"
@@ -29,8 +31,24 @@
 //! id = 1
 //! uuid = "…"
 //! node = 1                       # storage node id
-//! pool = 1
+//! pool = 1                       # storage pool id
+//!
+//! [[pools]]                      # absent in registries written before storage
+//! id = 1                         # pools: then exactly the default pool
+//! name = "default"
+//!
+//! [[pools]]
+//! id = 2
+//! name = "ssd"
 //! ```
+//!
+//! Storage pools: pool 1 ([`PoolId::DEFAULT`], named [`DEFAULT_POOL_NAME`])
+//! always exists and every newly registered target joins it. Created pools
+//! get ids 2, 3, … that are never reused. A target belongs to exactly one
+//! pool; moving it changes where new files may be placed, not where existing
+//! files live. The pool fields were added without a new `format_version`:
+//! this mgmtd reads older registries (serde defaults), and an older mgmtd
+//! refuses a newer one (unknown fields) instead of dropping its pools.
 
 use hivefs_types::error::{ErrorCode, FsError};
 use hivefs_types::fs_err;
@@ -48,6 +66,13 @@ pub const ADDR_LEN_MAX: usize = 256;
 pub const HOSTNAME_LEN_MAX: usize = 256;
 pub const NODES_MAX: usize = 65_536;
 pub const TARGETS_MAX: usize = 65_536;
+/// Storage pools, including the default pool.
+pub const POOLS_MAX: usize = 1_024;
+/// Storage pool names: 1 to this many characters of `[A-Za-z0-9._-]`.
+pub const POOL_NAME_LEN_MAX: usize = 64;
+pub const DEFAULT_POOL_NAME: &str = "default";
+/// The id the first created storage pool gets (1 is the default pool).
+pub const FIRST_CREATED_POOL_ID: u16 = 2;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -69,6 +94,13 @@ pub struct TargetRecord {
     pub pool: PoolId,
 }
 
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolRecord {
+    pub id: PoolId,
+    pub name: String,
+}
+
 /// The next id to assign, per kind. Ids are never reused, even if a record
 /// were ever removed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,11 +110,23 @@ pub struct NextIds {
     pub storage: u32,
     pub client: u32,
     pub target: u32,
+    #[serde(default = "first_created_pool_id")]
+    pub pool: u16,
+}
+
+fn first_created_pool_id() -> u16 {
+    FIRST_CREATED_POOL_ID
+}
+
+/// What a registry has before any pool was created, and what a registry
+/// written before storage pools existed loads as.
+fn default_pools() -> Vec<PoolRecord> {
+    vec![PoolRecord { id: PoolId::DEFAULT, name: DEFAULT_POOL_NAME.to_string() }]
 }
 
 impl Default for NextIds {
     fn default() -> Self {
-        NextIds { meta: 1, storage: 1, client: 1, target: 1 }
+        NextIds { meta: 1, storage: 1, client: 1, target: 1, pool: FIRST_CREATED_POOL_ID }
     }
 }
 
@@ -117,6 +161,9 @@ pub struct Registry {
     pub nodes: Vec<NodeRecord>,
     #[serde(default)]
     pub targets: Vec<TargetRecord>,
+    /// Sorted by id (ids are assigned in increasing order and never removed).
+    #[serde(default = "default_pools")]
+    pub pools: Vec<PoolRecord>,
 }
 
 impl Default for Registry {
@@ -127,6 +174,7 @@ impl Default for Registry {
             next_ids: NextIds::default(),
             nodes: Vec::new(),
             targets: Vec::new(),
+            pools: default_pools(),
         }
     }
 }
@@ -144,6 +192,26 @@ fn check_text(what: &str, s: &str, max: usize) -> Result<(), FsError> {
     Ok(())
 }
 
+/// A storage pool name is 1 to [`POOL_NAME_LEN_MAX`] characters of
+/// `[A-Za-z0-9._-]`: safe in paths, TOML, command lines and log lines.
+pub fn check_pool_name(name: &str) -> Result<(), FsError> {
+    let ok = !name.is_empty()
+        && name.len() <= POOL_NAME_LEN_MAX
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        return Ok(());
+    }
+    // Quote (escaped) at most a bounded prefix of what the peer sent.
+    let shown: String = name.chars().take(POOL_NAME_LEN_MAX + 1).collect();
+    let shown =
+        if shown.len() < name.len() { format!("{shown:?}… ({} bytes)", name.len()) } else { format!("{shown:?}") };
+    let rule = "A-Z, a-z, 0-9, '.', '_' and '-'";
+    Err(fs_err!(
+        Invalid,
+        "storage pool name {shown} is invalid: a name is 1 to {POOL_NAME_LEN_MAX} characters of {rule}"
+    ))
+}
+
 impl Registry {
     pub fn node(&self, node_type: NodeType, id: NodeId) -> Option<&NodeRecord> {
         self.nodes.iter().find(|n| n.node_type == node_type && n.id == id)
@@ -151,6 +219,47 @@ impl Registry {
 
     pub fn target(&self, id: TargetId) -> Option<&TargetRecord> {
         self.targets.iter().find(|t| t.id == id)
+    }
+
+    pub fn pool(&self, id: PoolId) -> Option<&PoolRecord> {
+        self.pools.iter().find(|p| p.id == id)
+    }
+
+    /// Creates a storage pool named `name` and returns its id (2, 3, …;
+    /// never reused). Names are unique (compared exactly, case included).
+    pub fn create_pool(&mut self, name: &str) -> Result<PoolId, FsError> {
+        check_pool_name(name)?;
+        if let Some(p) = self.pools.iter().find(|p| p.name == name) {
+            return Err(fs_err!(Exists, "storage pool \"{name}\" already exists (id {})", p.id));
+        }
+        if self.pools.len() >= POOLS_MAX {
+            return Err(fs_err!(NoSpace, "registry is full ({POOLS_MAX} storage pools)"));
+        }
+        let id = PoolId(self.next_ids.pool);
+        self.next_ids.pool =
+            self.next_ids.pool.checked_add(1).ok_or_else(|| fs_err!(NoSpace, "storage pool ids are exhausted"))?;
+        debug_assert!(self.pools.last().is_none_or(|p| p.id < id), "pool ids increase");
+        self.pools.push(PoolRecord { id, name: name.to_string() });
+        Ok(id)
+    }
+
+    /// Moves `target` into `pool`. Returns whether the registry changed
+    /// (moving a target to the pool it is in is not an error).
+    pub fn move_target_to_pool(&mut self, target: TargetId, pool: PoolId) -> Result<bool, FsError> {
+        let i = self
+            .targets
+            .iter()
+            .position(|t| t.id == target)
+            .ok_or_else(|| fs_err!(NotFound, "storage target {target} is not registered"))?;
+        if self.pool(pool).is_none() {
+            return Err(fs_err!(NotFound, "storage pool {pool} does not exist"));
+        }
+        let t = &mut self.targets[i];
+        if t.pool == pool {
+            return Ok(false);
+        }
+        t.pool = pool;
+        Ok(true)
     }
 
     /// Registers a node, or re-registers a known uuid (same id, address and
@@ -267,6 +376,41 @@ impl Registry {
             }
             if self.node(NodeType::Storage, t.node).is_none() {
                 return Err(format!("target {} belongs to storage node {}, which is not registered", t.id, t.node));
+            }
+        }
+        let mut pids = HashSet::new();
+        let mut pnames = HashSet::new();
+        if self.next_ids.pool < FIRST_CREATED_POOL_ID {
+            return Err(format!("next storage pool id {} is below {FIRST_CREATED_POOL_ID}", self.next_ids.pool));
+        }
+        for p in &self.pools {
+            if p.id.0 == 0 || p.id.0 >= self.next_ids.pool {
+                return Err(format!("storage pool {} has an id outside 1..{}", p.id, self.next_ids.pool));
+            }
+            check_pool_name(&p.name).map_err(|e| format!("storage pool {}: {}", p.id, e.message))?;
+            if !pids.insert(p.id) {
+                return Err(format!("storage pool id {} appears twice", p.id));
+            }
+            if !pnames.insert(p.name.as_str()) {
+                return Err(format!("storage pool name \"{}\" appears twice", p.name));
+            }
+        }
+        if !self.pools.is_sorted_by_key(|p| p.id) {
+            return Err("storage pools are not sorted by id".to_string());
+        }
+        match self.pool(PoolId::DEFAULT) {
+            Some(p) if p.name == DEFAULT_POOL_NAME => {}
+            Some(p) => {
+                return Err(format!(
+                    "the default storage pool {} is named \"{}\", not \"{DEFAULT_POOL_NAME}\"",
+                    p.id, p.name
+                ))
+            }
+            None => return Err(format!("the default storage pool {} is missing", PoolId::DEFAULT)),
+        }
+        for t in &self.targets {
+            if self.pool(t.pool).is_none() {
+                return Err(format!("target {} is in storage pool {}, which does not exist", t.id, t.pool));
             }
         }
         if let Some(r) = self.root_owner {
@@ -390,5 +534,197 @@ mod tests {
             .unwrap_err()
             .contains("format_version 2"));
         assert!(Registry::from_toml("garbage").is_err());
+    }
+
+    /// A registry with storage nodes 1 and 2 and targets 1 (node 1), 2 (node 2), 3 (node 1).
+    fn with_targets() -> Registry {
+        let mut r = Registry::default();
+        r.register_node(NodeType::Storage, "s1", "a:1", "h").unwrap();
+        r.register_node(NodeType::Storage, "s2", "a:2", "h").unwrap();
+        for (node, uuid) in [(1, "t1"), (2, "t2"), (1, "t3")] {
+            r.register_target(NodeId(node), uuid).unwrap();
+        }
+        r
+    }
+
+    #[test]
+    fn default_pool_exists_and_created_pools_get_increasing_ids() {
+        let mut r = Registry::default();
+        assert_eq!(r.pools, vec![PoolRecord { id: PoolId::DEFAULT, name: "default".into() }]);
+        assert_eq!(r.create_pool("ssd").unwrap(), PoolId(2));
+        assert_eq!(r.create_pool("hdd").unwrap(), PoolId(3));
+        assert_eq!(r.create_pool("a.B_c-9").unwrap(), PoolId(4));
+        assert_eq!(r.create_pool(&"x".repeat(POOL_NAME_LEN_MAX)).unwrap(), PoolId(5));
+        assert_eq!(r.next_ids.pool, 6);
+        assert_eq!(r.pool(PoolId(3)).unwrap().name, "hdd");
+        assert_eq!(r.validate(), Ok(()));
+    }
+
+    #[test]
+    fn pool_names_are_unique_and_follow_the_rule() {
+        let mut r = Registry::default();
+        r.create_pool("ssd").unwrap();
+        let e = r.create_pool("ssd").unwrap_err();
+        assert_eq!((e.code, e.message.as_str()), (ErrorCode::Exists, "storage pool \"ssd\" already exists (id 2)"));
+        let e = r.create_pool("default").unwrap_err();
+        assert_eq!((e.code, e.message.as_str()), (ErrorCode::Exists, "storage pool \"default\" already exists (id 1)"));
+        // Names compare exactly: another case is another name.
+        assert_eq!(r.create_pool("SSD").unwrap(), PoolId(3));
+        let too_long = "y".repeat(POOL_NAME_LEN_MAX + 1);
+        for bad in ["", "a b", "a/b", "tab\t", "ü", "x:y", too_long.as_str()] {
+            let e = r.create_pool(bad).unwrap_err();
+            assert_eq!(e.code, ErrorCode::Invalid, "{bad:?}");
+            assert!(e.message.contains(&format!("{bad:?}")), "{bad:?}: {e}");
+            assert!(e.message.contains("1 to 64 characters of A-Z, a-z, 0-9, '.', '_' and '-'"), "{e}");
+        }
+        // A huge name is quoted only in part.
+        let huge = "z".repeat(100_000);
+        let e = r.create_pool(&huge).unwrap_err();
+        assert!(e.message.len() < 400 && e.message.contains("(100000 bytes)"), "{e}");
+        // Refusals change nothing.
+        assert_eq!(r.next_ids.pool, 4);
+        assert_eq!(r.pools.len(), 3);
+    }
+
+    #[test]
+    fn pool_count_is_bounded() {
+        let mut r = Registry::default();
+        for i in 1..POOLS_MAX {
+            r.create_pool(&format!("p{i}")).unwrap();
+        }
+        let e = r.create_pool("one-more").unwrap_err();
+        assert_eq!(e.code, ErrorCode::NoSpace, "{e}");
+        assert_eq!(r.validate(), Ok(()));
+    }
+
+    #[test]
+    fn targets_move_between_existing_pools() {
+        let mut r = with_targets();
+        assert!(r.targets.iter().all(|t| t.pool == PoolId::DEFAULT));
+        let ssd = r.create_pool("ssd").unwrap();
+        assert_eq!(r.move_target_to_pool(TargetId(2), ssd), Ok(true));
+        assert_eq!(r.target(TargetId(2)).unwrap().pool, ssd);
+        // Moving to the current pool is fine and changes nothing.
+        assert_eq!(r.move_target_to_pool(TargetId(2), ssd), Ok(false));
+        assert_eq!(r.move_target_to_pool(TargetId(1), PoolId::DEFAULT), Ok(false));
+
+        let e = r.move_target_to_pool(TargetId(9), ssd).unwrap_err();
+        assert_eq!((e.code, e.message.as_str()), (ErrorCode::NotFound, "storage target 9 is not registered"));
+        let e = r.move_target_to_pool(TargetId(1), PoolId(7)).unwrap_err();
+        assert_eq!((e.code, e.message.as_str()), (ErrorCode::NotFound, "storage pool 7 does not exist"));
+        assert_eq!(r.target(TargetId(1)).unwrap().pool, PoolId::DEFAULT);
+
+        // Back to the default pool; a re-registration keeps the pool.
+        assert_eq!(r.move_target_to_pool(TargetId(2), PoolId::DEFAULT), Ok(true));
+        assert_eq!(r.move_target_to_pool(TargetId(3), ssd), Ok(true));
+        assert_eq!(r.register_target(NodeId(1), "t3").unwrap(), (TargetId(3), ssd, false));
+        // A new target joins the default pool whatever the others are in.
+        assert_eq!(r.register_target(NodeId(2), "t4").unwrap(), (TargetId(4), PoolId::DEFAULT, true));
+        assert_eq!(r.validate(), Ok(()));
+    }
+
+    #[test]
+    fn pools_round_trip_through_toml() {
+        let mut r = with_targets();
+        let ssd = r.create_pool("ssd").unwrap();
+        let hdd = r.create_pool("hdd").unwrap();
+        r.move_target_to_pool(TargetId(1), ssd).unwrap();
+        r.move_target_to_pool(TargetId(3), hdd).unwrap();
+        let back = Registry::from_toml(&r.to_toml()).unwrap();
+        assert_eq!(back, r);
+        assert_eq!(back.next_ids.pool, 4);
+    }
+
+    #[test]
+    fn registry_written_before_storage_pools_loads() {
+        // Exactly what the mgmtd before storage pools wrote.
+        let old = r#"format_version = 1
+root_owner = 1
+
+[next_ids]
+meta = 2
+storage = 2
+client = 1
+target = 3
+
+[[nodes]]
+node_type = "Meta"
+id = 1
+uuid = "m"
+addr = "127.0.0.1:8005"
+hostname = "h"
+
+[[nodes]]
+node_type = "Storage"
+id = 1
+uuid = "s"
+addr = "127.0.0.1:8003"
+hostname = "h"
+
+[[targets]]
+id = 1
+uuid = "t1"
+node = 1
+pool = 1
+
+[[targets]]
+id = 2
+uuid = "t2"
+node = 1
+pool = 1
+"#;
+        let mut r = Registry::from_toml(old).unwrap();
+        assert_eq!(r.pools, default_pools());
+        assert_eq!(r.next_ids.pool, FIRST_CREATED_POOL_ID);
+        assert_eq!(r.targets.len(), 2);
+        assert_eq!(r.create_pool("ssd").unwrap(), PoolId(2));
+        assert_eq!(r.move_target_to_pool(TargetId(2), PoolId(2)), Ok(true));
+        assert_eq!(Registry::from_toml(&r.to_toml()).unwrap(), r);
+    }
+
+    #[test]
+    fn pool_invariants_are_checked_on_load() {
+        let mut r = with_targets();
+        r.create_pool("ssd").unwrap();
+        r.move_target_to_pool(TargetId(1), PoolId(2)).unwrap();
+        assert_eq!(r.validate(), Ok(()));
+
+        let mut bad = r.clone();
+        bad.targets[1].pool = PoolId(9);
+        assert_eq!(bad.validate().unwrap_err(), "target 2 is in storage pool 9, which does not exist");
+        // The pool a target is in cannot disappear.
+        let mut bad = r.clone();
+        bad.pools.retain(|p| p.id != PoolId(2));
+        bad.next_ids.pool = 3;
+        assert!(bad.validate().unwrap_err().contains("storage pool 2, which does not exist"));
+        let mut bad = r.clone();
+        bad.pools.remove(0);
+        assert!(bad.validate().unwrap_err().contains("default storage pool 1 is missing"));
+        let mut bad = r.clone();
+        bad.pools[0].name = "main".into();
+        assert!(bad.validate().unwrap_err().contains("is named \"main\""));
+        let mut bad = r.clone();
+        bad.pools[1].name = "default".into();
+        assert!(bad.validate().unwrap_err().contains("\"default\" appears twice"));
+        let mut bad = r.clone();
+        bad.pools[1].name = "no spaces".into();
+        assert!(bad.validate().unwrap_err().contains("storage pool 2: storage pool name \"no spaces\" is invalid"));
+        let mut bad = r.clone();
+        bad.next_ids.pool = 2;
+        assert!(bad.validate().unwrap_err().contains("storage pool 2 has an id outside 1..2"));
+        let mut bad = r.clone();
+        bad.next_ids.pool = 1;
+        assert!(bad.validate().unwrap_err().contains("below 2"));
+        let mut bad = r.clone();
+        bad.pools.swap(0, 1);
+        assert!(bad.validate().unwrap_err().contains("not sorted"));
+
+        // An explicit empty list is not an old registry: the default pool is missing.
+        let text = r.to_toml();
+        let cut = text.find("[[pools]]").unwrap();
+        let no_pools = format!("pools = []\n{}", &text[..cut]);
+        let e = Registry::from_toml(&no_pools).unwrap_err();
+        assert!(e.contains("default storage pool 1 is missing") || e.contains("storage pool 2"), "{e}");
+        assert!(Registry::from_toml(&format!("{text}\n[[pools]]\nid = 3\nname = \"x\"\ncolor = 1\n")).is_err());
     }
 }

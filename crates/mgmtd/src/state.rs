@@ -2,6 +2,10 @@
 //! liveness (last heartbeat per node and per target, reported capacities),
 //! and the answer to every management request.
 //!
+//! Capacity pools are derived, never stored: a target's class follows from
+//! its last reported capacity and the configured [`CapacityLimits`] each time
+//! targets are listed (see [`capacity_pool`]).
+//!
 //! Time is a parameter (`now`), so tests drive ages without sleeping. Every
 //! change of the registry is persisted before it is applied in memory and
 //! acknowledged: the mutation runs on a copy, the copy is written, then it
@@ -9,10 +13,10 @@
 
 use crate::registry::{Registry, REGISTRY_FILE};
 use crate::MgmtError;
-use hivefs_proto::{Capacity, NodeInfo, Reachability, Reply, Request, TargetInfo};
+use hivefs_proto::{Capacity, CapacityPool, NodeInfo, PoolInfo, Reachability, Reply, Request, TargetInfo};
 use hivefs_types::error::FsError;
 use hivefs_types::fs_err;
-use hivefs_types::ids::{NodeId, NodeType, TargetId};
+use hivefs_types::ids::{NodeId, NodeType, PoolId, TargetId};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -40,6 +44,75 @@ pub fn classify(age_ms: u64, t: Timeouts) -> Reachability {
     }
 }
 
+/// Free-space and free-inode limits of the capacity pools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CapacityLimits {
+    pub space_low_limit_bytes: u64,
+    pub space_emergency_limit_bytes: u64,
+    pub inodes_low_limit: u64,
+    pub inodes_emergency_limit: u64,
+}
+
+impl CapacityLimits {
+    /// 1 GiB / 256 MiB of free space, 10 000 / 1 000 free inodes.
+    pub const DEFAULT: CapacityLimits = CapacityLimits {
+        space_low_limit_bytes: 1 << 30,
+        space_emergency_limit_bytes: 256 << 20,
+        inodes_low_limit: 10_000,
+        inodes_emergency_limit: 1_000,
+    };
+
+    /// The emergency limits must not be above the low limits: otherwise a
+    /// target could be normal and yet below the emergency limit.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.space_emergency_limit_bytes > self.space_low_limit_bytes {
+            return Err(format!(
+                "need space_emergency_limit_bytes ({}) <= space_low_limit_bytes ({})",
+                self.space_emergency_limit_bytes, self.space_low_limit_bytes
+            ));
+        }
+        if self.inodes_emergency_limit > self.inodes_low_limit {
+            return Err(format!(
+                "need inodes_emergency_limit ({}) <= inodes_low_limit ({})",
+                self.inodes_emergency_limit, self.inodes_low_limit
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for CapacityLimits {
+    fn default() -> Self {
+        CapacityLimits::DEFAULT
+    }
+}
+
+/// The capacity pool of a target with capacity `c`:
+/// - `Normal` when free bytes >= the space low limit and free inodes >= the
+///   inodes low limit;
+/// - else `Low` when free bytes >= the space emergency limit and free
+///   inodes >= the inodes emergency limit;
+/// - else `Emergency`.
+///
+/// A target that has not reported its capacity yet (`total_bytes == 0`) is
+/// `Emergency`: nothing is known about its space, so it gets no new files.
+/// A file system that reports no inode count at all (`total_inodes == 0`
+/// while `total_bytes > 0`; btrfs does so: it allocates inodes dynamically)
+/// has no inode limit, and is classified by its free space alone.
+pub fn capacity_pool(c: &Capacity, l: &CapacityLimits) -> CapacityPool {
+    if c.total_bytes == 0 {
+        return CapacityPool::Emergency;
+    }
+    let free_inodes = if c.total_inodes == 0 { u64::MAX } else { c.free_inodes };
+    if c.free_bytes >= l.space_low_limit_bytes && free_inodes >= l.inodes_low_limit {
+        CapacityPool::Normal
+    } else if c.free_bytes >= l.space_emergency_limit_bytes && free_inodes >= l.inodes_emergency_limit {
+        CapacityPool::Low
+    } else {
+        CapacityPool::Emergency
+    }
+}
+
 fn age_ms(now: Instant, since: Instant) -> u64 {
     u64::try_from(now.saturating_duration_since(since).as_millis()).unwrap_or(u64::MAX)
 }
@@ -60,6 +133,7 @@ pub struct Mgmt {
     path: PathBuf,
     reg: Registry,
     timeouts: Timeouts,
+    limits: CapacityLimits,
     /// When this mgmtd started: the age of a node not heard from since.
     started: Instant,
     nodes: HashMap<(NodeType, NodeId), NodeLive>,
@@ -68,7 +142,8 @@ pub struct Mgmt {
 
 impl Mgmt {
     /// Loads `<dir>/registry.toml` (an absent file is an empty registry).
-    pub fn open(dir: &Path, timeouts: Timeouts, now: Instant) -> Result<Mgmt, MgmtError> {
+    pub fn open(dir: &Path, timeouts: Timeouts, limits: CapacityLimits, now: Instant) -> Result<Mgmt, MgmtError> {
+        limits.validate().map_err(MgmtError::Config)?;
         std::fs::create_dir_all(dir).map_err(|source| MgmtError::Io { path: dir.to_path_buf(), source })?;
         let path = dir.join(REGISTRY_FILE);
         let reg = Registry::load(&path)?.unwrap_or_default();
@@ -76,9 +151,10 @@ impl Mgmt {
             registry = %path.display(),
             nodes = reg.nodes.len(),
             targets = reg.targets.len(),
+            pools = reg.pools.len(),
             "registry loaded"
         );
-        Ok(Mgmt { path, reg, timeouts, started: now, nodes: HashMap::new(), targets: HashMap::new() })
+        Ok(Mgmt { path, reg, timeouts, limits, started: now, nodes: HashMap::new(), targets: HashMap::new() })
     }
 
     pub fn registry(&self) -> &Registry {
@@ -99,7 +175,8 @@ impl Mgmt {
         Ok(out)
     }
 
-    /// Answers one request. Only registrations touch the disk.
+    /// Answers one request. Only registrations, pool creations and target
+    /// moves touch the disk.
     pub fn handle(&mut self, req: Request, now: Instant) -> Result<Reply, FsError> {
         match req {
             Request::Ping => Ok(Reply::Pong { node_type: NodeType::Mgmt, node: MGMT_NODE_ID }),
@@ -115,7 +192,7 @@ impl Mgmt {
                     let (t, p, changed) = r.register_target(node, &uuid)?;
                     Ok(((t, p), changed))
                 })?;
-                info!(%target, storage_node = %node, %uuid, "target registered");
+                info!(%target, storage_node = %node, %uuid, %pool, "target registered");
                 let live =
                     self.targets.entry(target).or_insert(TargetLive { last_seen: now, capacity: Capacity::default() });
                 live.last_seen = now;
@@ -146,6 +223,19 @@ impl Mgmt {
             Request::ListNodes { node_type } => Ok(Reply::Nodes(self.list_nodes(node_type, now))),
             Request::ListTargets => Ok(Reply::Targets(self.list_targets(now))),
             Request::GetRootOwner => Ok(Reply::RootOwner(self.reg.root_owner)),
+            Request::CreatePool { name } => {
+                let pool = self.mutate(|r| Ok((r.create_pool(&name)?, true)))?;
+                info!(%pool, %name, "storage pool created");
+                Ok(Reply::PoolCreated { pool })
+            }
+            Request::MoveTargetToPool { target, pool } => {
+                let moved = self.mutate(|r| r.move_target_to_pool(target, pool).map(|changed| (changed, changed)))?;
+                if moved {
+                    info!(%target, %pool, "target moved to storage pool");
+                }
+                Ok(Reply::Ok)
+            }
+            Request::ListPools => Ok(Reply::Pools(self.list_pools())),
             other => Err(fs_err!(NotSupported, "mgmtd does not serve {}", request_name(&other))),
         }
     }
@@ -185,17 +275,41 @@ impl Mgmt {
             .map(|t| {
                 let live = self.targets.get(&t.id);
                 let age = age_ms(now, live.map_or(self.started, |l| l.last_seen));
+                let capacity = live.map(|l| l.capacity).unwrap_or_default();
                 TargetInfo {
                     id: t.id,
                     node: t.node,
                     pool: t.pool,
-                    capacity: live.map(|l| l.capacity).unwrap_or_default(),
+                    capacity,
                     last_seen_ms: age,
                     reachability: classify(age, self.timeouts),
+                    capacity_pool: capacity_pool(&capacity, &self.limits),
                 }
             })
             .collect();
         out.sort_by_key(|t| t.id);
+        out
+    }
+
+    /// Every storage pool by id, each with its targets by id.
+    pub fn list_pools(&self) -> Vec<PoolInfo> {
+        let mut members: HashMap<PoolId, Vec<TargetId>> = HashMap::new();
+        for t in &self.reg.targets {
+            members.entry(t.pool).or_default().push(t.id);
+        }
+        let mut out: Vec<PoolInfo> = self
+            .reg
+            .pools
+            .iter()
+            .map(|p| {
+                let mut targets = members.remove(&p.id).unwrap_or_default();
+                targets.sort_unstable();
+                PoolInfo { id: p.id, name: p.name.clone(), targets }
+            })
+            .collect();
+        // The registry's invariants: every target's pool exists.
+        debug_assert!(members.is_empty(), "targets in unknown pools: {members:?}");
+        out.sort_by_key(|p| p.id);
         out
     }
 }
@@ -212,7 +326,7 @@ mod tests {
     use super::*;
     use hivefs_proto::TargetCapacity;
     use hivefs_types::error::ErrorCode;
-    use hivefs_types::ids::{EntryId, PoolId};
+    use hivefs_types::ids::EntryId;
     use std::time::Duration;
 
     fn ms(v: u64) -> Duration {
@@ -220,6 +334,7 @@ mod tests {
     }
 
     const T: Timeouts = Timeouts { probably_offline_after_ms: 10_000, offline_after_ms: 30_000 };
+    const L: CapacityLimits = CapacityLimits::DEFAULT;
 
     #[test]
     fn classification_by_age() {
@@ -253,7 +368,7 @@ mod tests {
     fn ages_and_reachability_follow_heartbeats() {
         let d = tempfile::tempdir().unwrap();
         let t0 = Instant::now();
-        let mut m = Mgmt::open(d.path(), T, t0).unwrap();
+        let mut m = Mgmt::open(d.path(), T, L, t0).unwrap();
         let s = reg_node(&mut m, NodeType::Storage, "s", t0 + ms(1_000));
         let meta = reg_node(&mut m, NodeType::Meta, "m", t0 + ms(1_000));
         let Reply::TargetRegistered { target, pool } =
@@ -292,13 +407,13 @@ mod tests {
     fn nodes_not_heard_from_count_from_mgmtd_start() {
         let d = tempfile::tempdir().unwrap();
         let t0 = Instant::now();
-        let mut m = Mgmt::open(d.path(), T, t0).unwrap();
+        let mut m = Mgmt::open(d.path(), T, L, t0).unwrap();
         let s = reg_node(&mut m, NodeType::Storage, "s", t0);
         m.handle(Request::RegisterTarget { node: s, uuid: "t".into() }, t0).unwrap();
         drop(m);
         // Restarted mgmtd: registry reloaded, nobody heard from yet.
         let t1 = t0 + ms(100_000);
-        let m = Mgmt::open(d.path(), T, t1).unwrap();
+        let m = Mgmt::open(d.path(), T, L, t1).unwrap();
         let n = &m.list_nodes(None, t1 + ms(12_000))[0];
         assert_eq!((n.last_seen_ms, n.reachability), (12_000, Reachability::ProbablyOffline));
         let t = &m.list_targets(t1 + ms(3_000))[0];
@@ -309,7 +424,7 @@ mod tests {
     fn heartbeat_of_unknown_node_asks_to_register_again() {
         let d = tempfile::tempdir().unwrap();
         let t0 = Instant::now();
-        let mut m = Mgmt::open(d.path(), T, t0).unwrap();
+        let mut m = Mgmt::open(d.path(), T, L, t0).unwrap();
         let hb = |node| Request::Heartbeat { node_type: NodeType::Meta, node, targets: vec![], meta: None };
         assert_eq!(m.handle(hb(NodeId(1)), t0).unwrap_err().code, ErrorCode::NotFound);
         let id = reg_node(&mut m, NodeType::Meta, "m", t0);
@@ -329,7 +444,7 @@ mod tests {
     fn registry_survives_restart_and_root_owner_is_fixed() {
         let d = tempfile::tempdir().unwrap();
         let t0 = Instant::now();
-        let mut m = Mgmt::open(d.path(), T, t0).unwrap();
+        let mut m = Mgmt::open(d.path(), T, L, t0).unwrap();
         assert_eq!(m.handle(Request::GetRootOwner, t0).unwrap(), Reply::RootOwner(None));
         let s1 = reg_node(&mut m, NodeType::Storage, "s1", t0);
         let m1 = reg_node(&mut m, NodeType::Meta, "m1", t0);
@@ -338,7 +453,7 @@ mod tests {
         let reg = m.registry().clone();
         drop(m);
 
-        let mut m = Mgmt::open(d.path(), T, t0).unwrap();
+        let mut m = Mgmt::open(d.path(), T, L, t0).unwrap();
         assert_eq!(m.registry(), &reg);
         assert_eq!(reg_node(&mut m, NodeType::Meta, "m2", t0), m2);
         assert_eq!(reg_node(&mut m, NodeType::Meta, "m3", t0), NodeId(3));
@@ -350,7 +465,7 @@ mod tests {
     fn failed_persist_changes_nothing() {
         let d = tempfile::tempdir().unwrap();
         let t0 = Instant::now();
-        let mut m = Mgmt::open(d.path(), T, t0).unwrap();
+        let mut m = Mgmt::open(d.path(), T, L, t0).unwrap();
         reg_node(&mut m, NodeType::Storage, "s1", t0);
         // Make the temp file path a directory: write_atomic cannot create it.
         std::fs::create_dir(d.path().join(".registry.toml.tmp")).unwrap();
@@ -375,16 +490,297 @@ mod tests {
     fn corrupt_registry_is_a_startup_error_naming_the_file() {
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join(REGISTRY_FILE), "format_version = \"x\"").unwrap();
-        let e = Mgmt::open(d.path(), T, Instant::now()).err().expect("corrupt registry refused");
+        let e = Mgmt::open(d.path(), T, L, Instant::now()).err().expect("corrupt registry refused");
         assert!(e.to_string().contains(&d.path().join(REGISTRY_FILE).display().to_string()), "{e}");
     }
 
     #[test]
     fn other_requests_are_not_supported() {
         let d = tempfile::tempdir().unwrap();
-        let mut m = Mgmt::open(d.path(), T, Instant::now()).unwrap();
+        let mut m = Mgmt::open(d.path(), T, L, Instant::now()).unwrap();
         let e = m.handle(Request::GetAttr { id: EntryId::ROOT }, Instant::now()).unwrap_err();
         assert_eq!(e.code, ErrorCode::NotSupported);
         assert_eq!(e.message, "mgmtd does not serve GetAttr");
+    }
+
+    fn cap(free_bytes: u64, free_inodes: u64) -> Capacity {
+        Capacity { total_bytes: 1 << 40, free_bytes, total_inodes: 1 << 30, free_inodes }
+    }
+
+    #[test]
+    fn capacity_pool_boundaries() {
+        let l = CapacityLimits {
+            space_low_limit_bytes: 1_000,
+            space_emergency_limit_bytes: 100,
+            inodes_low_limit: 50,
+            inodes_emergency_limit: 5,
+        };
+        let p = |b, i| capacity_pool(&cap(b, i), &l);
+        // Exactly at the low limits: normal; one below either: low.
+        assert_eq!(p(1_000, 50), CapacityPool::Normal);
+        assert_eq!(p(u64::MAX, u64::MAX), CapacityPool::Normal);
+        assert_eq!(p(999, 50), CapacityPool::Low);
+        assert_eq!(p(1_000, 49), CapacityPool::Low);
+        assert_eq!(p(999, 49), CapacityPool::Low);
+        // Plenty of one does not make up for the other.
+        assert_eq!(p(u64::MAX, 49), CapacityPool::Low);
+        assert_eq!(p(999, u64::MAX), CapacityPool::Low);
+        // Exactly at the emergency limits: low; one below either: emergency.
+        assert_eq!(p(100, 5), CapacityPool::Low);
+        assert_eq!(p(99, 5), CapacityPool::Emergency);
+        assert_eq!(p(100, 4), CapacityPool::Emergency);
+        assert_eq!(p(u64::MAX, 4), CapacityPool::Emergency);
+        assert_eq!(p(99, u64::MAX), CapacityPool::Emergency);
+        assert_eq!(p(0, 0), CapacityPool::Emergency);
+
+        // The defaults: 1 GiB / 256 MiB, 10 000 / 1 000 inodes.
+        let d = CapacityLimits::default();
+        assert_eq!(d, CapacityLimits::DEFAULT);
+        assert_eq!(capacity_pool(&cap(1 << 30, 10_000), &d), CapacityPool::Normal);
+        assert_eq!(capacity_pool(&cap((1 << 30) - 1, 10_000), &d), CapacityPool::Low);
+        assert_eq!(capacity_pool(&cap(1 << 30, 9_999), &d), CapacityPool::Low);
+        assert_eq!(capacity_pool(&cap(256 << 20, 1_000), &d), CapacityPool::Low);
+        assert_eq!(capacity_pool(&cap((256 << 20) - 1, 1_000), &d), CapacityPool::Emergency);
+        assert_eq!(capacity_pool(&cap(256 << 20, 999), &d), CapacityPool::Emergency);
+
+        // Zero limits: every target that reported anything is normal.
+        let zero = CapacityLimits {
+            space_low_limit_bytes: 0,
+            space_emergency_limit_bytes: 0,
+            inodes_low_limit: 0,
+            inodes_emergency_limit: 0,
+        };
+        assert_eq!(capacity_pool(&cap(0, 0), &zero), CapacityPool::Normal);
+    }
+
+    #[test]
+    fn unknown_capacity_is_emergency() {
+        let l = CapacityLimits::DEFAULT;
+        assert_eq!(capacity_pool(&Capacity::default(), &l), CapacityPool::Emergency);
+        // Whatever else it says: without a size nothing is known.
+        let c = Capacity { total_bytes: 0, free_bytes: u64::MAX, total_inodes: u64::MAX, free_inodes: u64::MAX };
+        assert_eq!(capacity_pool(&c, &l), CapacityPool::Emergency);
+        let zero = CapacityLimits {
+            space_low_limit_bytes: 0,
+            space_emergency_limit_bytes: 0,
+            inodes_low_limit: 0,
+            inodes_emergency_limit: 0,
+        };
+        assert_eq!(capacity_pool(&Capacity::default(), &zero), CapacityPool::Emergency);
+    }
+
+    #[test]
+    fn file_system_without_inode_count_is_classified_by_space() {
+        // btrfs reports f_files = f_ffree = 0.
+        let l = CapacityLimits::DEFAULT;
+        let c = |free_bytes| Capacity { total_bytes: 1 << 40, free_bytes, total_inodes: 0, free_inodes: 0 };
+        assert_eq!(capacity_pool(&c(1 << 30), &l), CapacityPool::Normal);
+        assert_eq!(capacity_pool(&c((1 << 30) - 1), &l), CapacityPool::Low);
+        assert_eq!(capacity_pool(&c((256 << 20) - 1), &l), CapacityPool::Emergency);
+        // A file system that counts inodes and has none left is full.
+        let full = Capacity { total_bytes: 1 << 40, free_bytes: 1 << 40, total_inodes: 100, free_inodes: 0 };
+        assert_eq!(capacity_pool(&full, &l), CapacityPool::Emergency);
+    }
+
+    #[test]
+    fn capacity_limits_validation() {
+        assert_eq!(CapacityLimits::DEFAULT.validate(), Ok(()));
+        let equal = CapacityLimits {
+            space_low_limit_bytes: 7,
+            space_emergency_limit_bytes: 7,
+            inodes_low_limit: 3,
+            inodes_emergency_limit: 3,
+        };
+        assert_eq!(equal.validate(), Ok(()));
+        let e = CapacityLimits { space_emergency_limit_bytes: 8, ..equal }.validate().unwrap_err();
+        assert_eq!(e, "need space_emergency_limit_bytes (8) <= space_low_limit_bytes (7)");
+        let e = CapacityLimits { inodes_emergency_limit: 4, ..equal }.validate().unwrap_err();
+        assert_eq!(e, "need inodes_emergency_limit (4) <= inodes_low_limit (3)");
+
+        let d = tempfile::tempdir().unwrap();
+        let bad = CapacityLimits { inodes_emergency_limit: 4, ..equal };
+        let e = Mgmt::open(d.path(), T, bad, Instant::now()).err().expect("bad limits refused");
+        assert!(matches!(e, MgmtError::Config(_)) && e.to_string().contains("inodes_emergency_limit"), "{e}");
+    }
+
+    fn reg_target(m: &mut Mgmt, node: NodeId, uuid: &str, now: Instant) -> (TargetId, PoolId) {
+        match m.handle(Request::RegisterTarget { node, uuid: uuid.into() }, now).unwrap() {
+            Reply::TargetRegistered { target, pool } => (target, pool),
+            r => panic!("{r:?}"),
+        }
+    }
+
+    fn create_pool(m: &mut Mgmt, name: &str) -> Result<PoolId, FsError> {
+        match m.handle(Request::CreatePool { name: name.into() }, Instant::now())? {
+            Reply::PoolCreated { pool } => Ok(pool),
+            r => panic!("{r:?}"),
+        }
+    }
+
+    fn move_target(m: &mut Mgmt, target: u32, pool: u16) -> Result<Reply, FsError> {
+        m.handle(Request::MoveTargetToPool { target: TargetId(target), pool: PoolId(pool) }, Instant::now())
+    }
+
+    fn pools(m: &mut Mgmt) -> Vec<(u16, String, Vec<u32>)> {
+        match m.handle(Request::ListPools, Instant::now()).unwrap() {
+            Reply::Pools(ps) => {
+                ps.into_iter().map(|p| (p.id.0, p.name, p.targets.iter().map(|t| t.0).collect())).collect()
+            }
+            r => panic!("{r:?}"),
+        }
+    }
+
+    fn pool(id: u16, name: &str, targets: &[u32]) -> (u16, String, Vec<u32>) {
+        (id, name.to_string(), targets.to_vec())
+    }
+
+    #[test]
+    fn storage_pools_create_move_list() {
+        let d = tempfile::tempdir().unwrap();
+        let t0 = Instant::now();
+        let mut m = Mgmt::open(d.path(), T, L, t0).unwrap();
+        assert_eq!(pools(&mut m), vec![pool(1, "default", &[])]);
+        let s1 = reg_node(&mut m, NodeType::Storage, "s1", t0);
+        let s2 = reg_node(&mut m, NodeType::Storage, "s2", t0);
+        for (node, uuid) in [(s1, "t1"), (s2, "t2"), (s1, "t3"), (s2, "t4")] {
+            assert_eq!(reg_target(&mut m, node, uuid, t0).1, PoolId::DEFAULT);
+        }
+        assert_eq!(create_pool(&mut m, "ssd"), Ok(PoolId(2)));
+        assert_eq!(create_pool(&mut m, "hdd"), Ok(PoolId(3)));
+        let e = create_pool(&mut m, "ssd").unwrap_err();
+        assert_eq!((e.code, e.message.as_str()), (ErrorCode::Exists, "storage pool \"ssd\" already exists (id 2)"));
+        let e = create_pool(&mut m, "s s d").unwrap_err();
+        assert_eq!(e.code, ErrorCode::Invalid);
+        assert!(e.message.contains("\"s s d\"") && e.message.contains("A-Z, a-z, 0-9"), "{e}");
+
+        // Moved in an order that is not the id order: listed by id anyway.
+        assert_eq!(move_target(&mut m, 4, 2), Ok(Reply::Ok));
+        assert_eq!(move_target(&mut m, 1, 2), Ok(Reply::Ok));
+        assert_eq!(move_target(&mut m, 3, 3), Ok(Reply::Ok));
+        assert_eq!(move_target(&mut m, 3, 3), Ok(Reply::Ok));
+        let e = move_target(&mut m, 9, 2).unwrap_err();
+        assert_eq!((e.code, e.message.as_str()), (ErrorCode::NotFound, "storage target 9 is not registered"));
+        let e = move_target(&mut m, 1, 7).unwrap_err();
+        assert_eq!((e.code, e.message.as_str()), (ErrorCode::NotFound, "storage pool 7 does not exist"));
+        let want = vec![pool(1, "default", &[2]), pool(2, "ssd", &[1, 4]), pool(3, "hdd", &[3])];
+        assert_eq!(pools(&mut m), want);
+
+        // Re-registration answers with the pool the target was moved to.
+        assert_eq!(reg_target(&mut m, s2, "t4", t0), (TargetId(4), PoolId(2)));
+        assert_eq!(reg_target(&mut m, s1, "t5", t0), (TargetId(5), PoolId::DEFAULT));
+        let ts = m.list_targets(t0);
+        assert_eq!(ts.iter().map(|t| (t.id.0, t.pool.0)).collect::<Vec<_>>(), [(1, 2), (2, 1), (3, 3), (4, 2), (5, 1)]);
+    }
+
+    #[test]
+    fn storage_pools_survive_restart() {
+        let d = tempfile::tempdir().unwrap();
+        let t0 = Instant::now();
+        let mut m = Mgmt::open(d.path(), T, L, t0).unwrap();
+        let s = reg_node(&mut m, NodeType::Storage, "s", t0);
+        reg_target(&mut m, s, "t1", t0);
+        reg_target(&mut m, s, "t2", t0);
+        assert_eq!(create_pool(&mut m, "ssd"), Ok(PoolId(2)));
+        assert_eq!(create_pool(&mut m, "hdd"), Ok(PoolId(3)));
+        move_target(&mut m, 2, 3).unwrap();
+        let before = pools(&mut m);
+        let reg = m.registry().clone();
+        drop(m);
+
+        let mut m = Mgmt::open(d.path(), T, L, t0).unwrap();
+        assert_eq!(m.registry(), &reg);
+        assert_eq!(pools(&mut m), before);
+        assert_eq!(reg_target(&mut m, s, "t2", t0), (TargetId(2), PoolId(3)));
+        // Ids continue after the last one handed out.
+        assert_eq!(create_pool(&mut m, "nvme"), Ok(PoolId(4)));
+        let e = create_pool(&mut m, "hdd").unwrap_err();
+        assert_eq!(e.message, "storage pool \"hdd\" already exists (id 3)");
+    }
+
+    #[test]
+    fn registry_without_pools_loads_into_the_default_pool() {
+        let d = tempfile::tempdir().unwrap();
+        let old = "format_version = 1\n\n[next_ids]\nmeta = 1\nstorage = 2\nclient = 1\ntarget = 2\n\n\
+                   [[nodes]]\nnode_type = \"Storage\"\nid = 1\nuuid = \"s\"\naddr = \"a:1\"\nhostname = \"h\"\n\n\
+                   [[targets]]\nid = 1\nuuid = \"t\"\nnode = 1\npool = 1\n";
+        std::fs::write(d.path().join(REGISTRY_FILE), old).unwrap();
+        let t0 = Instant::now();
+        let mut m = Mgmt::open(d.path(), T, L, t0).unwrap();
+        assert_eq!(pools(&mut m), vec![pool(1, "default", &[1])]);
+        assert_eq!(create_pool(&mut m, "ssd"), Ok(PoolId(2)));
+        move_target(&mut m, 1, 2).unwrap();
+        drop(m);
+        let mut m = Mgmt::open(d.path(), T, L, t0).unwrap();
+        assert_eq!(pools(&mut m), vec![pool(1, "default", &[]), pool(2, "ssd", &[1])]);
+    }
+
+    #[test]
+    fn registry_with_a_target_in_a_missing_pool_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let text = "format_version = 1\n\n[next_ids]\nmeta = 1\nstorage = 2\nclient = 1\ntarget = 2\n\n\
+                    [[nodes]]\nnode_type = \"Storage\"\nid = 1\nuuid = \"s\"\naddr = \"a:1\"\nhostname = \"h\"\n\n\
+                    [[targets]]\nid = 1\nuuid = \"t\"\nnode = 1\npool = 2\n";
+        std::fs::write(d.path().join(REGISTRY_FILE), text).unwrap();
+        let e = Mgmt::open(d.path(), T, L, Instant::now()).err().expect("refused");
+        let msg = e.to_string();
+        assert!(matches!(e, MgmtError::CorruptRegistry { .. }), "{msg}");
+        assert!(msg.contains("target 1 is in storage pool 2, which does not exist"), "{msg}");
+    }
+
+    #[test]
+    fn failed_pool_persist_changes_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let t0 = Instant::now();
+        let mut m = Mgmt::open(d.path(), T, L, t0).unwrap();
+        let s = reg_node(&mut m, NodeType::Storage, "s", t0);
+        reg_target(&mut m, s, "t1", t0);
+        assert_eq!(create_pool(&mut m, "ssd"), Ok(PoolId(2)));
+        let tmp = d.path().join(".registry.toml.tmp");
+        std::fs::create_dir(&tmp).unwrap();
+        assert_eq!(create_pool(&mut m, "hdd").unwrap_err().code, ErrorCode::Io);
+        assert_eq!(move_target(&mut m, 1, 2).unwrap_err().code, ErrorCode::Io);
+        // A move that changes nothing writes nothing, so it cannot fail.
+        assert_eq!(move_target(&mut m, 1, 1), Ok(Reply::Ok));
+        assert_eq!(pools(&mut m), vec![pool(1, "default", &[1]), pool(2, "ssd", &[])]);
+        std::fs::remove_dir(&tmp).unwrap();
+        assert_eq!(create_pool(&mut m, "hdd"), Ok(PoolId(3)));
+    }
+
+    #[test]
+    fn listed_targets_carry_their_capacity_pool() {
+        let d = tempfile::tempdir().unwrap();
+        let t0 = Instant::now();
+        let limits = CapacityLimits {
+            space_low_limit_bytes: 1_000,
+            space_emergency_limit_bytes: 100,
+            inodes_low_limit: 50,
+            inodes_emergency_limit: 5,
+        };
+        let mut m = Mgmt::open(d.path(), T, limits, t0).unwrap();
+        let s = reg_node(&mut m, NodeType::Storage, "s", t0);
+        for uuid in ["t1", "t2", "t3", "t4"] {
+            reg_target(&mut m, s, uuid, t0);
+        }
+        // Registered, capacity not reported yet: emergency.
+        assert!(m.list_targets(t0).iter().all(|t| t.capacity_pool == CapacityPool::Emergency));
+        let c = |free_bytes, free_inodes| Capacity { total_bytes: 10_000, free_bytes, total_inodes: 100, free_inodes };
+        let report = [(1, c(1_000, 50)), (2, c(999, 50)), (3, c(1_000, 4))];
+        let hb = Request::Heartbeat {
+            node_type: NodeType::Storage,
+            node: s,
+            targets: report.iter().map(|&(t, capacity)| TargetCapacity { target: TargetId(t), capacity }).collect(),
+            meta: None,
+        };
+        m.handle(hb, t0).unwrap();
+        let got: Vec<_> = m.list_targets(t0).iter().map(|t| (t.id.0, t.capacity_pool)).collect();
+        assert_eq!(
+            got,
+            [
+                (1, CapacityPool::Normal),
+                (2, CapacityPool::Low),
+                (3, CapacityPool::Emergency),
+                (4, CapacityPool::Emergency)
+            ]
+        );
     }
 }
