@@ -36,8 +36,9 @@ pub struct Conn {
 pub enum EntryCmd {
     /// Show an entry's id, owner metadata node and stripe pattern.
     Info {
-        /// A path inside a mounted HiveFS.
-        path: PathBuf,
+        /// Paths inside a mounted HiveFS (with several, --json prints an array).
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
@@ -73,9 +74,9 @@ pub enum PatternCmd {
     },
 }
 
-struct Resolved {
-    mgmtd: String,
-    secret: Option<Secret>,
+pub(crate) struct Resolved {
+    pub mgmtd: String,
+    pub secret: Option<Secret>,
 }
 
 fn load_secret_opt(p: Option<&Path>) -> Result<Option<Secret>> {
@@ -91,7 +92,7 @@ fn from_mount(mnt: &Path) -> Result<Resolved> {
     Ok(Resolved { mgmtd: r.mgmtd, secret: load_secret_opt(r.secret_file.as_deref())? })
 }
 
-fn resolve(c: &Conn) -> Result<Resolved> {
+pub(crate) fn resolve(c: &Conn) -> Result<Resolved> {
     match (&c.mount, &c.mgmtd) {
         (Some(m), _) => from_mount(m),
         (None, Some(addr)) => Ok(Resolved { mgmtd: addr.clone(), secret: load_secret_opt(c.secret_file.as_deref())? }),
@@ -121,7 +122,7 @@ fn locate(path: &Path) -> Result<(PathBuf, String)> {
     Ok((m, rel))
 }
 
-fn rt() -> Result<tokio::runtime::Runtime> {
+pub(crate) fn rt() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
 }
 
@@ -182,11 +183,12 @@ pub fn targets(c: Conn) -> Result<()> {
             serde_json::to_string_pretty(
                 &ts.iter()
                     .map(|t| serde_json::json!({
-                        "id": t.id.0, "node": t.node.0, "pool": t.pool.0,
-                        "total_bytes": t.capacity.total_bytes, "free_bytes": t.capacity.free_bytes,
-                        "total_inodes": t.capacity.total_inodes, "free_inodes": t.capacity.free_inodes,
-                        "state": t.reachability.as_str(), "last_seen_ms": t.last_seen_ms,
-                    }))
+                                "id": t.id.0, "node": t.node.0, "pool": t.pool.0,
+                                "total_bytes": t.capacity.total_bytes, "free_bytes": t.capacity.free_bytes,
+                                "total_inodes": t.capacity.total_inodes, "free_inodes": t.capacity.free_inodes,
+                                "state": t.reachability.as_str(), "last_seen_ms": t.last_seen_ms,
+                    "capacity_pool": t.capacity_pool.as_str(),
+                            }))
                     .collect::<Vec<_>>()
             )?
         );
@@ -201,11 +203,12 @@ pub fn targets(c: Conn) -> Result<()> {
                 t.pool.to_string(),
                 human(t.capacity.free_bytes),
                 human(t.capacity.total_bytes),
+                t.capacity_pool.as_str().into(),
                 t.reachability.as_str().into(),
             ]
         })
         .collect();
-    print_table(&["TARGET", "NODE", "POOL", "FREE", "TOTAL", "STATE"], &rows);
+    print_table(&["TARGET", "NODE", "POOL", "FREE", "TOTAL", "CAPACITY", "STATE"], &rows);
     Ok(())
 }
 
@@ -220,6 +223,37 @@ struct EntryInfo {
     stripe_count: Option<usize>,
     targets: Option<Vec<u32>>,
     dir_pattern: Option<PatternInfo>,
+    /// Stripe targets per storage server, and the (min,max) over all storage servers.
+    allocation: Option<Allocation>,
+}
+
+#[derive(Serialize)]
+struct Allocation {
+    per_server: std::collections::BTreeMap<u32, usize>,
+    min: usize,
+    max: usize,
+}
+
+impl Allocation {
+    /// The seed paper's notation: `(min,max)` of stripe targets per server.
+    fn notation(&self) -> String {
+        format!("({},{})", self.min, self.max)
+    }
+}
+
+/// Counts a file's stripe targets on every storage server of the cluster
+/// (servers without any of them count 0).
+fn allocation(view: &hivefs_cluster::ClusterView, targets: &[hivefs_types::TargetId]) -> Allocation {
+    let mut per_server: std::collections::BTreeMap<u32, usize> =
+        view.nodes.keys().filter(|(t, _)| *t == hivefs_types::NodeType::Storage).map(|(_, id)| (id.0, 0)).collect();
+    for t in targets {
+        if let Some(info) = view.targets.get(t) {
+            *per_server.entry(info.node.0).or_default() += 1;
+        }
+    }
+    let min = per_server.values().copied().min().unwrap_or(0);
+    let max = per_server.values().copied().max().unwrap_or(0);
+    Allocation { per_server, min, max }
 }
 
 #[derive(Serialize)]
@@ -247,42 +281,74 @@ async fn resolve_path(path: &Path) -> Result<(Arc<Client>, String, EntryAttr)> {
 }
 
 pub fn entry(cmd: EntryCmd) -> Result<()> {
-    let EntryCmd::Info { path, json } = cmd;
-    let (_, rel, a) = rt()?.block_on(resolve_path(&path))?;
-    let info = EntryInfo {
-        path: format!("/{rel}"),
-        entry_id: a.id.to_string(),
-        kind: format!("{:?}", a.kind).to_lowercase(),
-        owner_meta_node: a.owner.0,
-        size: a.size,
-        chunk_size: a.pattern.as_ref().map(|p| p.chunk_size),
-        stripe_count: a.pattern.as_ref().map(|p| p.targets.len()),
-        targets: a.pattern.as_ref().map(|p| p.targets.iter().map(|t| t.0).collect()),
-        dir_pattern: a.dir_pattern.as_ref().map(pattern_info),
-    };
+    let EntryCmd::Info { paths, json } = cmd;
+    let infos = rt()?.block_on(async {
+        let mut infos = Vec::with_capacity(paths.len());
+        let mut clients: std::collections::HashMap<PathBuf, Arc<Client>> = std::collections::HashMap::new();
+        for path in &paths {
+            let (m, rel) = locate(path)?;
+            let c = match clients.get(&m) {
+                Some(c) => c.clone(),
+                None => {
+                    let c = client_for(&m).await?;
+                    c.cluster().refresh().await.map_err(|e| anyhow!("{e}"))?;
+                    clients.insert(m.clone(), c.clone());
+                    c
+                }
+            };
+            let a = c.resolve(&rel).await.map_err(|e| anyhow!("{}: {e}", path.display()))?;
+            let view = c.cluster().view();
+            infos.push(EntryInfo {
+                path: format!("/{rel}"),
+                entry_id: a.id.to_string(),
+                kind: format!("{:?}", a.kind).to_lowercase(),
+                owner_meta_node: a.owner.0,
+                size: a.size,
+                chunk_size: a.pattern.as_ref().map(|p| p.chunk_size),
+                stripe_count: a.pattern.as_ref().map(|p| p.targets.len()),
+                targets: a.pattern.as_ref().map(|p| p.targets.iter().map(|t| t.0).collect()),
+                dir_pattern: a.dir_pattern.as_ref().map(pattern_info),
+                allocation: a.pattern.as_ref().map(|p| allocation(&view, &p.targets)),
+            });
+        }
+        Ok::<_, anyhow::Error>(infos)
+    })?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&info)?);
+        if infos.len() == 1 {
+            println!("{}", serde_json::to_string_pretty(&infos[0])?);
+        } else {
+            println!("{}", serde_json::to_string_pretty(&infos)?);
+        }
         return Ok(());
     }
-    println!("Path:          {}", info.path);
-    println!("Entry ID:      {}", info.entry_id);
-    println!("Type:          {}", info.kind);
-    println!("Metadata node: {}", info.owner_meta_node);
-    if let Some(p) = &a.pattern {
-        println!("Size:          {}", a.size);
-        println!("Pattern:       RAID0, chunk size {}", human(u64::from(p.chunk_size)));
-        println!("Stripe count:  {}", p.targets.len());
-        let t: Vec<String> = p.targets.iter().map(|t| t.to_string()).collect();
-        println!("Targets:       {}", t.join(", "));
-    }
-    if let Some(d) = &info.dir_pattern {
-        println!(
-            "Stripe for new files: chunk size {}, stripe count {}, pool {}, chooser {}",
-            human(u64::from(d.chunk_size)),
-            d.stripe_count,
-            d.pool,
-            d.chooser
-        );
+    for (i, info) in infos.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        println!("Path:          {}", info.path);
+        println!("Entry ID:      {}", info.entry_id);
+        println!("Type:          {}", info.kind);
+        println!("Metadata node: {}", info.owner_meta_node);
+        if let (Some(cs), Some(targets)) = (info.chunk_size, &info.targets) {
+            println!("Size:          {}", info.size);
+            println!("Pattern:       RAID0, chunk size {}", human(u64::from(cs)));
+            println!("Stripe count:  {}", targets.len());
+            let t: Vec<String> = targets.iter().map(|t| t.to_string()).collect();
+            println!("Targets:       {}", t.join(", "));
+        }
+        if let Some(al) = &info.allocation {
+            let per: Vec<String> = al.per_server.iter().map(|(n, c)| format!("node {n}: {c}")).collect();
+            println!("Allocation:    {} — targets per storage server: {}", al.notation(), per.join(", "));
+        }
+        if let Some(d) = &info.dir_pattern {
+            println!(
+                "Stripe for new files: chunk size {}, stripe count {}, pool {}, chooser {}",
+                human(u64::from(d.chunk_size)),
+                d.stripe_count,
+                d.pool,
+                d.chooser
+            );
+        }
     }
     Ok(())
 }

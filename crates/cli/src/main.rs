@@ -3,6 +3,7 @@
 //! libraries; it holds no file-system logic of its own.
 
 mod admin;
+mod pools;
 mod services;
 mod up;
 mod util;
@@ -42,6 +43,11 @@ enum Cmd {
     /// Stripe pattern of directories.
     #[command(subcommand)]
     Pattern(admin::PatternCmd),
+    /// Storage pools: named sets of targets that directories stripe over.
+    #[command(subcommand)]
+    Pool(pools::PoolCmd),
+    /// Space and inodes of every metadata node and storage target, with capacity pools and totals per storage pool.
+    Df(admin::Conn),
 }
 
 fn main() {
@@ -58,6 +64,8 @@ fn main() {
         Cmd::Targets(c) => admin::targets(c),
         Cmd::Entry(c) => admin::entry(c),
         Cmd::Pattern(c) => admin::pattern(c),
+        Cmd::Pool(c) => pools::pool(c),
+        Cmd::Df(c) => pools::df(c),
     };
     if let Err(e) = r {
         eprintln!("hivefs: {e:#}");

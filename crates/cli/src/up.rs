@@ -2,8 +2,11 @@
 //!
 //! `up` keeps everything under one directory: `fs.toml` (the layout, fixed at
 //! the first `up`), the shared secret, and one sub-directory per service with
-//! its config, data, log and pid file. Running `up` again starts only what is
-//! not running and brings back the same file system.
+//! its data, log and pid file. A service started by `up` reads
+//! `<dir>/<service>/<role>.toml` (e.g. `mgmtd/mgmtd.toml`, `meta1/meta.toml`)
+//! when it exists; flags given by `up` (addresses, data dirs) take precedence.
+//! Running `up` again starts only what is not running and brings back the
+//! same file system.
 
 use crate::services::mount_record_path;
 use crate::util::{absolute, is_mounted, parse_size, pid_alive, print_table, read_pid};
@@ -259,6 +262,11 @@ pub fn up(a: UpArgs) -> Result<()> {
         if role != "mgmtd" {
             args.extend(["--mgmtd".into(), mgmtd.clone()]);
         }
+        // An administrator's settings for this service (e.g. mgmtd's capacity limits).
+        let cfg_file = sdir.join(format!("{role}.toml"));
+        if cfg_file.exists() {
+            args.extend(["--config".into(), cfg_file.display().to_string()]);
+        }
         if role == "storage" {
             args.extend(["--fs-uuid".into(), layout.fs_uuid.clone()]);
             for t in 1..=layout.targets_per_storage {
@@ -305,7 +313,8 @@ pub fn up(a: UpArgs) -> Result<()> {
             |t: NodeType| nodes.iter().filter(|n| n.node_type == t && n.reachability == Reachability::Online).count();
         Ok(online(NodeType::Meta) >= layout.meta as usize
             && online(NodeType::Storage) >= layout.storage as usize
-            && targets.iter().filter(|t| t.reachability == Reachability::Online).count() >= want_targets)
+            && targets.iter().filter(|t| t.reachability == Reachability::Online && t.capacity.total_bytes > 0).count()
+                >= want_targets)
     })?;
 
     let client_opts = Options::new(mgmtd.clone(), ccfg.secret.clone());

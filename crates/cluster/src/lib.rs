@@ -7,9 +7,9 @@
 //! this crate only reads.
 
 use hivefs_net::{Pool, Pools};
-use hivefs_proto::{Capacity, NodeInfo, Reply, Request, TargetCapacity, TargetInfo};
+use hivefs_proto::{Capacity, NodeInfo, PoolInfo, Reply, Request, TargetCapacity, TargetInfo};
 use hivefs_types::error::{ErrorCode, FsError};
-use hivefs_types::ids::{NodeId, NodeType, TargetId};
+use hivefs_types::ids::{NodeId, NodeType, PoolId, TargetId};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
@@ -132,7 +132,10 @@ where
 pub struct ClusterView {
     pub nodes: HashMap<(NodeType, NodeId), NodeInfo>,
     pub targets: HashMap<TargetId, TargetInfo>,
+    pub pools: HashMap<PoolId, PoolInfo>,
     pub root_owner: Option<NodeId>,
+    /// When this view was loaded (None for the empty initial view).
+    pub loaded_at: Option<std::time::Instant>,
 }
 
 /// The routing map plus the connection pools to reach everything in it.
@@ -160,7 +163,7 @@ impl Cluster {
         self.view.read().expect("view lock").clone()
     }
 
-    /// Reloads nodes, targets and the root owner from mgmtd.
+    /// Reloads nodes, targets, storage pools and the root owner from mgmtd.
     pub async fn refresh(&self) -> Result<Arc<ClusterView>, FsError> {
         let nodes = match self.mgmt.rpc(&Request::ListNodes { node_type: None }).await? {
             Reply::Nodes(n) => n,
@@ -174,10 +177,16 @@ impl Cluster {
             Reply::RootOwner(o) => o,
             r => return Err(FsError::new(ErrorCode::Protocol, format!("unexpected reply {r:?}"))),
         };
+        let pools = match self.mgmt.rpc(&Request::ListPools).await? {
+            Reply::Pools(p) => p,
+            r => return Err(FsError::new(ErrorCode::Protocol, format!("unexpected reply {r:?}"))),
+        };
         let v = Arc::new(ClusterView {
             nodes: nodes.into_iter().map(|n| ((n.node_type, n.id), n)).collect(),
             targets: targets.into_iter().map(|t| (t.id, t)).collect(),
+            pools: pools.into_iter().map(|p| (p.id, p)).collect(),
             root_owner,
+            loaded_at: Some(std::time::Instant::now()),
         });
         *self.view.write().expect("view lock") = v.clone();
         Ok(v)

@@ -119,9 +119,11 @@ pub enum MetaError {
 }
 
 /// The request handler: the namespace once registration is done.
-#[derive(Default)]
 struct MetaHandler {
     ns: RwLock<Option<Arc<Namespace>>>,
+    /// Refreshed on mgmtd's request even while the namespace is not ready,
+    /// so no change notification is lost during start-up.
+    cluster: Arc<Cluster>,
 }
 
 impl MetaHandler {
@@ -132,6 +134,9 @@ impl MetaHandler {
 
 impl Handler for MetaHandler {
     async fn handle(&self, req: Request, _payload: Vec<u8>, _peer: &Peer) -> (Response, Vec<u8>) {
+        if req == Request::RefreshView {
+            return (self.cluster.refresh().await.map(|_| Reply::Ok), Vec::new());
+        }
         let ns = self.ns.read().expect("handler lock").clone();
         let r = match ns {
             Some(ns) => ns.handle(req).await,
@@ -241,15 +246,15 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
         NodeIdentity::load_or_create(&dir).map_err(|source| MetaError::DataDir { path: dir.clone(), source })?;
     // Opened before binding: a second service on the same data dir fails here.
     let store = store::Store::open(&dir.join(DB_FILE), cfg.sync)?;
-    let handler = Arc::new(MetaHandler::default());
+    let pools = Pools::new(ClientConfig::new(secret.clone()));
+    let cluster = Cluster::new(&cfg.mgmtd, pools);
+    let handler = Arc::new(MetaHandler { ns: RwLock::new(None), cluster: cluster.clone() });
     let server = serve(&cfg.listen, ServerConfig::new(NodeType::Meta, secret.clone()), handler.clone())
         .await
         .map_err(|source| MetaError::Listen { addr: cfg.listen.clone(), source })?;
     let local_addr = server.local_addr;
     let advertise = cfg.advertise.clone().unwrap_or_else(|| default_advertise(local_addr));
 
-    let pools = Pools::new(ClientConfig::new(secret));
-    let cluster = Cluster::new(&cfg.mgmtd, pools);
     let setup = async {
         let node = register_node(&cluster.mgmt(), NodeType::Meta, &dir, &mut identity, &advertise, MGMTD_DEADLINE)
             .await

@@ -329,11 +329,15 @@ impl Namespace {
             }
             Request::ListXattr { id } => self.listxattr(id).map(Reply::XattrNames),
             Request::RemoveXattr { id, name } => self.submit(Mutation::RemoveXattr { id, name }).await,
-            Request::SetDirPattern { id, pattern } => self.submit(Mutation::SetDirPattern { id, pattern }).await,
+            Request::SetDirPattern { id, pattern } => {
+                self.targets.check_pool(pattern.pool).await?;
+                self.submit(Mutation::SetDirPattern { id, pattern }).await
+            }
             Request::Open { id, write: _ } => entry(self.open_file(id)),
             Request::Release { id, write: _ } => self.release(id).await.map(|()| Reply::Ok),
             Request::UpdateSize { id, size, mtime } => self.submit(Mutation::UpdateSize { id, size, mtime }).await,
             Request::MetaStat => self.meta_stat(),
+            Request::RefreshView => self.targets.refresh().await.map(|()| Reply::Ok),
             other => Err(fs_err!(
                 NotSupported,
                 "{} is not served by a metadata node (node {})",

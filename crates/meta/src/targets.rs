@@ -6,7 +6,7 @@
 //! decide policy: reachability comes from mgmtd, choice from `chooser`.
 
 use hivefs_cluster::Cluster;
-use hivefs_proto::{Capacity, Reachability, Request};
+use hivefs_proto::{Capacity, CapacityPool, Reachability, Request};
 use hivefs_types::error::FsResult;
 use hivefs_types::ids::{EntryId, NodeId, PoolId, TargetId};
 use std::future::Future;
@@ -17,39 +17,97 @@ use std::sync::Arc;
 pub type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 pub trait DataTargets: Send + Sync + 'static {
-    /// Online targets of `pool`: `(target, server, free bytes)`.
+    /// Online targets of `pool` in the normal capacity pool: `(target, server, free bytes)`.
     fn candidates(&self, pool: PoolId) -> Vec<(TargetId, NodeId, u64)>;
+    /// Online targets of `pool` in the low capacity pool, used only when the
+    /// normal ones cannot fill a stripe.
+    fn low_candidates(&self, _pool: PoolId) -> Vec<(TargetId, NodeId, u64)> {
+        Vec::new()
+    }
+    /// Reloads the view of targets and pools now (mgmtd says they changed).
+    fn refresh(&self) -> BoxFut<FsResult<()>> {
+        Box::pin(async { Ok(()) })
+    }
+    /// Fails unless storage pool `pool` exists.
+    fn check_pool(&self, _pool: PoolId) -> BoxFut<FsResult<()>> {
+        Box::pin(async { Ok(()) })
+    }
     /// Sets the length of `entry`'s chunk file on `target`.
     fn truncate_chunk(&self, target: TargetId, entry: EntryId, len: u64) -> BoxFut<FsResult<()>>;
     /// Deletes `entry`'s chunk file on `target`; a missing file is success.
     fn unlink_chunk(&self, target: TargetId, entry: EntryId) -> BoxFut<FsResult<()>>;
-    /// Makes sure the view of targets is current when it offers none at all
-    /// (right after start, before the periodic refresh has seen new targets).
+    /// Makes sure the view of targets is current when it offers no usable one,
+    /// or when some target was unusable at the last look (right after start,
+    /// before the periodic refresh has seen new targets or their first
+    /// capacity report; or a target that came back).
     fn refresh_if_empty(&self) -> BoxFut<()> {
         Box::pin(async {})
     }
 }
+
+/// How old a view with unusable targets may get before a create looks again.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// [`DataTargets`] over the cluster view refreshed from mgmtd.
 pub struct ClusterTargets {
     pub cluster: Arc<Cluster>,
 }
 
-impl DataTargets for ClusterTargets {
-    fn candidates(&self, pool: PoolId) -> Vec<(TargetId, NodeId, u64)> {
+impl ClusterTargets {
+    fn online(&self, pool: PoolId, class: CapacityPool) -> Vec<(TargetId, NodeId, u64)> {
         self.cluster
             .view()
             .targets
             .values()
-            .filter(|t| t.pool == pool && t.reachability == Reachability::Online)
+            .filter(|t| t.pool == pool && t.reachability == Reachability::Online && t.capacity_pool == class)
             .map(|t| (t.id, t.node, t.capacity.free_bytes))
             .collect()
+    }
+}
+
+impl DataTargets for ClusterTargets {
+    fn candidates(&self, pool: PoolId) -> Vec<(TargetId, NodeId, u64)> {
+        self.online(pool, CapacityPool::Normal)
+    }
+
+    fn low_candidates(&self, pool: PoolId) -> Vec<(TargetId, NodeId, u64)> {
+        self.online(pool, CapacityPool::Low)
+    }
+
+    fn refresh(&self) -> BoxFut<FsResult<()>> {
+        let cluster = self.cluster.clone();
+        Box::pin(async move { cluster.refresh().await.map(|_| ()) })
+    }
+
+    fn check_pool(&self, pool: PoolId) -> BoxFut<FsResult<()>> {
+        let cluster = self.cluster.clone();
+        Box::pin(async move {
+            if cluster.view().pools.contains_key(&pool) {
+                return Ok(());
+            }
+            let v = cluster.refresh().await?;
+            if v.pools.contains_key(&pool) {
+                Ok(())
+            } else {
+                Err(hivefs_types::fs_err!(NotFound, "storage pool {pool} does not exist"))
+            }
+        })
     }
 
     fn refresh_if_empty(&self) -> BoxFut<()> {
         let cluster = self.cluster.clone();
         Box::pin(async move {
-            if !cluster.view().targets.values().any(|t| t.reachability == Reachability::Online) {
+            let view = cluster.view();
+            let usable = |t: &hivefs_proto::TargetInfo| {
+                t.reachability == Reachability::Online && t.capacity_pool != CapacityPool::Emergency
+            };
+            let none_usable = !view.targets.values().any(usable);
+            // A target that is not usable may have come back (or reported its
+            // first capacity) since the last refresh: look again, at most
+            // every STALE_AFTER, instead of waiting for the periodic refresh.
+            let some_unusable = view.targets.values().any(|t| !usable(t));
+            let old = view.loaded_at.is_none_or(|at| at.elapsed() > STALE_AFTER);
+            if none_usable || (some_unusable && old) {
                 if let Err(e) = cluster.refresh().await {
                     tracing::debug!("cluster view refresh failed: {e}");
                 }

@@ -1024,6 +1024,11 @@ mod service {
                     reachability: Reachability::Online,
                     capacity_pool: hivefs_proto::CapacityPool::Normal,
                 }])),
+                Request::ListPools => Ok(Reply::Pools(vec![hivefs_proto::PoolInfo {
+                    id: PoolId::DEFAULT,
+                    name: "default".into(),
+                    targets: vec![TargetId(21)],
+                }])),
                 Request::UnlinkChunk { target, entry } => {
                     self.unlinked.lock().unwrap().push((target, entry));
                     Ok(Reply::Ok)

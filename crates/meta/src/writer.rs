@@ -68,13 +68,29 @@ pub struct WriterState {
 }
 
 impl WriterState {
+    /// Chooses a new file's targets: from the normal capacity pool, and from
+    /// the low one only for the part of the stripe the normal pool cannot fill
+    /// (emergency targets are never offered).
     fn make_pattern(&mut self, dp: &DirPattern) -> FsResult<Pattern> {
-        let cands = self.targets.candidates(dp.pool);
-        if cands.is_empty() {
-            return Err(fs_err!(NoSpace, "no storage target of pool {} is online", dp.pool));
+        let normal = self.targets.candidates(dp.pool);
+        let low = self.targets.low_candidates(dp.pool);
+        if normal.is_empty() && low.is_empty() {
+            return Err(fs_err!(
+                NoSpace,
+                "no storage target of pool {} is online with free space (all are offline or in the emergency capacity pool)",
+                dp.pool
+            ));
         }
-        let want = if dp.stripe_count == 0 { cands.len() } else { dp.stripe_count as usize };
-        let targets = chooser::choose(dp.chooser, &cands, want, &mut self.rr, &mut self.rng);
+        let want = match dp.stripe_count {
+            0 if normal.is_empty() => low.len(),
+            0 => normal.len(),
+            n => n as usize,
+        };
+        let mut targets = chooser::choose(dp.chooser, &normal, want, &mut self.rr, &mut self.rng);
+        if targets.len() < want {
+            let more = chooser::choose(dp.chooser, &low, want - targets.len(), &mut self.rr, &mut self.rng);
+            targets.extend(more);
+        }
         assert!(!targets.is_empty(), "a chooser returns at least one target when there are candidates");
         Ok(Pattern { kind: PatternKind::Raid0, chunk_size: dp.chunk_size, targets })
     }

@@ -157,6 +157,36 @@ impl Drop for MgmtService {
 
 struct MgmtHandler {
     state: Arc<Mutex<Mgmt>>,
+    /// Connections to the metadata nodes, for change notifications.
+    pools: hivefs_net::Pools,
+}
+
+/// Time a change notification may take; a metadata node that does not answer
+/// by then picks the change up with its periodic refresh.
+const NOTIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl MgmtHandler {
+    /// Tells every online metadata node to reload its view (as BeeGFS's mgmtd
+    /// pushes target maps), and waits for them, bounded by [`NOTIFY_TIMEOUT`]:
+    /// a file created after a target registration is acknowledged can use it.
+    async fn notify_metas(&self) {
+        let addrs: Vec<String> = lock(&self.state)
+            .list_nodes(Some(NodeType::Meta), Instant::now())
+            .into_iter()
+            .filter(|n| n.reachability == hivefs_proto::Reachability::Online)
+            .map(|n| n.addr)
+            .collect();
+        let mut set = tokio::task::JoinSet::new();
+        for addr in addrs {
+            let pool = self.pools.get(&addr);
+            set.spawn(async move {
+                if let Err(e) = pool.rpc(&Request::RefreshView).await {
+                    tracing::debug!("metadata node {addr} did not take the view refresh: {e}");
+                }
+            });
+        }
+        let _ = tokio::time::timeout(NOTIFY_TIMEOUT, async { while set.join_next().await.is_some() {} }).await;
+    }
 }
 
 impl Handler for MgmtHandler {
@@ -167,10 +197,15 @@ impl Handler for MgmtHandler {
             | Request::RegisterTarget { .. }
             | Request::CreatePool { .. }
             | Request::MoveTargetToPool { .. } => {
+                let changes_targets = !matches!(req, Request::RegisterNode { .. });
                 let state = self.state.clone();
-                tokio::task::spawn_blocking(move || lock(&state).handle(req, Instant::now()))
+                let r = tokio::task::spawn_blocking(move || lock(&state).handle(req, Instant::now()))
                     .await
-                    .unwrap_or_else(|e| Err(fs_err!(Internal, "mgmtd registry task failed: {e}")))
+                    .unwrap_or_else(|e| Err(fs_err!(Internal, "mgmtd registry task failed: {e}")));
+                if changes_targets && r.is_ok() {
+                    self.notify_metas().await;
+                }
+                r
             }
             _ => lock(&self.state).handle(req, Instant::now()),
         };
@@ -198,7 +233,12 @@ pub async fn start(cfg: Config) -> Result<MgmtService, MgmtError> {
     let mgmt = tokio::task::spawn_blocking(move || Mgmt::open(&dir, timeouts, limits, Instant::now()))
         .await
         .map_err(|e| MgmtError::Config(format!("registry loader failed: {e}")))??;
-    let handler = Arc::new(MgmtHandler { state: Arc::new(Mutex::new(mgmt)) });
+    let mut ccfg = hivefs_net::ClientConfig::new(secret.clone());
+    ccfg.request_timeout = NOTIFY_TIMEOUT;
+    ccfg.connect_timeout = NOTIFY_TIMEOUT;
+    ccfg.retries = 0;
+    ccfg.conns_per_peer = 1;
+    let handler = Arc::new(MgmtHandler { state: Arc::new(Mutex::new(mgmt)), pools: hivefs_net::Pools::new(ccfg) });
     let server = serve(&cfg.listen, ServerConfig::new(NodeType::Mgmt, secret), handler)
         .await
         .map_err(|source| MgmtError::Listen { addr: cfg.listen.clone(), source })?;
@@ -312,7 +352,8 @@ mod tests {
             hostname: "h".into(),
         };
         assert_eq!(call_once(&addr, &cc, &reg).await.unwrap(), Reply::NodeRegistered { node: NodeId(1) });
-        let reg_t = |uuid: &str| Request::RegisterTarget { node: NodeId(1), uuid: uuid.into() };
+        let reg_t =
+            |uuid: &str| Request::RegisterTarget { node: NodeId(1), uuid: uuid.into(), capacity: Default::default() };
         for (i, uuid) in ["t1", "t2"].into_iter().enumerate() {
             let r = call_once(&addr, &cc, &reg_t(uuid)).await.unwrap();
             assert_eq!(r, Reply::TargetRegistered { target: TargetId(i as u32 + 1), pool: PoolId::DEFAULT });

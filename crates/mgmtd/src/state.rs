@@ -187,7 +187,7 @@ impl Mgmt {
                 live.last_seen = now;
                 Ok(Reply::NodeRegistered { node })
             }
-            Request::RegisterTarget { node, uuid } => {
+            Request::RegisterTarget { node, uuid, capacity } => {
                 let (target, pool) = self.mutate(|r| {
                     let (t, p, changed) = r.register_target(node, &uuid)?;
                     Ok(((t, p), changed))
@@ -196,6 +196,9 @@ impl Mgmt {
                 let live =
                     self.targets.entry(target).or_insert(TargetLive { last_seen: now, capacity: Capacity::default() });
                 live.last_seen = now;
+                if capacity.total_bytes > 0 {
+                    live.capacity = capacity;
+                }
                 Ok(Reply::TargetRegistered { target, pool })
             }
             Request::Heartbeat { node_type, node, targets, meta } => {
@@ -371,8 +374,12 @@ mod tests {
         let mut m = Mgmt::open(d.path(), T, L, t0).unwrap();
         let s = reg_node(&mut m, NodeType::Storage, "s", t0 + ms(1_000));
         let meta = reg_node(&mut m, NodeType::Meta, "m", t0 + ms(1_000));
-        let Reply::TargetRegistered { target, pool } =
-            m.handle(Request::RegisterTarget { node: s, uuid: "t".into() }, t0 + ms(1_000)).unwrap()
+        let Reply::TargetRegistered { target, pool } = m
+            .handle(
+                Request::RegisterTarget { node: s, uuid: "t".into(), capacity: Capacity::default() },
+                t0 + ms(1_000),
+            )
+            .unwrap()
         else {
             panic!()
         };
@@ -409,7 +416,7 @@ mod tests {
         let t0 = Instant::now();
         let mut m = Mgmt::open(d.path(), T, L, t0).unwrap();
         let s = reg_node(&mut m, NodeType::Storage, "s", t0);
-        m.handle(Request::RegisterTarget { node: s, uuid: "t".into() }, t0).unwrap();
+        m.handle(Request::RegisterTarget { node: s, uuid: "t".into(), capacity: Capacity::default() }, t0).unwrap();
         drop(m);
         // Restarted mgmtd: registry reloaded, nobody heard from yet.
         let t1 = t0 + ms(100_000);
@@ -604,7 +611,8 @@ mod tests {
     }
 
     fn reg_target(m: &mut Mgmt, node: NodeId, uuid: &str, now: Instant) -> (TargetId, PoolId) {
-        match m.handle(Request::RegisterTarget { node, uuid: uuid.into() }, now).unwrap() {
+        match m.handle(Request::RegisterTarget { node, uuid: uuid.into(), capacity: Capacity::default() }, now).unwrap()
+        {
             Reply::TargetRegistered { target, pool } => (target, pool),
             r => panic!("{r:?}"),
         }

@@ -151,10 +151,13 @@ pub enum Request {
         addr: String,
         hostname: String,
     },
-    /// Registers a storage target of a registered node (by the uuid in its `target.toml`).
+    /// Registers a storage target of a registered node (by the uuid in its
+    /// `target.toml`), with its current capacity so that it is classified
+    /// (capacity pool) from the moment it is known.
     RegisterTarget {
         node: NodeId,
         uuid: String,
+        capacity: Capacity,
     },
     Heartbeat {
         node_type: NodeType,
@@ -314,6 +317,9 @@ pub enum Request {
         pool: PoolId,
     },
     ListPools,
+    /// mgmtd → metadata nodes: targets or pools changed; reload the view
+    /// before answering, so new files can use them at once.
+    RefreshView,
 }
 
 impl Request {
@@ -344,6 +350,7 @@ impl Request {
                 | Request::FsyncChunk { .. }
                 | Request::MoveTargetToPool { .. }
                 | Request::ListPools
+                | Request::RefreshView
         )
     }
 }

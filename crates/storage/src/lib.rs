@@ -227,7 +227,11 @@ async fn register_targets(mgmt: &Pool, node: NodeId, opened: &mut [Opened]) -> R
             }
         }
         let mgmt_err = |source: FsError| StorageError::Mgmt { mgmtd: mgmt.addr().to_string(), source };
-        let assigned = match mgmt.rpc(&Request::RegisterTarget { node, uuid: t.file.uuid.clone() }).await {
+        // A target whose space cannot be read registers without capacity
+        // (mgmtd then keeps it in the emergency pool until a heartbeat says more).
+        let capacity = statvfs(&t.dir).unwrap_or_default();
+        let req = Request::RegisterTarget { node, uuid: t.file.uuid.clone(), capacity };
+        let assigned = match mgmt.rpc(&req).await {
             Ok(Reply::TargetRegistered { target, .. }) => target,
             Ok(other) => return Err(mgmt_err(fs_err!(Protocol, "unexpected reply to RegisterTarget: {other:?}"))),
             Err(e) => return Err(mgmt_err(e)),
@@ -396,7 +400,8 @@ impl Heartbeat {
         .await?;
         debug_assert_eq!(node, self.node, "register_node refuses a changed id");
         for (id, uuid, dir) in &self.targets {
-            match self.mgmt.rpc(&Request::RegisterTarget { node, uuid: uuid.clone() }).await? {
+            let capacity = statvfs(dir).unwrap_or_default();
+            match self.mgmt.rpc(&Request::RegisterTarget { node, uuid: uuid.clone(), capacity }).await? {
                 Reply::TargetRegistered { target, .. } if target == *id => {}
                 Reply::TargetRegistered { target, .. } => {
                     return Err(fs_err!(

@@ -30,15 +30,24 @@ pub struct TestFs {
     pub tmp: tempfile::TempDir,
     pub dir: PathBuf,
     pub mnt: PathBuf,
+    /// tmpfs mounts made for this file system (unmounted after `down`).
+    pub tmpfs: Vec<PathBuf>,
 }
 
 impl TestFs {
     /// `hivefs up` with extra arguments (e.g. `--storage 1`).
     pub fn up(extra: &[&str]) -> TestFs {
+        Self::up_with(extra, |_| {})
+    }
+
+    /// `hivefs up` after `prepare` ran on the (empty) file system directory.
+    pub fn up_with(extra: &[&str], prepare: impl FnOnce(&mut TestFs)) -> TestFs {
         let tmp = tempfile::Builder::new().prefix("hivefs-test-").tempdir().expect("tempdir");
         let dir = tmp.path().join("fs");
         let mnt = tmp.path().join("mnt");
-        let fs = TestFs { tmp, dir, mnt };
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut fs = TestFs { tmp, dir, mnt, tmpfs: Vec::new() };
+        prepare(&mut fs);
         let mut args = vec!["up", "--dir", fs.dir_s(), "--mount", fs.mnt_s()];
         args.extend_from_slice(extra);
         hivefs_ok(&args);
@@ -162,9 +171,23 @@ impl TestFs {
     }
 }
 
+impl TestFs {
+    /// Mounts a tmpfs of `size` (e.g. "64m") on `rel` under the file system directory.
+    pub fn mount_tmpfs(&mut self, rel: &str, size: &str) {
+        let p = self.dir.join(rel);
+        std::fs::create_dir_all(&p).unwrap();
+        let st = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(&p).status();
+        assert!(st.unwrap().success(), "mount tmpfs on {}", p.display());
+        self.tmpfs.push(p);
+    }
+}
+
 impl Drop for TestFs {
     fn drop(&mut self) {
         let _ = Command::new(hivefs_bin()).args(["down", "--force", "--dir", self.dir_s()]).output();
+        for p in self.tmpfs.drain(..) {
+            let _ = Command::new("umount").arg("-l").arg(&p).status();
+        }
     }
 }
 
