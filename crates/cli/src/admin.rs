@@ -194,21 +194,8 @@ pub fn targets(c: Conn) -> Result<()> {
         );
         return Ok(());
     }
-    let rows: Vec<Vec<String>> = ts
-        .iter()
-        .map(|t| {
-            vec![
-                t.id.to_string(),
-                t.node.to_string(),
-                t.pool.to_string(),
-                human(t.capacity.free_bytes),
-                human(t.capacity.total_bytes),
-                t.capacity_pool.as_str().into(),
-                t.reachability.as_str().into(),
-            ]
-        })
-        .collect();
-    print_table(&["TARGET", "NODE", "POOL", "FREE", "TOTAL", "CAPACITY", "STATE"], &rows);
+    let rows: Vec<Vec<String>> = ts.iter().map(crate::pools::target_row).collect();
+    print_table(&crate::pools::TARGET_HEADER, &rows);
     Ok(())
 }
 

@@ -215,23 +215,8 @@ pub fn df(conn: Conn) -> Result<()> {
     print_table(&["NODE", "FREE", "TOTAL", "FREE INODES", "INODES", "STATE"], &rows);
     println!();
     println!("STORAGE TARGETS");
-    let rows: Vec<Vec<String>> = targets
-        .iter()
-        .map(|t| {
-            vec![
-                t.id.to_string(),
-                t.node.to_string(),
-                t.pool.to_string(),
-                human(t.capacity.free_bytes),
-                human(t.capacity.total_bytes),
-                t.capacity.free_inodes.to_string(),
-                t.capacity.total_inodes.to_string(),
-                t.capacity_pool.as_str().into(),
-                t.reachability.as_str().into(),
-            ]
-        })
-        .collect();
-    print_table(&["TARGET", "NODE", "POOL", "FREE", "TOTAL", "FREE INODES", "INODES", "CAPACITY", "STATE"], &rows);
+    let rows: Vec<Vec<String>> = targets.iter().map(target_row).collect();
+    print_table(&TARGET_HEADER, &rows);
     println!();
     println!("POOLS");
     let rows: Vec<Vec<String>> = totals
@@ -249,4 +234,22 @@ pub fn df(conn: Conn) -> Result<()> {
         .collect();
     print_table(&["POOL", "TARGETS", "FREE", "TOTAL", "NORMAL/LOW/EMERGENCY", "NOT ONLINE"], &rows);
     Ok(())
+}
+
+pub const TARGET_HEADER: [&str; 9] =
+    ["TARGET", "NODE", "POOL", "FREE", "TOTAL", "FREE INODES", "INODES", "CAPACITY", "STATE"];
+
+/// One row of a target table (`hivefs targets`, `hivefs df`).
+pub fn target_row(t: &TargetInfo) -> Vec<String> {
+    vec![
+        t.id.to_string(),
+        t.node.to_string(),
+        t.pool.to_string(),
+        human(t.capacity.free_bytes),
+        human(t.capacity.total_bytes),
+        t.capacity.free_inodes.to_string(),
+        t.capacity.total_inodes.to_string(),
+        t.capacity_pool.as_str().into(),
+        t.reachability.as_str().into(),
+    ]
 }

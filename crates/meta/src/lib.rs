@@ -63,8 +63,9 @@ pub struct Config {
     pub mgmtd: String,
     /// Shared secret file; `None` disables authentication.
     pub secret_file: Option<PathBuf>,
-    /// fsync (via group commit) before acknowledging. With `false`, an
-    /// acknowledged operation still survives `kill -9`, not a power loss.
+    /// fsync (via group commit) before acknowledging. With `false` (the
+    /// default), an acknowledged operation survives `kill -9` of the service,
+    /// not a power loss — as file data that was not fsynced.
     pub sync: bool,
     pub heartbeat_interval_ms: u64,
     /// How often the cluster view (targets for new files) is refreshed.
@@ -79,7 +80,7 @@ impl Default for Config {
             advertise: None,
             mgmtd: "127.0.0.1:8008".into(),
             secret_file: None,
-            sync: true,
+            sync: false,
             heartbeat_interval_ms: 1000,
             target_refresh_ms: 2000,
         }

@@ -126,3 +126,20 @@ async fn malformed_frames_close_only_that_connection() {
     }
     assert!(good.rpc(&Request::Ping).await.is_ok(), "other peers keep being served");
 }
+
+/// Round-trip latency of one request at a time (a benchmark, not a test:
+/// `cargo test --release -p hivefs-net --test transport -- --ignored --nocapture`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn sequential_round_trip_latency() {
+    let addr = server(Some(secret())).await;
+    let p = Pool::new(addr, ClientConfig::new(Some(secret())));
+    p.rpc(&Request::Ping).await.unwrap();
+    let n = 20_000;
+    let start = std::time::Instant::now();
+    for _ in 0..n {
+        p.rpc(&Request::Ping).await.unwrap();
+    }
+    let per = start.elapsed() / n;
+    println!("sequential ping round trip: {per:?}");
+}
