@@ -16,7 +16,7 @@ use hivefs_client::{Client, Options};
 use hivefs_net::{call_once, ClientConfig};
 use hivefs_proto::{Reachability, Reply, Request};
 use hivefs_types::ids::NodeType;
-use hivefs_types::pattern::{validate_chunk_size, DirPattern};
+use hivefs_types::pattern::{validate_chunk_size, Chooser, DirPattern};
 use serde::{Deserialize, Serialize};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -46,6 +46,10 @@ pub struct UpArgs {
     /// Stripe count of the root directory (0 = all targets).
     #[arg(long)]
     pub stripe: Option<u32>,
+    /// Target chooser of the root directory, the file system's default (inherited by new
+    /// directories): random, roundrobin, randomized-roundrobin, balanced.
+    #[arg(long)]
+    pub chooser: Option<String>,
     /// Address the services bind to.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -86,6 +90,8 @@ pub struct Layout {
     pub targets_per_storage: u32,
     pub chunk_size: u32,
     pub stripe: u32,
+    #[serde(default)]
+    pub chooser: Chooser,
     pub mgmtd_port: u16,
     pub meta_ports: Vec<u16>,
     pub storage_ports: Vec<u16>,
@@ -161,6 +167,12 @@ fn layout_for(a: &UpArgs, dir: &Path) -> Result<Layout> {
     anyhow::ensure!((1..=64).contains(&tps), "--targets-per-storage must be 1 to 64");
     let cs = parse_size(a.chunk_size.as_deref().unwrap_or("512k"))?;
     let chunk_size = validate_chunk_size(cs).map_err(|e| anyhow!(e))?;
+    let chooser = match &a.chooser {
+        Some(c) => Chooser::parse(c).ok_or_else(|| {
+            anyhow!("unknown chooser {c:?}: use random, roundrobin, randomized-roundrobin or balanced")
+        })?,
+        None => Chooser::Balanced,
+    };
     let mut ports = Vec::new();
     for _ in 0..(1 + meta + storage) {
         ports.push(free_port(&a.host)?);
@@ -174,6 +186,7 @@ fn layout_for(a: &UpArgs, dir: &Path) -> Result<Layout> {
         targets_per_storage: tps,
         chunk_size,
         stripe: a.stripe.unwrap_or(0),
+        chooser,
         mgmtd_port: ports[0],
         meta_ports: ports[1..=meta as usize].to_vec(),
         storage_ports: ports[1 + meta as usize..].to_vec(),
@@ -321,8 +334,12 @@ pub fn up(a: UpArgs) -> Result<()> {
     if first_up {
         rt.block_on(async {
             let c = Client::connect(client_opts.clone()).await?;
-            let pat =
-                DirPattern { chunk_size: layout.chunk_size, stripe_count: layout.stripe, ..DirPattern::default() };
+            let pat = DirPattern {
+                chunk_size: layout.chunk_size,
+                stripe_count: layout.stripe,
+                chooser: layout.chooser,
+                ..DirPattern::default()
+            };
             // The root may take a moment to exist after its owner registered.
             let mut last = None;
             for _ in 0..100 {
@@ -378,13 +395,14 @@ pub fn up(a: UpArgs) -> Result<()> {
         println!("started: {}", started.join(", "));
     }
     println!(
-        "HiveFS is mounted on {}: {} storage targets, {} free of {}; root stripe: chunk {}, {}.",
+        "HiveFS is mounted on {}: {} storage targets, {} free of {}; root stripe: chunk {}, {}, chooser {}.",
         mnt.display(),
         want_targets,
         crate::util::human(st.storage.free_bytes),
         crate::util::human(st.storage.total_bytes),
         crate::util::human(u64::from(layout.chunk_size)),
-        if layout.stripe == 0 { "all targets".to_string() } else { format!("{} targets", layout.stripe) }
+        if layout.stripe == 0 { "all targets".to_string() } else { format!("{} targets", layout.stripe) },
+        layout.chooser
     );
     println!("Stop it with: hivefs down --dir {}", dir.display());
     Ok(())

@@ -175,3 +175,24 @@ fn choosers_avoid_emergency_targets_and_prefer_normal_ones() {
     std::fs::remove_file(dirs[&1].join("filler")).unwrap();
     wait_capacity(&fs, 1, "normal");
 }
+
+#[test]
+fn up_sets_the_file_systems_default_chooser() {
+    let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "2", "--chooser", "roundrobin", "--stripe", "1"]);
+    let root = json(&["pattern", "get", "--json", fs.mnt_s()]);
+    assert_eq!((root["chooser"].as_str(), root["stripe_count"].as_str()), (Some("roundrobin"), Some("1")));
+    std::fs::create_dir(fs.path("d")).unwrap();
+    assert_eq!(json(&["pattern", "get", "--json", fs.path("d").to_str().unwrap()])["chooser"], "roundrobin");
+    let tmp = tempfile::tempdir().unwrap();
+    let o = hivefs(&[
+        "up",
+        "--dir",
+        tmp.path().join("fs").to_str().unwrap(),
+        "--mount",
+        tmp.path().join("mnt").to_str().unwrap(),
+        "--chooser",
+        "fastest",
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown chooser"));
+}
