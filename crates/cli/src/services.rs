@@ -35,10 +35,9 @@ pub struct MgmtdArgs {
     pub common: Common,
 }
 
+/// Flags of services that join a file system through mgmtd.
 #[derive(Args, Debug)]
-pub struct MetaArgs {
-    #[command(flatten)]
-    pub common: Common,
+pub struct Member {
     /// Address of mgmtd, host:port.
     #[arg(long)]
     pub mgmtd: Option<String>,
@@ -47,16 +46,31 @@ pub struct MetaArgs {
     pub advertise: Option<String>,
 }
 
+impl Member {
+    fn apply(&self, mgmtd: &mut String, advertise: &mut Option<String>) {
+        if let Some(m) = &self.mgmtd {
+            *mgmtd = m.clone();
+        }
+        if self.advertise.is_some() {
+            *advertise = self.advertise.clone();
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct MetaArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[command(flatten)]
+    pub member: Member,
+}
+
 #[derive(Args, Debug)]
 pub struct StorageArgs {
     #[command(flatten)]
     pub common: Common,
-    /// Address of mgmtd, host:port.
-    #[arg(long)]
-    pub mgmtd: Option<String>,
-    /// Address other nodes use to reach this one (default: the listen address).
-    #[arg(long)]
-    pub advertise: Option<String>,
+    #[command(flatten)]
+    pub member: Member,
     /// A storage target directory (repeat for several targets).
     #[arg(long = "target")]
     pub targets: Vec<PathBuf>,
@@ -122,12 +136,7 @@ pub fn run_meta(a: MetaArgs) -> Result<()> {
     init_logging(&a.common.log_level);
     let mut cfg: hivefs_meta::Config = load_config(a.common.config.as_deref())?;
     apply_common(&a.common, &mut cfg.dir, &mut cfg.listen, &mut cfg.secret_file);
-    if let Some(m) = a.mgmtd {
-        cfg.mgmtd = m;
-    }
-    if a.advertise.is_some() {
-        cfg.advertise = a.advertise;
-    }
+    a.member.apply(&mut cfg.mgmtd, &mut cfg.advertise);
     runtime()?.block_on(async {
         let svc = hivefs_meta::start(cfg).await.map_err(|e| anyhow!("meta: {e}"))?;
         info!("metadata node {} serving on {}", svc.node_id, svc.local_addr);
@@ -141,12 +150,7 @@ pub fn run_storage(a: StorageArgs) -> Result<()> {
     init_logging(&a.common.log_level);
     let mut cfg: hivefs_storage::Config = load_config(a.common.config.as_deref())?;
     apply_common(&a.common, &mut cfg.dir, &mut cfg.listen, &mut cfg.secret_file);
-    if let Some(m) = a.mgmtd {
-        cfg.mgmtd = m;
-    }
-    if a.advertise.is_some() {
-        cfg.advertise = a.advertise;
-    }
+    a.member.apply(&mut cfg.mgmtd, &mut cfg.advertise);
     if !a.targets.is_empty() {
         cfg.targets = a.targets;
     }
