@@ -50,14 +50,14 @@ pub fn nonce() -> [u8; 32] {
     n
 }
 
-/// Loads a secret file. Refuses a file that other users can read, an empty
-/// file, or one larger than 4 KiB.
+/// Loads a secret file. Refuses a file that its group or other users may
+/// access in any way (mode bits 077), an empty file, or one larger than 4 KiB.
 pub fn load_secret(path: &Path) -> Result<Secret, String> {
     let meta =
         std::fs::metadata(path).map_err(|e| format!("cannot read shared secret file {}: {e}", path.display()))?;
-    if meta.permissions().mode() & 0o007 != 0 {
+    if meta.permissions().mode() & 0o077 != 0 {
         return Err(format!(
-            "shared secret file {} is accessible by other users (mode {:o}); run `chmod 600 {}`",
+            "shared secret file {} is accessible by other users (group or world, mode {:o}); run `chmod 600 {}`",
             path.display(),
             meta.permissions().mode() & 0o777,
             path.display()
@@ -109,8 +109,12 @@ mod tests {
         let p = d.path().join("secret");
         generate_secret_file(&p).unwrap();
         assert!(load_secret(&p).is_ok());
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let e = load_secret(&p).unwrap_err();
-        assert!(e.contains("accessible by other users"), "{e}");
+        for mode in [0o644, 0o640, 0o604, 0o620, 0o660] {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+            let e = load_secret(&p).unwrap_err();
+            assert!(e.contains("accessible by other users") && e.contains(&p.display().to_string()), "{mode:o}: {e}");
+        }
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o400)).unwrap();
+        assert!(load_secret(&p).is_ok(), "an owner-only file is accepted");
     }
 }

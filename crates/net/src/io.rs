@@ -23,13 +23,51 @@ pub enum ReadError {
 /// Reads one frame. Lengths are validated by the header decoder before any
 /// buffer is allocated, so a peer cannot make us allocate more than the limits.
 pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Frame, ReadError> {
+    let header = read_header(r).await?;
+    read_rest(r, header).await
+}
+
+/// Reads one frame whose body and payload must also fit `max_body` and
+/// `max_payload` (e.g. handshake frames, which are small and carry no
+/// payload); a header announcing more is refused before anything is allocated.
+pub async fn read_frame_limited<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max_body: u32,
+    max_payload: u32,
+) -> Result<Frame, ReadError> {
+    let header = read_header(r).await?;
+    if header.body_len > max_body {
+        return Err(FrameError::Body(format!(
+            "{:?} frame body of {} bytes exceeds the limit of {max_body} for this frame",
+            header.kind, header.body_len
+        ))
+        .into());
+    }
+    if header.payload_len > max_payload {
+        return Err(FrameError::Body(format!(
+            "{:?} frame payload of {} bytes exceeds the limit of {max_payload} for this frame",
+            header.kind, header.payload_len
+        ))
+        .into());
+    }
+    read_rest(r, header).await
+}
+
+/// Reads and validates a frame header only (24 bytes); a peer that closes
+/// before the first byte gives [`ReadError::Closed`].
+pub async fn read_header<R: AsyncRead + Unpin>(r: &mut R) -> Result<FrameHeader, ReadError> {
     let mut hb = [0u8; HEADER_LEN];
     match r.read_exact(&mut hb).await {
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(ReadError::Closed),
         Err(e) => return Err(e.into()),
     }
-    let header = FrameHeader::decode(&hb)?;
+    Ok(FrameHeader::decode(&hb)?)
+}
+
+/// Reads the body and payload announced by `header` (already validated
+/// against the protocol limits by [`FrameHeader::decode`]).
+pub async fn read_rest<R: AsyncRead + Unpin>(r: &mut R, header: FrameHeader) -> Result<Frame, ReadError> {
     let mut body = vec![0u8; header.body_len as usize];
     r.read_exact(&mut body).await?;
     let mut payload = vec![0u8; header.payload_len as usize];

@@ -143,3 +143,159 @@ async fn sequential_round_trip_latency() {
     let per = start.elapsed() / n;
     println!("sequential ping round trip: {per:?}");
 }
+
+async fn server_with(cfg: ServerConfig, h: impl Handler) -> String {
+    let h = serve("127.0.0.1:0", cfg, Arc::new(h)).await.unwrap();
+    let addr = h.local_addr.to_string();
+    std::mem::forget(h);
+    addr
+}
+
+/// Reads until the server closes the connection (EOF or reset); returns what
+/// was read, or `None` if it stayed open for `limit`.
+async fn until_closed(s: &mut tokio::net::TcpStream, limit: Duration) -> Option<Vec<u8>> {
+    let mut got = Vec::new();
+    let r = tokio::time::timeout(limit, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    r.ok().map(|()| got)
+}
+
+#[tokio::test]
+async fn idle_and_slow_peers_are_dropped_and_free_their_slots() {
+    let mut cfg = ServerConfig::new(NodeType::Storage, Some(secret()));
+    cfg.max_connections_per_ip = 4;
+    cfg.handshake_timeout = Duration::from_millis(500);
+    let addr = server_with(cfg, Echo).await;
+    // Four idle peers take all of 127.0.0.1's slots...
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        idle.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    // ...so the next is closed at once, before any handshake byte.
+    let mut fifth = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let got = until_closed(&mut fifth, Duration::from_secs(5)).await.expect("over the per-IP limit: closed");
+    assert!(got.is_empty(), "a refused connection gets no handshake, got {} bytes", got.len());
+    // The idle peers are dropped at the handshake deadline.
+    for s in &mut idle {
+        assert!(until_closed(s, Duration::from_secs(5)).await.is_some(), "idle peer not dropped");
+    }
+    // A peer trickling its hello (one byte per 100 ms) is dropped by the same deadline.
+    let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let started = std::time::Instant::now();
+    let mut hello = Vec::new();
+    hivefs_net::io::write_frame(
+        &mut hello,
+        hivefs_proto::FrameKind::Hello,
+        0,
+        &hivefs_proto::encode_body(&hivefs_proto::Hello::Client {
+            protocol_version: hivefs_proto::PROTOCOL_VERSION,
+            nonce: [7; 32],
+            mac: vec![0; 32],
+        }),
+        &[],
+    )
+    .await
+    .unwrap();
+    let mut closed = false;
+    for b in hello {
+        if slow.write_all(&[b]).await.is_err() {
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(closed || until_closed(&mut slow, Duration::from_secs(5)).await.is_some());
+    assert!(started.elapsed() < Duration::from_secs(5), "trickling peer held on for {:?}", started.elapsed());
+    // The slots are free again: an honest client gets in.
+    let good = Pool::new(addr, ClientConfig::new(Some(secret())));
+    assert!(good.rpc(&Request::Ping).await.is_ok());
+}
+
+#[tokio::test]
+async fn a_flood_of_unfinished_handshakes_cannot_lock_out_honest_peers() {
+    let mut cfg = ServerConfig::new(NodeType::Storage, Some(secret()));
+    cfg.max_handshakes = 8;
+    cfg.max_connections_per_ip = 1000;
+    cfg.handshake_timeout = Duration::from_secs(60);
+    let addr = server_with(cfg, Echo).await;
+    let mut idle = Vec::new();
+    for _ in 0..50 {
+        idle.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    // The oldest idle peers were evicted to keep at most 8 in the handshake.
+    let first = until_closed(&mut idle[0], Duration::from_secs(10)).await;
+    assert!(first.is_some(), "the oldest unfinished handshake must be evicted");
+    let mut cc = ClientConfig::new(Some(secret()));
+    cc.retries = 0;
+    let good = Pool::new(addr, cc);
+    assert!(good.rpc(&Request::Ping).await.is_ok(), "an honest peer gets through a handshake flood");
+}
+
+/// Counts requests being handled at once; each waits for a permit of `gate`.
+struct Gate {
+    gate: Arc<tokio::sync::Semaphore>,
+    cur: Arc<std::sync::atomic::AtomicUsize>,
+    max: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Handler for Gate {
+    async fn handle(&self, _req: Request, _payload: Vec<u8>, _peer: &Peer) -> (Response, Vec<u8>) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.cur.fetch_add(1, SeqCst) + 1;
+        self.max.fetch_max(now, SeqCst);
+        self.gate.acquire().await.unwrap().forget();
+        self.cur.fetch_sub(1, SeqCst);
+        (Ok(Reply::Ok), Vec::new())
+    }
+}
+
+#[tokio::test]
+async fn inflight_requests_are_bounded_per_connection_and_per_ip() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let cur = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let max = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut cfg = ServerConfig::new(NodeType::Storage, Some(secret()));
+    cfg.max_inflight_per_conn = 4;
+    cfg.max_inflight_per_ip = 6;
+    let addr = server_with(cfg, Gate { gate: gate.clone(), cur: cur.clone(), max: max.clone() }).await;
+    let wait_for = |n: usize| {
+        let cur = cur.clone();
+        async move {
+            let start = std::time::Instant::now();
+            while cur.load(SeqCst) < n {
+                assert!(start.elapsed() < Duration::from_secs(10), "{} in flight, expected {n}", cur.load(SeqCst));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    let mut tasks = Vec::new();
+    let mut fire = |n: usize| {
+        let mut cc = ClientConfig::new(Some(secret()));
+        cc.conns_per_peer = 1;
+        let pool = Arc::new(Pool::new(addr.clone(), cc));
+        for _ in 0..n {
+            let pool = pool.clone();
+            tasks.push(tokio::spawn(async move { pool.rpc(&Request::Ping).await }));
+        }
+    };
+    // One connection: at most 4 of its 20 requests run at once.
+    fire(20);
+    wait_for(4).await;
+    // A second connection from the same IP adds only 2 more (6 per IP).
+    fire(20);
+    wait_for(6).await;
+    gate.add_permits(40);
+    for t in tasks {
+        assert_eq!(t.await.unwrap().unwrap(), Reply::Ok);
+    }
+    assert_eq!(max.load(SeqCst), 6, "in-flight requests of one IP exceeded the bound");
+}
