@@ -3,6 +3,7 @@
 //! libraries; it holds no file-system logic of its own.
 
 mod admin;
+mod fsck;
 mod pools;
 mod services;
 mod up;
@@ -48,6 +49,9 @@ enum Cmd {
     Pool(pools::PoolCmd),
     /// Space and inodes of every metadata node and storage target, with capacity pools and totals per storage pool.
     Df(admin::Conn),
+    /// Check the whole file system (every metadata node and storage target) for inconsistencies; --repair fixes them.
+    /// Exit status: 0 clean (or all repaired), 1 problems left, 2 error.
+    Fsck(fsck::FsckArgs),
 }
 
 fn main() {
@@ -66,6 +70,7 @@ fn main() {
         Cmd::Pattern(c) => admin::pattern(c),
         Cmd::Pool(c) => pools::pool(c),
         Cmd::Df(c) => pools::df(c),
+        Cmd::Fsck(a) => std::process::exit(fsck::fsck(a)),
     };
     if let Err(e) = r {
         eprintln!("hivefs: {e:#}");

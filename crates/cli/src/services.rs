@@ -96,6 +96,11 @@ pub struct MountArgs {
     /// Threads reading /dev/fuse (requests themselves run concurrently on the async runtime).
     #[arg(long, default_value_t = 2)]
     pub fuse_threads: usize,
+    /// Longest a file-system operation waits for a server that does not answer (a dead
+    /// node, a cut link), retries and reconnects included, before it fails with EIO or
+    /// ETIMEDOUT. Operations on other servers go on meanwhile.
+    #[arg(long, default_value_t = 30_000)]
+    pub io_timeout_ms: u64,
     /// Log level.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -140,9 +145,16 @@ pub fn run_meta(a: MetaArgs) -> Result<()> {
     runtime()?.block_on(async {
         let svc = hivefs_meta::start(cfg).await.map_err(|e| anyhow!("meta: {e}"))?;
         info!("metadata node {} serving on {}", svc.node_id, svc.local_addr);
-        wait_for_signal().await;
-        info!("metadata node stopping");
-        Ok(())
+        tokio::select! {
+            _ = wait_for_signal() => {
+                info!("metadata node stopping");
+                Ok(())
+            }
+            _ = svc.store_failed() => {
+                tracing::error!("metadata store failed and must be reopened (it repairs itself at start); exiting");
+                Err(anyhow!("metadata store failed; restart the service to repair it"))
+            }
+        }
     })
 }
 
@@ -200,7 +212,9 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
     let client = rt.block_on(async {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            match Client::connect(Options::new(a.mgmtd.clone(), secret.clone())).await {
+            let mut opts = Options::new(a.mgmtd.clone(), secret.clone());
+            opts.io_timeout = Duration::from_millis(a.io_timeout_ms.max(100));
+            match Client::connect(opts).await {
                 Ok(c) => return Ok(c),
                 Err(e) if e.code == hivefs_types::ErrorCode::Auth => return Err(anyhow!("{e}")),
                 Err(e) if tokio::time::Instant::now() < deadline => {

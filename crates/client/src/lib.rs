@@ -11,12 +11,13 @@ mod data;
 
 use hivefs_cluster::Cluster;
 use hivefs_net::{ClientConfig, Pools, Secret};
-use hivefs_proto::{Caller, Capacity, DirEntry, Reachability, Reply, Request};
+use hivefs_proto::{encode_body, Caller, Capacity, DirEntry, OpId, Reachability, Reply, Request};
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, Timespec};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::ids::{EntryId, NodeId, NodeType};
 use hivefs_types::pattern::DirPattern;
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use data::MAX_PIECE;
@@ -38,13 +39,16 @@ impl From<&EntryAttr> for Ent {
 pub struct Options {
     pub mgmtd: String,
     pub secret: Option<Secret>,
-    pub request_timeout: Duration,
+    /// Longest any one request waits for a server that does not answer, all
+    /// retries and reconnects included; then it fails (`TimedOut` or
+    /// `Unavailable`, EIO/ETIMEDOUT through the mount). Never forever.
+    pub io_timeout: Duration,
     pub conns_per_peer: usize,
 }
 
 impl Options {
     pub fn new(mgmtd: impl Into<String>, secret: Option<Secret>) -> Options {
-        Options { mgmtd: mgmtd.into(), secret, request_timeout: Duration::from_secs(30), conns_per_peer: 4 }
+        Options { mgmtd: mgmtd.into(), secret, io_timeout: Duration::from_secs(30), conns_per_peer: 4 }
     }
 }
 
@@ -59,6 +63,43 @@ pub struct FsStat {
 pub struct Client {
     cluster: Arc<Cluster>,
     root: Ent,
+    ops: OpIds,
+}
+
+/// Ids of this client's non-idempotent metadata operations, so that they
+/// can be retried safely (`Request::Retryable`): a random client id, a
+/// sequence number per operation, and the operations still waiting for an
+/// answer (the lowest of them tells the server what it may forget).
+struct OpIds {
+    client: u64,
+    state: Mutex<(u64, BTreeSet<u64>)>,
+}
+
+/// One operation in flight; dropping it marks it answered.
+struct OpGuard<'a> {
+    ids: &'a OpIds,
+    op: OpId,
+}
+
+impl OpIds {
+    fn new() -> OpIds {
+        OpIds { client: rand::random::<u64>() | 1, state: Mutex::new((1, BTreeSet::new())) }
+    }
+
+    fn begin(&self) -> OpGuard<'_> {
+        let mut st = self.state.lock().expect("op ids lock");
+        let seq = st.0;
+        st.0 += 1;
+        st.1.insert(seq);
+        let done_below = *st.1.first().expect("just inserted");
+        OpGuard { ids: self, op: OpId { client: self.client, seq, done_below } }
+    }
+}
+
+impl Drop for OpGuard<'_> {
+    fn drop(&mut self) {
+        self.ids.state.lock().expect("op ids lock").1.remove(&self.op.seq);
+    }
 }
 
 fn unexpected(r: Reply) -> FsError {
@@ -82,8 +123,7 @@ fn ok(r: Reply) -> FsResult<()> {
 impl Client {
     /// Connects to mgmtd, loads the cluster view and finds the root's owner.
     pub async fn connect(opts: Options) -> FsResult<Arc<Client>> {
-        let mut cc = ClientConfig::new(opts.secret.clone());
-        cc.request_timeout = opts.request_timeout;
+        let mut cc = ClientConfig::new(opts.secret.clone()).with_timeout(opts.io_timeout);
         cc.conns_per_peer = opts.conns_per_peer;
         let cluster = Cluster::new(&opts.mgmtd, Pools::new(cc));
         let view = cluster.refresh().await?;
@@ -91,7 +131,7 @@ impl Client {
             FsError::new(ErrorCode::Unavailable, format!("mgmtd {}: no metadata node has registered yet", opts.mgmtd))
         })?;
         cluster.spawn_refresh(Duration::from_secs(5));
-        Ok(Arc::new(Client { cluster, root: Ent { id: EntryId::ROOT, owner } }))
+        Ok(Arc::new(Client { cluster, root: Ent { id: EntryId::ROOT, owner }, ops: OpIds::new() }))
     }
 
     pub fn root(&self) -> Ent {
@@ -102,8 +142,18 @@ impl Client {
         &self.cluster
     }
 
+    /// Sends a request to a metadata node. Changes of the namespace travel
+    /// as `Retryable` with an operation id, so that the transport may repeat
+    /// them after a lost connection or a restart of the node and the node
+    /// applies them once. Open and release are not repeated (they count
+    /// handles in the node's memory); they fail instead.
     async fn meta(&self, owner: NodeId, req: &Request) -> FsResult<Reply> {
-        self.cluster.node_pool(NodeType::Meta, owner).await?.rpc(req).await
+        let pool = self.cluster.node_pool(NodeType::Meta, owner).await?;
+        if req.is_idempotent() || matches!(req, Request::Open { .. } | Request::Release { .. }) {
+            return pool.rpc(req).await;
+        }
+        let op = self.ops.begin();
+        pool.rpc(&Request::Retryable { op: op.op, req: encode_body(req) }).await
     }
 
     pub async fn lookup(&self, parent: Ent, name: &[u8]) -> FsResult<EntryAttr> {

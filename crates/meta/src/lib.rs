@@ -19,9 +19,11 @@
 //! and `gc` are the target choosers and the chunk disposal loop.
 
 pub mod chooser;
+pub mod fsck;
 pub mod gc;
 pub mod namespace;
 pub mod ops;
+mod replies;
 pub mod store;
 pub mod targets;
 pub mod writer;
@@ -70,6 +72,10 @@ pub struct Config {
     pub heartbeat_interval_ms: u64,
     /// How often the cluster view (targets for new files) is refreshed.
     pub target_refresh_ms: u64,
+    /// Creates, mkdirs, links and new xattrs are refused with ENOSPC while
+    /// the data dir's file system has less free space than this; removals
+    /// still work. It keeps the store from hitting a full disk mid-commit.
+    pub min_free_bytes: u64,
 }
 
 impl Default for Config {
@@ -83,6 +89,7 @@ impl Default for Config {
             sync: false,
             heartbeat_interval_ms: 1000,
             target_refresh_ms: 2000,
+            min_free_bytes: 64 << 20,
         }
     }
 }
@@ -160,6 +167,16 @@ impl MetaService {
     /// The namespace being served (for in-process tools and tests).
     pub fn namespace(&self) -> Option<Arc<Namespace>> {
         self.handler.ns.read().expect("handler lock").clone()
+    }
+
+    /// Resolves when the store failed and needs reopening (see
+    /// [`Namespace::store_failed`]): the process should exit with an error so
+    /// that its supervisor (systemd, `hivefs up`) starts it again.
+    pub async fn store_failed(&self) {
+        match self.namespace() {
+            Some(ns) => ns.store_failed().await,
+            None => std::future::pending().await,
+        }
     }
 
     /// Stops serving, waits for requests in progress, and closes the store
@@ -260,7 +277,14 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
         let node = register_node(&cluster.mgmt(), NodeType::Meta, &dir, &mut identity, &advertise, MGMTD_DEADLINE)
             .await
             .map_err(|source| MetaError::Register { mgmtd: cfg.mgmtd.clone(), dir: dir.clone(), source })?;
-        let opts = NamespaceOptions { dir: dir.clone(), sync: cfg.sync, node, seed: None, clock: None };
+        let opts = NamespaceOptions {
+            dir: dir.clone(),
+            sync: cfg.sync,
+            node,
+            seed: None,
+            clock: None,
+            min_free_bytes: cfg.min_free_bytes,
+        };
         let targets = Arc::new(targets::ClusterTargets { cluster: cluster.clone() });
         let ns = Arc::new(Namespace::from_store(store, opts, targets)?);
         if let Err(e) = cluster.refresh().await {

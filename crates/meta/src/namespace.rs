@@ -10,8 +10,8 @@
 use crate::ops::{check_truncatable, load_inode, Mutation, OpError, ReadTables};
 use crate::store::{sys, sys_get, Store, StoreError, SYSTEM};
 use crate::targets::{capacity_of, DataTargets};
-use crate::writer::{run_batch, system_clock, Clock, Writer, WriterState, WriterStats};
-use hivefs_proto::{Reply, Request, Response};
+use crate::writer::{run_batch, system_clock, Clock, StoreFailure, Writer, WriterState, WriterStats};
+use hivefs_proto::{decode_body, OpId, Reply, Request, Response};
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr};
 use hivefs_types::error::{FsError, FsResult};
 use hivefs_types::fs_err;
@@ -41,6 +41,10 @@ pub struct NamespaceOptions {
     pub seed: Option<u64>,
     /// Time source; `None` is the system clock.
     pub clock: Option<Clock>,
+    /// Operations that add to the namespace are refused with `NoSpace` while
+    /// the data dir's file system has less free space than this (removals
+    /// still work, so space can be freed); 0 turns the check off.
+    pub min_free_bytes: u64,
 }
 
 /// Open handles per entry, counted from Open/Release requests. In memory
@@ -83,6 +87,7 @@ pub struct Namespace {
     pub(crate) opens: Arc<Opens>,
     pub(crate) targets: Arc<dyn DataTargets>,
     pub(crate) disposal_wakeup: Arc<Notify>,
+    failed: Arc<StoreFailure>,
 }
 
 fn store_err(e: OpError) -> FsError {
@@ -109,6 +114,7 @@ impl Namespace {
         let db = Arc::new(store.db);
         let opens = Arc::new(Opens::default());
         let disposal_wakeup = Arc::new(Notify::new());
+        let failed = Arc::new(StoreFailure::default());
         let is_open = {
             let o = opens.clone();
             Arc::new(move |id| o.is_open(id))
@@ -126,8 +132,12 @@ impl Namespace {
             is_open,
             clock: opts.clock.unwrap_or_else(system_clock),
             disposal_wakeup: disposal_wakeup.clone(),
+            reply_sweep: (Vec::new(), 0),
+            space_reserve: (opts.min_free_bytes > 0).then(|| (opts.dir.clone(), opts.min_free_bytes)),
+            failed: failed.clone(),
+            low_space: None,
         };
-        if let Some(Err(e)) = run_batch(&db, &mut state, vec![Mutation::RecoverOrphans]).pop() {
+        if let Some(Err(e)) = run_batch(&db, &mut state, vec![(Mutation::RecoverOrphans, None)]).pop() {
             return Err(StoreError::Db { path: store.path, message: format!("recovering open-unlinked entries: {e}") });
         }
         let writer =
@@ -141,7 +151,15 @@ impl Namespace {
             opens,
             targets,
             disposal_wakeup,
+            failed,
         })
+    }
+
+    /// Resolves when the store can no longer commit (an I/O error left the
+    /// database needing the repair it gets when it is opened again): the
+    /// service should exit and be restarted.
+    pub async fn store_failed(&self) {
+        self.failed.wait().await
     }
 
     pub fn node(&self) -> NodeId {
@@ -163,7 +181,13 @@ impl Namespace {
     }
 
     pub(crate) async fn submit(&self, m: Mutation) -> FsResult<Reply> {
-        self.writer.submit(m).await
+        self.writer.submit((m, None)).await
+    }
+
+    /// Like `submit`, for the operation `op` of a client that may retry it:
+    /// applied at most once (see `replies`).
+    async fn submit_op(&self, op: Option<OpId>, m: Mutation) -> FsResult<Reply> {
+        self.writer.submit((m, op)).await
     }
 
     pub(crate) fn read<T>(&self, f: impl FnOnce(&ReadTables) -> Result<T, OpError>) -> FsResult<T> {
@@ -256,7 +280,7 @@ impl Namespace {
 
     /// Changes attributes. A size change first truncates (or extends) the
     /// chunk file on every stripe target, then commits the new size.
-    pub async fn set_attr(&self, id: EntryId, attr: SetAttr) -> FsResult<EntryAttr> {
+    pub async fn set_attr(&self, id: EntryId, attr: SetAttr, op: Option<OpId>) -> FsResult<EntryAttr> {
         if let Some(size) = attr.size {
             let i = self
                 .read(|t| load_inode(&t.inodes, id))?
@@ -266,7 +290,10 @@ impl Namespace {
                 self.truncate_chunks(id, p, size).await?;
             }
         }
-        self.entry(Mutation::SetAttr { id, attr }).await
+        match self.submit_op(op, Mutation::SetAttr { id, attr }).await? {
+            Reply::Entry(a) => Ok(a),
+            r => Err(fs_err!(Internal, "writer answered {r:?} where an entry was expected")),
+        }
     }
 
     async fn truncate_chunks(&self, id: EntryId, p: &Pattern, size: u64) -> FsResult<()> {
@@ -294,50 +321,71 @@ impl Namespace {
 
     /// Answers one request.
     pub async fn handle(&self, req: Request) -> Response {
+        match req {
+            Request::Retryable { op, req } => match decode_body::<Request>(&req) {
+                Ok(Request::Retryable { .. }) => Err(fs_err!(Invalid, "a retryable request may not wrap another")),
+                Ok(inner) => self.handle_op(inner, Some(op)).await,
+                Err(e) => Err(fs_err!(Protocol, "malformed retryable request: {e}")),
+            },
+            req => self.handle_op(req, None).await,
+        }
+    }
+
+    /// Answers one request; mutations record their outcome under `op`.
+    async fn handle_op(&self, req: Request, op: Option<OpId>) -> Response {
         let entry = |r: FsResult<EntryAttr>| r.map(Reply::Entry);
         match req {
             Request::Ping => Ok(Reply::Pong { node_type: NodeType::Meta, node: self.node }),
             Request::Lookup { parent, name } => entry(self.lookup(parent, &name)),
             Request::GetAttr { id } => entry(self.getattr(id)),
-            Request::SetAttr { id, attr, caller: _ } => entry(self.set_attr(id, attr).await),
+            Request::SetAttr { id, attr, caller: _ } => entry(self.set_attr(id, attr, op).await),
             Request::Create { parent, name, kind, mode, rdev, excl, caller } => {
                 if kind == FileKind::File {
                     self.targets.refresh_if_empty().await;
                 }
-                self.submit(Mutation::Create { parent, name, kind, mode, rdev, excl, uid: caller.uid, gid: caller.gid })
-                    .await
+                self.submit_op(
+                    op,
+                    Mutation::Create { parent, name, kind, mode, rdev, excl, uid: caller.uid, gid: caller.gid },
+                )
+                .await
             }
             Request::Mkdir { parent, name, mode, caller } => {
-                self.submit(Mutation::Mkdir { parent, name, mode, uid: caller.uid, gid: caller.gid }).await
+                self.submit_op(op, Mutation::Mkdir { parent, name, mode, uid: caller.uid, gid: caller.gid }).await
             }
-            Request::Unlink { parent, name } => self.submit(Mutation::Unlink { parent, name }).await,
-            Request::Rmdir { parent, name } => self.submit(Mutation::Rmdir { parent, name }).await,
+            Request::Unlink { parent, name } => self.submit_op(op, Mutation::Unlink { parent, name }).await,
+            Request::Rmdir { parent, name } => self.submit_op(op, Mutation::Rmdir { parent, name }).await,
             Request::Rename { parent, name, new_parent, new_name, flags } => {
-                self.submit(Mutation::Rename { parent, name, new_parent, new_name, flags }).await
+                self.submit_op(op, Mutation::Rename { parent, name, new_parent, new_name, flags }).await
             }
             Request::ReadDir { dir, after, max } => self.readdir(dir, after.as_deref(), max),
             Request::Symlink { parent, name, target, caller } => {
-                self.submit(Mutation::Symlink { parent, name, target, uid: caller.uid, gid: caller.gid }).await
+                self.submit_op(op, Mutation::Symlink { parent, name, target, uid: caller.uid, gid: caller.gid }).await
             }
             Request::ReadLink { id } => self.readlink(id).map(Reply::LinkTarget),
             Request::Link { id, new_parent, new_name } => {
-                self.submit(Mutation::Link { id, new_parent, new_name }).await
+                self.submit_op(op, Mutation::Link { id, new_parent, new_name }).await
             }
             Request::GetXattr { id, name } => self.getxattr(id, &name).map(Reply::Xattr),
             Request::SetXattr { id, name, value, flags } => {
-                self.submit(Mutation::SetXattr { id, name, value, flags }).await
+                self.submit_op(op, Mutation::SetXattr { id, name, value, flags }).await
             }
             Request::ListXattr { id } => self.listxattr(id).map(Reply::XattrNames),
-            Request::RemoveXattr { id, name } => self.submit(Mutation::RemoveXattr { id, name }).await,
+            Request::RemoveXattr { id, name } => self.submit_op(op, Mutation::RemoveXattr { id, name }).await,
             Request::SetDirPattern { id, pattern } => {
                 self.targets.check_pool(pattern.pool).await?;
-                self.submit(Mutation::SetDirPattern { id, pattern }).await
+                self.submit_op(op, Mutation::SetDirPattern { id, pattern }).await
             }
             Request::Open { id, write: _ } => entry(self.open_file(id)),
             Request::Release { id, write: _ } => self.release(id).await.map(|()| Reply::Ok),
-            Request::UpdateSize { id, size, mtime } => self.submit(Mutation::UpdateSize { id, size, mtime }).await,
+            Request::UpdateSize { id, size, mtime } => {
+                self.submit_op(op, Mutation::UpdateSize { id, size, mtime }).await
+            }
             Request::MetaStat => self.meta_stat(),
             Request::RefreshView => self.targets.refresh().await.map(|()| Reply::Ok),
+            r @ (Request::FsckDentries { .. }
+            | Request::FsckInodes { .. }
+            | Request::FsckDisposals { .. }
+            | Request::FsckFix { .. }) => crate::fsck::handle(self, r).await,
             other => Err(fs_err!(
                 NotSupported,
                 "{} is not served by a metadata node (node {})",

@@ -145,6 +145,10 @@ pub enum Mutation {
     DropDisposal {
         ids: Vec<EntryId>,
     },
+    /// A repair asked for by `hivefs fsck` (see `fsck.rs`).
+    Fsck {
+        fix: hivefs_proto::FsckFix,
+    },
 }
 
 /// What the writer lends an operation.
@@ -165,7 +169,7 @@ pub struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn mint(&mut self) -> EntryId {
+    pub(crate) fn mint(&mut self) -> EntryId {
         *self.counter += 1;
         EntryId { node: self.node.0, epoch: self.epoch, counter: *self.counter }
     }
@@ -210,7 +214,7 @@ impl<'txn> Tables<'txn> {
     }
 
     /// Removes an inode and all its extended attributes.
-    fn remove_inode(&mut self, id: EntryId) -> OpResult<()> {
+    pub(crate) fn remove_inode(&mut self, id: EntryId) -> OpResult<()> {
         self.inodes.remove(id_key(id).as_slice())?;
         let names: Vec<Vec<u8>> =
             scan_children(&self.xattrs, id, None)?.map(|r| r.map(|(n, _)| n)).collect::<Result<_, _>>()?;
@@ -373,6 +377,22 @@ fn resolve(t: Option<SetTime>, now: Timespec) -> Option<Timespec> {
 
 // ------------------------------------------------------------- mutations
 
+impl Mutation {
+    /// Operations that make the store grow (new names, inodes, attributes):
+    /// refused when the metadata target runs low on space, while removals
+    /// and updates in place still run so that space can be freed.
+    pub fn adds_to_namespace(&self) -> bool {
+        matches!(
+            self,
+            Mutation::Create { .. }
+                | Mutation::Mkdir { .. }
+                | Mutation::Symlink { .. }
+                | Mutation::Link { .. }
+                | Mutation::SetXattr { .. }
+        )
+    }
+}
+
 /// Applies one mutation. See the module doc for the error invariant.
 pub fn apply(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, m: Mutation) -> OpResult<Reply> {
     match m {
@@ -396,6 +416,7 @@ pub fn apply(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, m: Mutation) -> OpResult<Rep
         Mutation::ReleaseOrphan { id } => release_orphan(t, ctx, id),
         Mutation::RecoverOrphans => recover_orphans(t, ctx),
         Mutation::DropDisposal { ids } => drop_disposal(t, &ids),
+        Mutation::Fsck { fix } => crate::fsck::apply_fix(t, ctx, fix),
     }
 }
 

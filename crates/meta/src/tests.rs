@@ -109,6 +109,7 @@ fn open_ns(dir: &std::path::Path, t: Arc<FakeTargets>, clock: Arc<AtomicI64>, sy
         node: NodeId(1),
         seed: Some(42),
         clock: Some(Arc::new(move || ts(c.load(Ordering::SeqCst)))),
+        min_free_bytes: 0,
     };
     Namespace::open(opts, t).expect("open namespace")
 }
@@ -1207,4 +1208,44 @@ fn kill9_loses_no_acknowledged_mutation() {
             "sync={sync}: the file counter commits with the creates"
         );
     }
+}
+
+// ------------------------------------------------------------- retries
+
+fn retryable(client: u64, seq: u64, done_below: u64, r: &Request) -> Request {
+    Request::Retryable { op: hivefs_proto::OpId { client, seq, done_below }, req: hivefs_proto::encode_body(r) }
+}
+
+#[tokio::test]
+async fn a_repeated_operation_is_applied_once_also_across_a_restart() {
+    let mut h = H::new().await;
+    let create = retryable(9, 1, 1, &create_req(ROOT, "f", true));
+    let first = h.entry(create.clone()).await;
+    // The same operation again (the client lost the answer): same answer, no
+    // second file, no EEXIST.
+    assert_eq!(h.entry(create.clone()).await, first);
+    assert_eq!(h.ns().counts().unwrap(), (1, 1));
+    h.reopen();
+    assert_eq!(h.entry(create.clone()).await, first, "the outcome survives a restart");
+    // A repeated unlink answers Ok twice; a new operation with the same
+    // request is applied again (it is another operation).
+    let rm = retryable(9, 2, 1, &unlink(ROOT, "f"));
+    assert_eq!(h.ok(rm.clone()).await, Reply::Ok);
+    assert_eq!(h.ok(rm).await, Reply::Ok);
+    assert_eq!(h.code(retryable(9, 3, 3, &unlink(ROOT, "f"))).await, ErrorCode::NotFound);
+    // A refusal is recorded too, and the same seq of another client is its own.
+    let mk = retryable(9, 4, 4, &create_req(ROOT, "g", true));
+    h.create(ROOT, "g").await;
+    assert_eq!(h.code(mk.clone()).await, ErrorCode::Exists);
+    h.ok(unlink(ROOT, "g")).await;
+    assert_eq!(h.code(mk).await, ErrorCode::Exists, "a repeat gets the first answer");
+    h.entry(retryable(10, 4, 4, &create_req(ROOT, "g", true))).await;
+    // Once confirmed (done_below past it), an outcome is forgotten.
+    h.ok(retryable(9, 5, 5, &Request::Mkdir { parent: ROOT, name: b"d".to_vec(), mode: 0o755, caller: ME })).await;
+    let again = h.entry(retryable(9, 1, 5, &create_req(ROOT, "f", true))).await;
+    assert_ne!(again.id, first.id, "a forgotten operation is applied anew");
+    // Nested wrappers and garbage are refused.
+    assert_eq!(h.code(retryable(9, 6, 6, &retryable(9, 7, 6, &Request::Ping))).await, ErrorCode::Invalid);
+    let junk = Request::Retryable { op: hivefs_proto::OpId { client: 9, seq: 8, done_below: 8 }, req: vec![0xff; 9] };
+    assert_eq!(h.code(junk).await, ErrorCode::Protocol);
 }

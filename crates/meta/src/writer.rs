@@ -14,9 +14,10 @@
 
 use crate::chooser;
 use crate::ops::{apply, Ctx, Mutation, OpError, Tables};
+use crate::replies;
 use crate::store::{sys, sys_get, SYSTEM};
 use crate::targets::DataTargets;
-use hivefs_proto::Reply;
+use hivefs_proto::{OpId, Reply};
 use hivefs_types::attr::Timespec;
 use hivefs_types::error::{FsError, FsResult};
 use hivefs_types::fs_err;
@@ -65,6 +66,52 @@ pub struct WriterState {
     pub clock: Clock,
     /// Woken after a commit that queued chunk deletions or parked an orphan.
     pub disposal_wakeup: Arc<Notify>,
+    /// Where the next sweep of old retry records starts, and when the last ran.
+    pub reply_sweep: (Vec<u8>, u64),
+    /// Data dir and the free space below which growing operations are refused.
+    pub space_reserve: Option<(std::path::PathBuf, u64)>,
+    /// The last "too little space" finding (free bytes) and until when it stands.
+    pub low_space: Option<(std::time::Instant, u64)>,
+    /// Raised when a commit failed in a way that needs the store reopened.
+    pub failed: Arc<StoreFailure>,
+}
+
+/// Set once the store cannot commit any more: after an I/O error during a
+/// commit (a full disk, say), redb refuses every further transaction until
+/// the database is opened again, which repairs it.
+#[derive(Default)]
+pub struct StoreFailure {
+    failed: std::sync::atomic::AtomicBool,
+    notify: Notify,
+}
+
+impl StoreFailure {
+    fn raise(&self) {
+        self.failed.store(true, Ordering::Release);
+        self.notify.notify_waiters();
+    }
+
+    pub fn is_raised(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    pub async fn wait(&self) {
+        loop {
+            let n = self.notify.notified();
+            if self.is_raised() {
+                return;
+            }
+            n.await;
+        }
+    }
+}
+
+/// The error code of a store failure: a full disk is `NoSpace`, the rest `Io`.
+fn failure_code(e: &redb::StorageError) -> hivefs_types::ErrorCode {
+    match e {
+        redb::StorageError::Io(io) if io.kind() == std::io::ErrorKind::StorageFull => hivefs_types::ErrorCode::NoSpace,
+        _ => hivefs_types::ErrorCode::Io,
+    }
 }
 
 impl WriterState {
@@ -96,8 +143,15 @@ impl WriterState {
     }
 }
 
+/// A mutation, and the id of the client operation it carries out when the
+/// client may retry it (see [`replies`]).
+pub type Queued = (Mutation, Option<OpId>);
+
+/// How often a batch also sweeps retry records of vanished clients.
+const REPLY_SWEEP_EVERY_MS: u64 = 60_000;
+
 struct Job {
-    m: Mutation,
+    m: Queued,
     reply: oneshot::Sender<FsResult<Reply>>,
 }
 
@@ -121,7 +175,7 @@ impl Writer {
     }
 
     /// Queues a mutation and waits until it is committed (or refused).
-    pub async fn submit(&self, m: Mutation) -> FsResult<Reply> {
+    pub async fn submit(&self, m: Queued) -> FsResult<Reply> {
         let (reply, rx) = oneshot::channel();
         let tx = self.tx.as_ref().ok_or_else(stopped)?;
         tx.send(Job { m, reply }).await.map_err(|_| stopped())?;
@@ -172,15 +226,20 @@ fn run(db: &Database, mut rx: mpsc::Receiver<Job>, mut st: WriterState, stats: &
 }
 
 /// Applies and commits one batch; one result per mutation, in order.
-pub fn run_batch(db: &Database, st: &mut WriterState, muts: Vec<Mutation>) -> Vec<FsResult<Reply>> {
+pub fn run_batch(db: &Database, st: &mut WriterState, muts: Vec<Queued>) -> Vec<FsResult<Reply>> {
     let n = muts.len();
-    let fail_all = |msg: &str| -> Vec<FsResult<Reply>> {
+    let fail_all = |code: hivefs_types::ErrorCode, msg: &str| -> Vec<FsResult<Reply>> {
         error!("metadata store failure, batch of {n} operations not committed: {msg}");
-        (0..n).map(|_| Err(fs_err!(Io, "metadata store failure: {msg}"))).collect()
+        (0..n).map(|_| Err(FsError::new(code, format!("metadata store failure: {msg}")))).collect()
     };
     let txn = match db.begin_write() {
         Ok(t) => t,
-        Err(e) => return fail_all(&e.to_string()),
+        Err(e) => {
+            if matches!(e, redb::TransactionError::Storage(redb::StorageError::PreviousIo)) {
+                st.failed.raise();
+            }
+            return fail_all(hivefs_types::ErrorCode::Io, &e.to_string());
+        }
     };
     // Durability stays Immediate: the backend decides whether that fsyncs
     // (see `store::SwitchableSyncBackend`), never whether it reaches the file.
@@ -189,11 +248,19 @@ pub fn run_batch(db: &Database, st: &mut WriterState, muts: Vec<Mutation>) -> Ve
         Ok(w) => w,
         Err(msg) => {
             let _ = txn.abort();
-            return fail_all(&msg);
+            return fail_all(hivefs_types::ErrorCode::Io, &msg);
         }
     };
     if let Err(e) = txn.commit() {
-        return fail_all(&e.to_string());
+        let code = match &e {
+            redb::CommitError::Storage(s) => {
+                // redb refuses every later transaction until it is reopened.
+                st.failed.raise();
+                failure_code(s)
+            }
+            _ => hivefs_types::ErrorCode::Io,
+        };
+        return fail_all(code, &e.to_string());
     }
     if wake {
         st.disposal_wakeup.notify_one();
@@ -204,7 +271,7 @@ pub fn run_batch(db: &Database, st: &mut WriterState, muts: Vec<Mutation>) -> Ve
 fn apply_all(
     txn: &redb::WriteTransaction,
     st: &mut WriterState,
-    muts: Vec<Mutation>,
+    muts: Vec<Queued>,
     results: &mut Vec<FsResult<Reply>>,
 ) -> Result<bool, String> {
     let fatal = |e: OpError| match e {
@@ -213,6 +280,32 @@ fn apply_all(
     };
     let mut t = Tables::open(txn).map_err(fatal)?;
     let now = (st.clock)();
+    let now_ms = (now.sec.max(0) as u64).saturating_mul(1000) + u64::from(now.nsec / 1_000_000);
+    let sweep_due = now_ms.saturating_sub(st.reply_sweep.1) >= REPLY_SWEEP_EVERY_MS;
+    // Below the reserve, only operations that do not add to the namespace
+    // run. Space freed inside the store (removed entries) counts as free: the
+    // store file never shrinks, but its free pages are reused. Counting them
+    // walks the store, so it happens only when the disk itself is low.
+    // A finding of too little space stands for a second.
+    let free = match (&st.space_reserve, st.low_space) {
+        (Some((_, min)), Some((until, free))) if std::time::Instant::now() < until => Some((free, *min)),
+        (Some((dir, min)), _) => match crate::targets::capacity_of(dir).map(|c| c.free_bytes) {
+            Ok(free) if free < *min => {
+                let file_len = std::fs::metadata(dir.join(crate::namespace::DB_FILE)).map_or(0, |m| m.len());
+                let used = txn.stats().map_or(u64::MAX, |s| s.allocated_pages() * s.page_size() as u64);
+                let free = free + file_len.saturating_sub(used);
+                (free < *min).then_some((free, *min))
+            }
+            _ => None,
+        },
+        (None, _) => None,
+    };
+    st.low_space = free.map(|(f, _)| (std::time::Instant::now() + std::time::Duration::from_secs(1), f));
+    let mut retry_records = if sweep_due || muts.iter().any(|(_, op)| op.is_some()) {
+        Some(txn.open_table(replies::REPLIES).map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
     let (node, epoch) = (st.node, st.epoch);
     let is_open = st.is_open.clone();
     let is_open_fn = |id: EntryId| is_open(id);
@@ -229,15 +322,38 @@ fn apply_all(
         dirs_delta: 0,
         disposal_queued: false,
     };
-    for m in muts {
-        match apply(&mut t, &mut ctx, m) {
-            Ok(r) => results.push(Ok(r)),
-            Err(OpError::Fs(e)) => results.push(Err(e)),
-            Err(OpError::Fatal(msg)) => return Err(msg),
+    for (m, op) in muts {
+        let records = retry_records.as_mut().filter(|_| op.is_some());
+        if let (Some(op), Some(rt)) = (&op, &records) {
+            // A repeat of an operation applied before: its first answer, no change.
+            if let Some(first) = replies::get(rt, op)? {
+                results.push(first);
+                continue;
+            }
         }
+        let r = match (free, m.adds_to_namespace()) {
+            (Some((free, min)), true) => Err(fs_err!(
+                NoSpace,
+                "metadata node {node}: its data dir has {free} bytes free, less than min_free_bytes = {min}"
+            )),
+            _ => match apply(&mut t, &mut ctx, m) {
+                Ok(r) => Ok(r),
+                Err(OpError::Fs(e)) => Err(e),
+                Err(OpError::Fatal(msg)) => return Err(msg),
+            },
+        };
+        if let (Some(op), Some(rt)) = (&op, records) {
+            replies::put(rt, op, now_ms, &r)?;
+        }
+        results.push(r);
     }
     let (files_delta, dirs_delta, wake) = (ctx.files_delta, ctx.dirs_delta, ctx.disposal_queued);
     st.counter = counter;
+    if let (true, Some(rt)) = (sweep_due, retry_records.as_mut()) {
+        replies::sweep(rt, now_ms, &mut st.reply_sweep.0)?;
+        st.reply_sweep.1 = now_ms;
+    }
+    drop(retry_records);
     drop(t);
     if files_delta != 0 || dirs_delta != 0 {
         let mut s = txn.open_table(SYSTEM).map_err(|e| e.to_string())?;

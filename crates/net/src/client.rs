@@ -18,9 +18,13 @@ use tracing::{debug, warn};
 pub struct ClientConfig {
     pub secret: Option<Secret>,
     pub connect_timeout: Duration,
-    /// Time limit of one request (send to reply).
+    /// Time limit of one attempt of a request (send to reply).
     pub request_timeout: Duration,
-    /// Extra attempts for idempotent requests after a timeout or a lost connection.
+    /// Time limit of a whole call, every attempt and reconnect included: a
+    /// call to an unreachable peer fails after at most this long.
+    pub deadline: Duration,
+    /// Extra attempts for idempotent requests after a timeout or a lost
+    /// connection (with backoff, and only while the deadline allows).
     pub retries: u32,
     /// Connections per peer (`conn_max_internode`).
     pub conns_per_peer: usize,
@@ -32,10 +36,27 @@ impl ClientConfig {
             secret,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
-            retries: 2,
+            deadline: Duration::from_secs(30),
+            retries: 8,
             conns_per_peer: 4,
         }
     }
+
+    /// One limit for everything: a call (attempts, reconnects, waits for a
+    /// reply) fails after at most `t`.
+    pub fn with_timeout(mut self, t: Duration) -> Self {
+        self.request_timeout = t;
+        self.deadline = t;
+        self.connect_timeout = self.connect_timeout.min(t);
+        self
+    }
+}
+
+/// Milliseconds since the first use in this process: a cheap clock for
+/// "when did this connection last hear from its peer".
+fn now_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64
 }
 
 type Waiter = oneshot::Sender<Result<(Response, Vec<u8>), FsError>>;
@@ -53,6 +74,17 @@ struct Conn {
     next_id: AtomicU64,
     dead: Arc<AtomicBool>,
     inflight: AtomicUsize,
+    /// When the last frame arrived from the peer ([`now_ms`]).
+    last_rx: Arc<AtomicU64>,
+    /// The reader task: it may wait forever on a peer that vanished, so it
+    /// is aborted when the connection is dropped.
+    reader: tokio::task::AbortHandle,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
 }
 
 async fn connect(addr: &str, cfg: &ClientConfig) -> Result<Conn, FsError> {
@@ -90,10 +122,13 @@ async fn connect(addr: &str, cfg: &ClientConfig) -> Result<Conn, FsError> {
     let pending_r = pending.clone();
     let dead_r = dead.clone();
     let addr_r = addr.to_string();
-    tokio::spawn(async move {
+    let last_rx = Arc::new(AtomicU64::new(now_ms()));
+    let last_rx_r = last_rx.clone();
+    let reader = tokio::spawn(async move {
         loop {
             match read_frame(&mut rd).await {
                 Ok(f) => {
+                    last_rx_r.store(now_ms(), Ordering::Relaxed);
                     let resp = decode_body::<Response>(&f.body)
                         .map_err(|e| FsError::new(ErrorCode::Protocol, format!("{addr_r}: malformed reply: {e}")));
                     let waiter = pending_r.lock().expect("pending lock").remove(&f.header.request_id);
@@ -121,8 +156,9 @@ async fn connect(addr: &str, cfg: &ClientConfig) -> Result<Conn, FsError> {
         for (_, w) in pending_r.lock().expect("pending lock").drain() {
             let _ = w.send(Err(unavailable(&addr_r, "connection lost")));
         }
-    });
-    Ok(Conn { tx, pending, next_id: AtomicU64::new(1), dead, inflight: AtomicUsize::new(0) })
+    })
+    .abort_handle();
+    Ok(Conn { tx, pending, next_id: AtomicU64::new(1), dead, inflight: AtomicUsize::new(0), last_rx, reader })
 }
 
 async fn client_handshake<R, W>(addr: &str, rd: &mut R, wr: &mut W, cfg: &ClientConfig) -> Result<(), FsError>
@@ -191,19 +227,34 @@ impl Conn {
         timeout: Duration,
     ) -> Result<(Response, Vec<u8>), FsError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let sent_at = now_ms();
         let (wtx, wrx) = oneshot::channel();
         self.pending.lock().expect("pending lock").insert(id, wtx);
         self.inflight.fetch_add(1, Ordering::Relaxed);
         let _guard = InflightGuard(&self.inflight);
-        if self.tx.send(Outgoing { request_id: id, body, payload }).await.is_err() {
-            self.pending.lock().expect("pending lock").remove(&id);
-            return Err(unavailable(addr, "connection lost"));
-        }
-        match tokio::time::timeout(timeout, wrx).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(_)) => Err(unavailable(addr, "connection lost")),
+        let exchange = async {
+            if self.tx.send(Outgoing { request_id: id, body, payload }).await.is_err() {
+                return Err(unavailable(addr, "connection lost"));
+            }
+            wrx.await.unwrap_or_else(|_| Err(unavailable(addr, "connection lost")))
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Ok(r) => {
+                if r.is_err() {
+                    self.pending.lock().expect("pending lock").remove(&id);
+                }
+                r
+            }
             Err(_) => {
                 self.pending.lock().expect("pending lock").remove(&id);
+                // A peer that sent nothing at all since this request went out is
+                // unreachable (a cut link, a frozen host): give the connection up so
+                // that later requests reconnect instead of queueing behind it. A busy
+                // peer that answers other requests keeps its connection.
+                if self.last_rx.load(Ordering::Relaxed) < sent_at {
+                    warn!(peer = %addr, "no reply and nothing else heard within {timeout:?}; dropping the connection");
+                    self.dead.store(true, Ordering::Release);
+                }
                 Err(FsError::new(ErrorCode::TimedOut, format!("{addr}: no reply within {timeout:?}")))
             }
         }
@@ -249,36 +300,56 @@ impl Pool {
     }
 
     /// Sends a request and waits for its reply. Idempotent requests are
-    /// retried after a timeout or lost connection, a bounded number of times.
+    /// retried after a timeout or a lost connection, with backoff, at most
+    /// `retries` times; the whole call never takes longer than `deadline`.
     pub async fn call(&self, req: &Request, payload: Vec<u8>) -> Result<(Reply, Vec<u8>), FsError> {
         let body = encode_body(req);
         let attempts = if req.is_idempotent() { self.cfg.retries + 1 } else { 1 };
+        let deadline = tokio::time::Instant::now() + self.cfg.deadline;
         let mut payload = Some(payload);
         let mut last = None;
         for attempt in 0..attempts {
             if attempt > 0 {
-                tokio::time::sleep(Duration::from_millis(100 << attempt.min(5))).await;
+                let backoff = Duration::from_millis(100 << attempt.min(4)).min(Duration::from_secs(1));
+                if tokio::time::Instant::now() + backoff >= deadline {
+                    break;
+                }
+                tokio::time::sleep(backoff).await;
             }
-            let r = match self.conn().await {
-                Ok(c) => {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let r = match tokio::time::timeout(left, self.conn()).await {
+                Ok(Ok(c)) => {
                     // Only the last attempt takes the payload; earlier ones send a copy.
                     let p = if attempt + 1 == attempts {
                         payload.take().unwrap_or_default()
                     } else {
                         payload.clone().unwrap_or_default()
                     };
-                    c.call(&self.addr, body.clone(), p, self.cfg.request_timeout).await
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    c.call(&self.addr, body.clone(), p, self.cfg.request_timeout.min(left)).await
                 }
-                Err(e) => Err(e),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(FsError::new(
+                    ErrorCode::TimedOut,
+                    format!("{}: could not connect within {:?}", self.addr, self.cfg.deadline),
+                )),
             };
             match r {
                 Ok((Ok(reply), data)) => return Ok((reply, data)),
                 Ok((Err(e), _)) => return Err(e),
-                Err(e) if matches!(e.code, ErrorCode::Unavailable | ErrorCode::TimedOut) => last = Some(e),
+                Err(e) if matches!(e.code, ErrorCode::Unavailable | ErrorCode::TimedOut) => {
+                    debug!(peer = %self.addr, attempt, "request failed: {e}");
+                    last = Some(e)
+                }
                 Err(e) => return Err(e),
             }
         }
-        Err(last.expect("at least one attempt"))
+        Err(last.unwrap_or_else(|| {
+            FsError::new(ErrorCode::TimedOut, format!("{}: no reply within {:?}", self.addr, self.cfg.deadline))
+        }))
     }
 
     /// Like [`Pool::call`] for requests without payload.

@@ -132,6 +132,19 @@ pub struct DirEntry {
     pub kind: FileKind,
 }
 
+/// Identity of one non-idempotent operation of one client, for
+/// [`Request::Retryable`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct OpId {
+    /// Random per client instance (a mount), chosen at start.
+    pub client: u64,
+    /// Increases by one per operation of that client.
+    pub seq: u64,
+    /// Every operation of this client below this sequence number has had its
+    /// answer: the server may forget their outcomes.
+    pub done_below: u64,
+}
+
 /// `rename` flags (as Linux's renameat2).
 pub const RENAME_NOREPLACE: u32 = 1;
 pub const RENAME_EXCHANGE: u32 = 2;
@@ -320,6 +333,100 @@ pub enum Request {
     /// mgmtd → metadata nodes: targets or pools changed; reload the view
     /// before answering, so new files can use them at once.
     RefreshView,
+
+    // ---- retries of non-idempotent requests (meta) ----
+    /// A non-idempotent metadata request made safe to retry: the metadata
+    /// node applies each `op` at most once, records the outcome in the same
+    /// transaction as the change, and answers a repeat of `op` (after a lost
+    /// connection or its own restart) with that first outcome. `req` is an
+    /// encoded [`Request`] (never another `Retryable`), kept as bytes so that
+    /// decoding a message never recurses.
+    Retryable {
+        op: OpId,
+        req: Vec<u8>,
+    },
+
+    // ---- fsck (metadata nodes: scans and repairs; storage: chunk listing) ----
+    /// Dentries of this node in key order (parent, name), strictly after `after`.
+    FsckDentries {
+        after: Option<(EntryId, Vec<u8>)>,
+        max: u32,
+    },
+    /// Inodes of this node in id order, strictly after `after`.
+    FsckInodes {
+        after: Option<EntryId>,
+        max: u32,
+    },
+    /// Disposal records of this node in id order, strictly after `after`.
+    FsckDisposals {
+        after: Option<EntryId>,
+        max: u32,
+    },
+    /// One repair, applied by the metadata node's writer (transactional,
+    /// re-checked against the current records before it writes).
+    FsckFix {
+        fix: FsckFix,
+    },
+    /// Chunk files of a storage target with their lengths, in the order
+    /// (hash directory, entry id), strictly after `after`.
+    ListChunks {
+        target: TargetId,
+        after: Option<EntryId>,
+        max: u32,
+    },
+}
+
+/// A dentry as `hivefs fsck` sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsckDentry {
+    pub parent: EntryId,
+    pub name: Vec<u8>,
+    pub id: EntryId,
+    pub kind: FileKind,
+    /// Metadata node holding the inode `id`.
+    pub owner: NodeId,
+}
+
+/// An inode as `hivefs fsck` sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsckInode {
+    pub id: EntryId,
+    pub kind: FileKind,
+    pub nlink: u32,
+    pub size: u64,
+    pub pattern: Option<hivefs_types::pattern::Pattern>,
+    pub parent: Option<EntryId>,
+    /// A client holds the entry open (its size may be changing).
+    pub open: bool,
+}
+
+/// A disposal record as `hivefs fsck` sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsckDisposal {
+    pub id: EntryId,
+    /// `true`: unlinked while open (inode kept, nlink 0); `false`: chunk files to delete.
+    pub open_unlinked: bool,
+    pub targets: Vec<TargetId>,
+}
+
+/// Repairs of a metadata node's records. Each names the state it expects
+/// and is refused with `Busy` when the records changed since the check.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FsckFix {
+    /// Removes the dentry `parent/name` if it still names `id` and `id` has no inode here.
+    RemoveDentry { parent: EntryId, name: Vec<u8>, id: EntryId },
+    /// Sets the link count of `id` from `from` to `to`.
+    SetNlink { id: EntryId, from: u32, to: u32 },
+    /// Sets the cached size of file `id` from `from` to `to`.
+    SetSize { id: EntryId, from: u64, to: u64 },
+    /// Sets the parent pointer of directory `id`.
+    SetParent { id: EntryId, from: Option<EntryId>, to: EntryId },
+    /// Removes an unlinked inode (nlink 0, no `OpenUnlinked` record, not
+    /// open) and queues its chunk files for deletion.
+    DropUnlinked { id: EntryId },
+    /// Gives an inode that no dentry names (nlink > 0) the name `<id>` in
+    /// `/lost+found` (created on demand; needs the root on this node).
+    LostFound { id: EntryId },
 }
 
 impl Request {
@@ -351,6 +458,10 @@ impl Request {
                 | Request::MoveTargetToPool { .. }
                 | Request::ListPools
                 | Request::RefreshView
+                | Request::FsckDentries { .. }
+                | Request::FsckInodes { .. }
+                | Request::FsckDisposals { .. }
+                | Request::ListChunks { .. }
         )
     }
 }
@@ -393,6 +504,25 @@ pub enum Reply {
         pool: PoolId,
     },
     Pools(Vec<PoolInfo>),
+    FsckDentries {
+        entries: Vec<FsckDentry>,
+        more: bool,
+    },
+    FsckInodes {
+        inodes: Vec<FsckInode>,
+        more: bool,
+    },
+    FsckDisposals {
+        records: Vec<FsckDisposal>,
+        more: bool,
+    },
+    /// `(entry, chunk file length)` in listing order.
+    Chunks {
+        chunks: Vec<(EntryId, u64)>,
+        more: bool,
+    },
+    /// What an `FsckFix` did (for the report).
+    FsckFixed(String),
 }
 
 pub type Response = Result<Reply, FsError>;

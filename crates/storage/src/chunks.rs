@@ -188,6 +188,56 @@ impl ChunkStore {
         }
     }
 
+    /// Chunk files with their lengths, in the order (hash directory, entry
+    /// id), strictly after `after`; at most `max`, plus whether more follow.
+    /// Names that are not entry ids, or that sit in the wrong hash directory,
+    /// are not chunk files of this target and are skipped (with a warning).
+    /// Memory: one hash directory's names at a time.
+    pub fn list(&self, after: Option<EntryId>, max: usize) -> FsResult<(Vec<(EntryId, u64)>, bool)> {
+        let max = max.max(1);
+        let root = self.dir.join(CHUNKS_DIR);
+        let first = after.map_or(0, |a| usize::from(a.hash_dir()));
+        let mut out = Vec::new();
+        for h in first..=255usize {
+            let sub = root.join(format!("{h:02x}"));
+            let rd = match std::fs::read_dir(&sub) {
+                Ok(rd) => rd,
+                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                Err(e) => return Err(fs_err!(Io, "target {}: listing {}: {e}", self.target, sub.display())),
+            };
+            let mut ids = Vec::new();
+            for e in rd {
+                let e = e.map_err(|e| fs_err!(Io, "target {}: listing {}: {e}", self.target, sub.display()))?;
+                let name = e.file_name();
+                match name.to_str().and_then(EntryId::parse) {
+                    Some(id) if usize::from(id.hash_dir()) == h && id.to_string().as_str() == name => {
+                        if after.is_none_or(|a| usize::from(a.hash_dir()) != h || id > a) {
+                            ids.push(id);
+                        }
+                    }
+                    _ => tracing::warn!(
+                        "target {}: {} is not a chunk file name of this directory; skipped",
+                        self.target,
+                        sub.join(&name).display()
+                    ),
+                }
+            }
+            ids.sort_unstable();
+            for id in ids {
+                if out.len() == max {
+                    return Ok((out, true));
+                }
+                // Removed since the listing: not a chunk file any more.
+                match std::fs::metadata(self.chunk_path(id)) {
+                    Ok(m) => out.push((id, m.len())),
+                    Err(e) if e.kind() == ErrorKind::NotFound => {}
+                    Err(e) => return Err(self.err(id, &e)),
+                }
+            }
+        }
+        Ok((out, false))
+    }
+
     /// Makes the chunk file's data, length and directory entry durable.
     /// Nothing to do if it does not exist.
     pub fn fsync(&self, entry: EntryId) -> FsResult<()> {
@@ -277,6 +327,31 @@ mod tests {
         assert_eq!(s.read(f, 0, 100).unwrap(), b"");
         s.write(f, 1, b"x").unwrap();
         assert_eq!(s.read(f, 0, 100).unwrap(), b"\0x", "a new file after unlink");
+    }
+
+    #[test]
+    fn list_pages_in_hash_then_id_order() {
+        let (d, s) = store();
+        let ids: Vec<EntryId> = (1..=40).map(|c| EntryId { counter: c, ..E }).collect();
+        for &id in &ids {
+            s.write(id, 0, &vec![1u8; id.counter as usize]).unwrap();
+        }
+        // Not chunk files: skipped.
+        std::fs::write(d.path().join(CHUNKS_DIR).join(format!("{:02x}", ids[0].hash_dir())).join("junk"), "x").unwrap();
+        let mut seen = Vec::new();
+        let mut after = None;
+        loop {
+            let (page, more) = s.list(after, 7).unwrap();
+            assert!(page.len() <= 7);
+            after = page.last().map(|p| p.0);
+            seen.extend(page);
+            if !more {
+                break;
+            }
+        }
+        let mut want: Vec<(EntryId, u64)> = ids.iter().map(|&id| (id, id.counter)).collect();
+        want.sort_by_key(|(id, _)| (id.hash_dir(), *id));
+        assert_eq!(seen, want);
     }
 
     #[test]

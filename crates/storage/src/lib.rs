@@ -37,6 +37,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tracing::{debug, error, info, warn};
 
+/// Largest page of a `ListChunks` answer.
+pub const LIST_CHUNKS_MAX: u32 = 4096;
+
 /// How long [`start`] waits for mgmtd to answer the registration.
 pub const REGISTER_DEADLINE: Duration = Duration::from_secs(30);
 
@@ -162,6 +165,12 @@ impl Ready {
             },
             Request::FsyncChunk { target, entry } => match self.store(target) {
                 Ok(s) => blocking(move || s.fsync(entry)).await.map(|()| Reply::Ok),
+                Err(e) => Err(e),
+            },
+            Request::ListChunks { target, after, max } => match self.store(target) {
+                Ok(s) => blocking(move || s.list(after, max.clamp(1, LIST_CHUNKS_MAX) as usize))
+                    .await
+                    .map(|(chunks, more)| Reply::Chunks { chunks, more }),
                 Err(e) => Err(e),
             },
             other => Err(fs_err!(NotSupported, "storage node {} does not serve {}", self.node, request_name(&other))),

@@ -148,18 +148,18 @@ impl TestFs {
 
     /// A second mount of the same file system.
     pub fn second_mount(&self) -> SecondMount {
-        let mnt = self.tmp.path().join("mnt2");
+        self.extra_mount("mnt2", &[])
+    }
+
+    /// Another mount of the same file system on `<tmp>/<name>`, with extra `hivefs mount` flags.
+    pub fn extra_mount(&self, name: &str, flags: &[&str]) -> SecondMount {
+        let mnt = self.tmp.path().join(name);
         std::fs::create_dir_all(&mnt).unwrap();
-        let log = std::fs::File::create(self.tmp.path().join("mnt2.log")).unwrap();
+        let log = std::fs::File::create(self.tmp.path().join(format!("{name}.log"))).unwrap();
         let child = Command::new(hivefs_bin())
-            .args([
-                "mount",
-                "--mgmtd",
-                &self.mgmtd_addr(),
-                "--secret-file",
-                self.secret().to_str().unwrap(),
-                mnt.to_str().unwrap(),
-            ])
+            .args(["mount", "--mgmtd", &self.mgmtd_addr(), "--secret-file", self.secret().to_str().unwrap()])
+            .args(flags)
+            .arg(&mnt)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
