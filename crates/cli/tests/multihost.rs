@@ -1,0 +1,177 @@
+//! Multi-host tests: every service on its own "host" (a network namespace of a
+//! `hivefs-testbed` test bed), bound to that host's address, started by hand as an
+//! administrator would; clients mount from their own hosts. Needs root.
+
+mod common;
+#[path = "common/netcluster.rs"]
+mod netcluster;
+
+use common::random_bytes;
+use netcluster::{bounded, NetCluster, IO_TIMEOUT_MS};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const MIB: usize = 1 << 20;
+
+fn check_same(path: &Path, want: &[u8], what: &str) {
+    let got = std::fs::read(path).unwrap_or_else(|e| panic!("{what}: read {}: {e}", path.display()));
+    assert_eq!(got.len(), want.len(), "{what}: size of {}", path.display());
+    assert!(got == want, "{what}: contents of {} differ", path.display());
+}
+
+fn targets_of(info: &serde_json::Value) -> Vec<u64> {
+    info["targets"].as_array().expect("a file's targets").iter().map(|t| t.as_u64().unwrap()).collect()
+}
+
+#[test]
+fn two_clients_see_each_others_data() {
+    let c = NetCluster::start("mh-data", 2, 4, 2);
+    let (m1, m2) = (c.clients[0].mnt.clone(), c.clients[1].mnt.clone());
+    let pat: serde_json::Value =
+        serde_json::from_str(&c.hivefs_ok_on(&c.clients[0].host, &["pattern", "get", "--json", m1.to_str().unwrap()]))
+            .unwrap();
+    let cs = pat["chunk_size"].as_u64().unwrap() as usize;
+    let sizes = [0, 1, cs - 1, cs + 1, 5 * MIB + 4097];
+
+    for (writer, reader, dir, seed) in [(&m1, &m2, "from1", 100u64), (&m2, &m1, "from2", 200)] {
+        std::fs::create_dir(writer.join(dir)).unwrap();
+        let files: Vec<(String, Vec<u8>)> =
+            sizes.iter().enumerate().map(|(i, &n)| (format!("{dir}/f{i}"), random_bytes(seed + i as u64, n))).collect();
+        for (rel, data) in &files {
+            std::fs::write(writer.join(rel), data)
+                .unwrap_or_else(|e| panic!("write {rel} through {}: {e}", writer.display()));
+        }
+        for (i, (rel, data)) in files.iter().enumerate() {
+            check_same(
+                &reader.join(rel),
+                data,
+                &format!("seed {}, written through {}", seed + i as u64, writer.display()),
+            );
+        }
+    }
+
+    // The big file is striped over targets of both storage hosts.
+    let info = c.entry_info(&m1.join("from1/f4"));
+    let node_of: BTreeMap<u64, u64> =
+        c.targets().iter().map(|t| (t["id"].as_u64().unwrap(), t["node"].as_u64().unwrap())).collect();
+    let nodes: std::collections::BTreeSet<u64> = targets_of(&info).iter().map(|t| node_of[t]).collect();
+    for s in &c.storage {
+        let id = c.node_id_of(&s.host);
+        assert!(nodes.contains(&id), "no target of {} (node {id}) in {info}", s.host.name);
+    }
+}
+
+/// States of the cut host's targets, each as the sequence of distinct states seen, and
+/// the states seen of the other host's targets; polls until the cut ones are offline.
+fn watch_targets(c: &NetCluster, cut: &[u64], other: &[u64]) -> (BTreeMap<u64, Vec<String>>, Vec<String>) {
+    let mut seq: BTreeMap<u64, Vec<String>> = cut.iter().map(|t| (*t, Vec::new())).collect();
+    let mut others = Vec::new();
+    let start = Instant::now();
+    loop {
+        for t in c.targets() {
+            let (id, state) = (t["id"].as_u64().unwrap(), t["state"].as_str().unwrap().to_string());
+            if let Some(s) = seq.get_mut(&id) {
+                if s.last() != Some(&state) {
+                    s.push(state);
+                }
+            } else if other.contains(&id) && !others.contains(&state) {
+                others.push(state);
+            }
+        }
+        if seq.values().all(|s| s.last().is_some_and(|x| x == "offline")) {
+            return (seq, others);
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "the cut host's targets did not go offline: {seq:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn link_cut_to_one_storage_host() {
+    let c = NetCluster::start("mh-cut", 2, 2, 1);
+    let (host_a, host_b) = (c.storage[0].host.clone(), c.storage[1].host.clone());
+    let (ta, tb) = (c.target_ids_of(&host_a), c.target_ids_of(&host_b));
+    assert!(!ta.is_empty() && !tb.is_empty());
+    // One storage pool per host, one directory per pool.
+    let mnt = c.clients[0].mnt.clone();
+    let client = c.clients[0].host.clone();
+    for (pool, targets, dir) in [("hosta", &ta, "a"), ("hostb", &tb, "b")] {
+        let id = c.create_pool(pool);
+        c.move_targets(pool, targets);
+        let d = mnt.join(dir);
+        std::fs::create_dir(&d).unwrap();
+        c.hivefs_ok_on(&client, &["pattern", "set", "--pool", &id.to_string(), d.to_str().unwrap()]);
+    }
+    let (file_a, file_b) = (mnt.join("a/file"), mnt.join("b/file"));
+    let (data_a, data_b) = (random_bytes(1, 2 * MIB + 3), random_bytes(2, 2 * MIB + 5));
+    std::fs::write(&file_a, &data_a).unwrap();
+    std::fs::write(&file_b, &data_b).unwrap();
+    // Written to during the cut; a failed write may still land later, so it is not read back.
+    let victim_a = mnt.join("a/victim");
+    std::fs::write(&victim_a, random_bytes(5, 64 * 1024)).unwrap();
+    let on_a = targets_of(&c.entry_info(&file_a));
+    let on_b = targets_of(&c.entry_info(&file_b));
+    assert!(!on_a.is_empty() && on_a.iter().all(|t| ta.contains(t)), "a/file on {on_a:?}, host A has {ta:?}");
+    assert!(!on_b.is_empty() && on_b.iter().all(|t| tb.contains(t)), "b/file on {on_b:?}, host B has {tb:?}");
+
+    c.tb.cut(&host_a).unwrap();
+    std::thread::scope(|s| {
+        let watcher = s.spawn(|| watch_targets(&c, &ta, &tb));
+
+        // I/O on A's files fails (it must not hang), while B's file keeps working meanwhile.
+        let mut read = Command::new("dd");
+        read.arg(format!("if={}", file_a.display())).args(["of=/dev/null", "bs=1M"]);
+        let read_a = bounded("a read of A's file", read);
+        let mut write = Command::new("dd");
+        write.args(["if=/dev/zero", "bs=8k", "count=1", "seek=1", "conv=notrunc,fsync"]);
+        write.arg(format!("of={}", victim_a.display()));
+        let write_a = bounded("a write to A's file", write);
+
+        check_same(&file_b, &data_b, "B's file while A is cut");
+        let new_b = random_bytes(3, MIB + 17);
+        std::fs::write(mnt.join("b/new"), &new_b).expect("write a new file on host B while A is cut");
+        check_same(&mnt.join("b/new"), &new_b, "B's new file while A is cut");
+
+        let limit = Duration::from_secs(60);
+        for (what, op) in [("read of A's file", read_a), ("write to A's file", write_a)] {
+            let (out, took) = op.wait(limit);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{what} succeeded over a cut link");
+            assert!(
+                err.contains("Input/output error") || err.contains("Connection timed out"),
+                "{what} failed otherwise than with EIO or ETIMEDOUT: {err}"
+            );
+            eprintln!(
+                "{what} failed after {took:?} (I/O timeout {IO_TIMEOUT_MS} ms): {}",
+                err.lines().next().unwrap_or("")
+            );
+        }
+
+        let (seq, others) = watcher.join().expect("target state watcher");
+        eprintln!("after the cut, host A's targets went {seq:?}; host B's were {others:?}");
+        for (t, states) in &seq {
+            let po = states.iter().position(|s| s == "probably-offline");
+            let off = states.iter().position(|s| s == "offline");
+            assert!(
+                po.is_some() && po < off,
+                "target {t} of the cut host went {states:?}, want probably-offline then offline"
+            );
+        }
+        assert!(!others.iter().any(|s| s == "offline"), "host B's targets went {others:?} while only A was cut");
+    });
+
+    c.tb.heal(&host_a).unwrap();
+    let healed = Instant::now();
+    c.wait_for("host A's targets back online", Duration::from_secs(30), |c| {
+        let t = c.targets();
+        ta.iter().all(|id| t.iter().any(|x| x["id"] == *id && x["state"] == "online"))
+    });
+    eprintln!("host A's targets online again {:?} after the heal", healed.elapsed());
+    // The same mount, without remounting: A's file reads and writes again.
+    check_same(&file_a, &data_a, "A's file after heal");
+    let again = random_bytes(4, MIB + 1);
+    std::fs::write(&file_a, &again).expect("write A's file after heal");
+    check_same(&file_a, &again, "A's file rewritten after heal");
+}
