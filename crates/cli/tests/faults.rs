@@ -207,3 +207,38 @@ fn io_to_a_dead_storage_service_fails_within_the_timeout_and_works_after_restart
     fs.reup();
     assert!(std::fs::read(mnt2.join("f")).unwrap() == data, "I/O works again without remounting");
 }
+
+/// `hivefs down` with its arguments, failing the test if it takes longer than a minute.
+fn down_bounded(fs: &TestFs, extra: &[&str]) -> std::process::Output {
+    let c = Command::new(hivefs_bin())
+        .args(["down", "--dir", fs.dir_s()])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_bounded(c, Duration::from_secs(60), "hivefs down")
+}
+
+#[test]
+fn down_never_hangs_on_dead_servers_and_force_detaches_a_busy_mount() {
+    let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "1"]);
+    std::fs::write(fs.path("f"), b"data").unwrap();
+    for svc in ["storage1", "meta1", "mgmtd"] {
+        fs.kill9(svc);
+    }
+    let o = down_bounded(&fs, &[]);
+    assert!(o.status.success(), "down with dead servers: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(!is_mounted(&fs.mnt));
+    fs.reup();
+    assert_eq!(std::fs::read(fs.path("f")).unwrap(), b"data");
+    // A busy mount: plain `down` refuses with advice, `--force` detaches it lazily.
+    let held = std::fs::File::open(fs.path("f")).unwrap();
+    let o = down_bounded(&fs, &[]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--force"), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = down_bounded(&fs, &["--force"]);
+    assert!(o.status.success(), "down --force: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(!is_mounted(&fs.mnt));
+    drop(held);
+}

@@ -175,3 +175,53 @@ fn link_cut_to_one_storage_host() {
     std::fs::write(&file_a, &again).expect("write A's file after heal");
     check_same(&file_a, &again, "A's file rewritten after heal");
 }
+
+#[test]
+fn link_cut_to_the_mgmtd_and_metadata_hosts() {
+    let c = NetCluster::start("mh-mdcut", 1, 2, 1);
+    let mnt = c.clients[0].mnt.clone();
+    let data = random_bytes(7, MIB + 9);
+    std::fs::write(mnt.join("f"), &data).unwrap();
+
+    // mgmtd unreachable: clients and servers need it only for registration, heartbeats
+    // and the cluster view, so namespace and data operations go on.
+    c.tb.cut(&c.mgmtd_host).unwrap();
+    let during = random_bytes(8, 3 * MIB + 1);
+    std::fs::create_dir(mnt.join("during-mgmtd-cut")).expect("mkdir while mgmtd is cut off");
+    std::fs::write(mnt.join("during-mgmtd-cut/g"), &during).expect("write while mgmtd is cut off");
+    check_same(&mnt.join("during-mgmtd-cut/g"), &during, "a file written while mgmtd was cut off");
+    check_same(&mnt.join("f"), &data, "an old file while mgmtd is cut off");
+    std::thread::sleep(Duration::from_millis(netcluster::OFFLINE_MS + 500));
+    c.tb.heal(&c.mgmtd_host).unwrap();
+    c.wait_for("every node and target back online after mgmtd's link returned", Duration::from_secs(30), |c| {
+        c.targets().iter().all(|t| t["state"] == "online") && c.nodes().iter().all(|n| n["state"] == "online")
+    });
+
+    // The metadata host unreachable: namespace operations fail within the I/O timeout,
+    // a file opened before goes on reading (the data path needs only the storage hosts).
+    let mut held = std::fs::File::open(mnt.join("f")).unwrap();
+    c.tb.cut(&c.meta_host).unwrap();
+    let mut touch = Command::new("touch");
+    touch.arg(mnt.join("new"));
+    let create = bounded("a create while the metadata host is cut off", touch);
+    let mut again = Vec::new();
+    std::io::Read::read_to_end(&mut held, &mut again).expect("read an open file while the metadata host is cut off");
+    assert!(again == data, "an open file read while the metadata host was cut off differs");
+    let (out, took) = create.wait(Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a create succeeded with the metadata host cut off");
+    assert!(
+        err.contains("Input/output error") || err.contains("Connection timed out"),
+        "a create failed otherwise than with EIO or ETIMEDOUT: {err}"
+    );
+    eprintln!("a create failed after {took:?} with the metadata host cut off (I/O timeout {IO_TIMEOUT_MS} ms)");
+    drop(held);
+    c.tb.heal(&c.meta_host).unwrap();
+    let healed = Instant::now();
+    c.wait_for("creates to work again after the metadata host's link returned", Duration::from_secs(30), |_| {
+        std::fs::write(mnt.join("after"), b"back").is_ok()
+    });
+    eprintln!("namespace operations work again {:?} after the heal", healed.elapsed());
+    assert_eq!(std::fs::read(mnt.join("after")).unwrap(), b"back");
+    check_same(&mnt.join("during-mgmtd-cut/g"), &during, "the file written while mgmtd was cut off, at the end");
+}
