@@ -7,6 +7,8 @@ command -v fusermount3 >/dev/null || need+=(fuse3)
 command -v fio >/dev/null || need+=(fio)
 command -v ip >/dev/null || need+=(iproute2)
 command -v setpriv >/dev/null || need+=(util-linux)
+command -v setfacl >/dev/null || need+=(acl)
+command -v getfattr >/dev/null || need+=(attr)
 if ((${#need[@]})); then
   echo "installing: ${need[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

@@ -8,7 +8,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use hivefs_client::{Client, Ent, Options};
 use hivefs_net::{call_once, ClientConfig, Secret};
-use hivefs_proto::{Reply, Request};
+use hivefs_proto::{MetaChooser, Reply, Request};
 use hivefs_types::attr::{EntryAttr, FileKind};
 use hivefs_types::pattern::{validate_chunk_size, Chooser, DirPattern};
 use hivefs_types::PoolId;
@@ -71,6 +71,9 @@ pub enum PatternCmd {
         /// Storage pool id.
         #[arg(long)]
         pool: Option<u16>,
+        /// Metadata-node chooser for new subdirectories: balanced, random, roundrobin.
+        #[arg(long)]
+        meta_chooser: Option<String>,
     },
 }
 
@@ -343,20 +346,32 @@ pub fn entry(cmd: EntryCmd) -> Result<()> {
 pub fn pattern(cmd: PatternCmd) -> Result<()> {
     match cmd {
         PatternCmd::Get { dir, json } => {
-            let (_, _, a) = rt()?.block_on(resolve_path(&dir))?;
-            let p = a.dir_pattern.as_ref().ok_or_else(|| anyhow!("{} is not a directory", dir.display()))?;
-            let info = pattern_info(p);
+            let (info, meta_chooser) = rt()?.block_on(async {
+                let (c, _, a) = resolve_path(&dir).await?;
+                let p = a.dir_pattern.as_ref().ok_or_else(|| anyhow!("{} is not a directory", dir.display()))?;
+                let mc = c.meta_chooser(Ent::from(&a)).await.map_err(|e| anyhow!("{}: {e}", dir.display()))?;
+                Ok::<_, anyhow::Error>((pattern_info(p), mc))
+            })?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&info)?);
+                let mut v = serde_json::to_value(&info)?;
+                v["meta_chooser"] = serde_json::Value::from(meta_chooser.name());
+                println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 println!("chunk size:   {}", human(u64::from(info.chunk_size)));
                 println!("stripe count: {}", info.stripe_count);
                 println!("pool:         {}", info.pool);
                 println!("chooser:      {}", info.chooser);
+                println!("meta chooser: {}", meta_chooser.name());
             }
             Ok(())
         }
-        PatternCmd::Set { dir, chunk_size, stripe, chooser, pool } => {
+        PatternCmd::Set { dir, chunk_size, stripe, chooser, pool, meta_chooser } => {
+            let meta_chooser = meta_chooser
+                .map(|s| {
+                    MetaChooser::parse(&s)
+                        .ok_or_else(|| anyhow!("unknown metadata chooser {s:?}: use balanced, random or roundrobin"))
+                })
+                .transpose()?;
             let chunk = chunk_size
                 .map(|s| parse_size(&s).and_then(|b| validate_chunk_size(b).map_err(|e| anyhow!(e))))
                 .transpose()?;
@@ -396,6 +411,13 @@ pub fn pattern(cmd: PatternCmd) -> Result<()> {
                 }
                 if let Some(pl) = pool {
                     p.pool = PoolId(pl);
+                }
+                if let Some(mc) = meta_chooser {
+                    c.set_meta_chooser(Ent::from(&a), mc).await.map_err(|e| anyhow!("{}: {e}", dir.display()))?;
+                    println!("{}: metadata chooser {}", dir.display(), mc.name());
+                    if chunk.is_none() && stripe.is_none() && chooser.is_none() && pool.is_none() {
+                        return Ok(());
+                    }
                 }
                 let a = c.set_dir_pattern(Ent::from(&a), p).await.map_err(|e| anyhow!("{}: {e}", dir.display()))?;
                 let info = pattern_info(a.dir_pattern.as_ref().expect("directory"));

@@ -3,6 +3,7 @@
 //! libraries; it holds no file-system logic of its own.
 
 mod admin;
+mod bench;
 mod fsck;
 mod pools;
 mod services;
@@ -52,6 +53,9 @@ enum Cmd {
     /// Check the whole file system (every metadata node and storage target) for inconsistencies; --repair fixes them.
     /// Exit status: 0 clean (or all repaired), 1 problems left, 2 error.
     Fsck(fsck::FsckArgs),
+    /// Built-in benchmarks: StorageBench, NetBench, IOR-like I/O and mdtest-like metadata runs.
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
 }
 
 fn main() {
@@ -71,6 +75,7 @@ fn main() {
         Cmd::Pool(c) => pools::pool(c),
         Cmd::Df(c) => pools::df(c),
         Cmd::Fsck(a) => std::process::exit(fsck::fsck(a)),
+        Cmd::Bench(c) => bench::bench(c),
     };
     if let Err(e) = r {
         eprintln!("hivefs: {e:#}");

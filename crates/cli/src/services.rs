@@ -101,6 +101,11 @@ pub struct MountArgs {
     /// ETIMEDOUT. Operations on other servers go on meanwhile.
     #[arg(long, default_value_t = 30_000)]
     pub io_timeout_ms: u64,
+    /// Leave flock/fcntl locks to this machine's kernel and append at the offset it
+    /// passes (default: global file locks and appends, checked by the metadata nodes
+    /// across all clients).
+    #[arg(long)]
+    pub local_locks: bool,
     /// Log level.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -236,7 +241,11 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
         wait_for_signal().await;
         let _ = stop_tx.send(());
     });
-    let opts = hivefs_fuse::MountOptions { allow_other: !a.private, fuse_threads: a.fuse_threads };
+    let opts = hivefs_fuse::MountOptions {
+        allow_other: !a.private,
+        fuse_threads: a.fuse_threads,
+        global_file_locks: !a.local_locks,
+    };
     info!("mounting HiveFS (mgmtd {}) on {}", a.mgmtd, mnt.display());
     let r = hivefs_fuse::mount(client, rt.handle().clone(), &mnt, &opts, stop_rx);
     let _ = std::fs::remove_file(&record);

@@ -50,6 +50,10 @@ pub struct UpArgs {
     /// directories): random, roundrobin, randomized-roundrobin, balanced.
     #[arg(long)]
     pub chooser: Option<String>,
+    /// Metadata-node chooser of the root directory (inherited by new directories):
+    /// balanced, random, roundrobin. Applies at the first `up`.
+    #[arg(long)]
+    pub meta_chooser: Option<String>,
     /// Address the services bind to.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -117,7 +121,23 @@ impl Layout {
     }
 }
 
+/// A free port for a service, below the kernel's ephemeral range: a port from that
+/// range may be taken as the local port of some outgoing connection while its service
+/// is down, and the restarted service could not listen on it again.
 fn free_port(host: &str) -> Result<u16> {
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|p| p.parse::<u16>().ok()))
+        .unwrap_or(32768);
+    let (lo, hi) = (10_000u16, ephemeral_start.max(10_001));
+    let start = std::process::id() as u64
+        ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
+    for i in 0..u64::from(hi - lo) {
+        let port = lo + ((start.wrapping_add(i.wrapping_mul(7919))) % u64::from(hi - lo)) as u16;
+        if std::net::TcpListener::bind((host, port)).is_ok() {
+            return Ok(port);
+        }
+    }
     let l = std::net::TcpListener::bind((host, 0)).with_context(|| format!("cannot bind to {host}"))?;
     Ok(l.local_addr()?.port())
 }
@@ -253,6 +273,14 @@ pub fn up(a: UpArgs) -> Result<()> {
     let layout = layout_for(&a, &dir)?;
     let timeout = Duration::from_secs(a.timeout);
     let first_up = !dir.join("fs.toml").exists();
+    let meta_chooser = a
+        .meta_chooser
+        .as_deref()
+        .map(|s| {
+            hivefs_proto::MetaChooser::parse(s)
+                .ok_or_else(|| anyhow!("unknown metadata chooser {s:?}: use balanced, random or roundrobin"))
+        })
+        .transpose()?;
     if first_up {
         hivefs_cluster::write_atomic(&dir.join("fs.toml"), toml::to_string(&layout)?.as_bytes())?;
     }
@@ -344,7 +372,12 @@ pub fn up(a: UpArgs) -> Result<()> {
             let mut last = None;
             for _ in 0..100 {
                 match c.set_dir_pattern(c.root(), pat.clone()).await {
-                    Ok(_) => return Ok(()),
+                    Ok(_) => {
+                        if let Some(mc) = meta_chooser {
+                            c.set_meta_chooser(c.root(), mc).await?;
+                        }
+                        return Ok(());
+                    }
                     Err(e) => last = Some(e),
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;

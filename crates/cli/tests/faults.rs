@@ -165,12 +165,16 @@ fn kill9_of_each_service_during_checksummed_io() {
         let o = wait_bounded(fio, Duration::from_secs(180), &format!("fio during kill -9 of {svc}"));
         // Retries of idempotent chunk requests and of metadata operations make a
         // quick restart invisible: every write succeeded and verifies.
-        assert!(
-            o.status.success(),
-            "fio during kill -9 of {svc} failed:\n{}\n{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
+        if !o.status.success() {
+            let log = std::fs::read_to_string(fs.dir.join("client/mount.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            panic!(
+                "fio during kill -9 of {svc} failed:\n{}\n{}\nmount log (last lines, newest first):\n{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr),
+                tail.join("\n")
+            );
+        }
     }
     // Everything written in all rounds reads back (sizes as fio wrote them).
     for svc in ["storage1", "meta1", "mgmtd", "storage2"] {

@@ -8,10 +8,11 @@
 //! the mount crate and the CLI sit on top of it.
 
 mod data;
+mod locks;
 
 use hivefs_cluster::Cluster;
 use hivefs_net::{ClientConfig, Pools, Secret};
-use hivefs_proto::{encode_body, Caller, Capacity, DirEntry, OpId, Reachability, Reply, Request};
+use hivefs_proto::{encode_body, Caller, Capacity, DirEntry, MetaChooser, OpId, Reachability, Reply, Request};
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, Timespec};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::ids::{EntryId, NodeId, NodeType};
@@ -64,6 +65,8 @@ pub struct Client {
     cluster: Arc<Cluster>,
     root: Ent,
     ops: OpIds,
+    io_timeout: Duration,
+    locks: Arc<locks::LockSession>,
 }
 
 /// Ids of this client's non-idempotent metadata operations, so that they
@@ -131,7 +134,13 @@ impl Client {
             FsError::new(ErrorCode::Unavailable, format!("mgmtd {}: no metadata node has registered yet", opts.mgmtd))
         })?;
         cluster.spawn_refresh(Duration::from_secs(5));
-        Ok(Arc::new(Client { cluster, root: Ent { id: EntryId::ROOT, owner }, ops: OpIds::new() }))
+        Ok(Arc::new(Client {
+            cluster,
+            root: Ent { id: EntryId::ROOT, owner },
+            ops: OpIds::new(),
+            io_timeout: opts.io_timeout,
+            locks: locks::new_session(),
+        }))
     }
 
     pub fn root(&self) -> Ent {
@@ -196,6 +205,18 @@ impl Client {
     }
 
     pub async fn rename(&self, parent: Ent, name: &[u8], new_parent: Ent, new_name: &[u8], flags: u32) -> FsResult<()> {
+        if parent.owner != new_parent.owner {
+            // The old parent's owner coordinates the move to the other node.
+            let req = Request::RenameTo {
+                parent: parent.id,
+                name: name.to_vec(),
+                new_parent: new_parent.id,
+                new_parent_owner: new_parent.owner,
+                new_name: new_name.to_vec(),
+                flags,
+            };
+            return ok(self.meta(parent.owner, &req).await?);
+        }
         let req = Request::Rename {
             parent: parent.id,
             name: name.to_vec(),
@@ -262,6 +283,18 @@ impl Client {
         ok(self.meta(e.owner, &Request::RemoveXattr { id: e.id, name: name.to_vec() }).await?)
     }
 
+    /// Sets the metadata-node chooser of directory `e` (inherited by new subdirectories).
+    pub async fn set_meta_chooser(&self, e: Ent, chooser: MetaChooser) -> FsResult<EntryAttr> {
+        entry(self.meta(e.owner, &Request::SetMetaChooser { id: e.id, chooser }).await?)
+    }
+
+    pub async fn meta_chooser(&self, e: Ent) -> FsResult<MetaChooser> {
+        match self.meta(e.owner, &Request::GetMetaChooser { id: e.id }).await? {
+            Reply::MetaChooser(c) => Ok(c),
+            r => Err(unexpected(r)),
+        }
+    }
+
     pub async fn set_dir_pattern(&self, e: Ent, pattern: DirPattern) -> FsResult<EntryAttr> {
         entry(self.meta(e.owner, &Request::SetDirPattern { id: e.id, pattern }).await?)
     }
@@ -291,7 +324,7 @@ impl Client {
         Ok(cur)
     }
 
-    /// Space of all reachable storage targets, and entry counts of the root's metadata node.
+    /// Space of all reachable storage targets, and entry counts of all metadata nodes.
     pub async fn statfs(&self) -> FsResult<FsStat> {
         let view = self.cluster.refresh().await?;
         let mut st = FsStat::default();
@@ -301,9 +334,21 @@ impl Client {
             st.storage.total_inodes += t.capacity.total_inodes;
             st.storage.free_inodes += t.capacity.free_inodes;
         }
-        if let Reply::MetaStat { files, dirs, .. } = self.meta(self.root.owner, &Request::MetaStat).await? {
-            st.files = files;
-            st.dirs = dirs;
+        // Every metadata node counts the entries it stores.
+        let mut metas: Vec<NodeId> = view
+            .nodes
+            .values()
+            .filter(|n| n.node_type == NodeType::Meta && n.reachability != Reachability::Offline)
+            .map(|n| n.id)
+            .collect();
+        if metas.is_empty() {
+            metas.push(self.root.owner);
+        }
+        for m in metas {
+            if let Ok(Reply::MetaStat { files, dirs, .. }) = self.meta(m, &Request::MetaStat).await {
+                st.files += files;
+                st.dirs += dirs;
+            }
         }
         Ok(st)
     }

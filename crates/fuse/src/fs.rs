@@ -1,19 +1,21 @@
 //! The FUSE request handlers.
 
+mod locks;
+
 use crate::errno::errno;
 use crate::inodes::{Inodes, ROOT_INO};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
     LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
+    ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 use hivefs_client::{Client, Ent};
-use hivefs_proto::{Caller, DirEntry};
+use hivefs_proto::{Caller, DirEntry, FileLock, LockKind};
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::ids::EntryId;
 use hivefs_types::pattern::Pattern;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -36,11 +38,15 @@ pub struct MountOptions {
     pub allow_other: bool,
     /// Threads reading `/dev/fuse`; the requests themselves run on the async runtime.
     pub fuse_threads: usize,
+    /// `flock`/`fcntl` locks and O_APPEND writes are coordinated by the
+    /// metadata nodes across all clients (`global_file_locks`); `false` leaves
+    /// locks to the kernel of this machine and appends at the offset it passes.
+    pub global_file_locks: bool,
 }
 
 impl Default for MountOptions {
     fn default() -> Self {
-        MountOptions { allow_other: true, fuse_threads: 2 }
+        MountOptions { allow_other: true, fuse_threads: 2, global_file_locks: true }
     }
 }
 
@@ -49,6 +55,10 @@ struct OpenFile {
     pattern: Pattern,
     write: bool,
     dirty: AtomicBool,
+    /// The file had suid or group-executable sgid when opened: the first
+    /// write by an unprivileged caller clears them (the kernel leaves this
+    /// to the file system for direct I/O).
+    kill_privs: AtomicBool,
 }
 
 struct DirHandle {
@@ -66,6 +76,9 @@ struct DirHandle {
 struct LocalSize {
     size: u64,
     writers: u32,
+    /// Time of the last write through this mount, reported as mtime and
+    /// ctime until the metadata node hears of the writes.
+    mtime: Option<Timespec>,
 }
 
 struct Inner {
@@ -75,6 +88,10 @@ struct Inner {
     dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirHandle>>>>,
     local_sizes: Mutex<HashMap<EntryId, LocalSize>>,
     next_fh: AtomicU64,
+    global_locks: bool,
+    /// Files this mount has set global locks on: closing them drops the
+    /// closing owner's locks at the metadata node.
+    locked: Mutex<HashSet<EntryId>>,
 }
 
 pub struct HiveFs {
@@ -112,6 +129,20 @@ fn file_type(k: FileKind) -> FileType {
     }
 }
 
+/// Whether a write or truncation by an unprivileged user must clear
+/// set-user-id / set-group-id (sgid only with group execute, as Linux).
+fn kills_privs(mode: u32) -> bool {
+    mode & 0o4000 != 0 || mode & 0o2010 == 0o2010
+}
+
+fn without_privs(mode: u32) -> u32 {
+    let mut m = mode & 0o7777 & !0o4000;
+    if m & 0o2010 == 0o2010 {
+        m &= !0o2000;
+    }
+    m
+}
+
 fn caller(req: &Request) -> Caller {
     Caller { uid: req.uid(), gid: req.gid() }
 }
@@ -126,10 +157,14 @@ impl Inner {
     }
 
     fn to_attr(&self, ino: u64, a: &EntryAttr) -> FileAttr {
-        let mut size = a.size;
+        let (mut size, mut mtime, mut ctime) = (a.size, a.mtime, a.ctime);
         if a.kind == FileKind::File {
             if let Some(l) = self.local_sizes.lock().expect("sizes").get(&a.id) {
                 size = size.max(l.size);
+                if let Some(t) = l.mtime {
+                    mtime = mtime.max(t);
+                    ctime = ctime.max(t);
+                }
             }
         }
         FileAttr {
@@ -137,8 +172,8 @@ impl Inner {
             size,
             blocks: size.div_ceil(512),
             atime: ts_to_system(a.atime),
-            mtime: ts_to_system(a.mtime),
-            ctime: ts_to_system(a.ctime),
+            mtime: ts_to_system(mtime),
+            ctime: ts_to_system(ctime),
             crtime: ts_to_system(a.ctime),
             kind: file_type(a.kind),
             perm: (a.mode & 0o7777) as u16,
@@ -164,6 +199,7 @@ impl Inner {
     fn note_write(&self, id: EntryId, end: u64) {
         if let Some(l) = self.local_sizes.lock().expect("sizes").get_mut(&id) {
             l.size = l.size.max(end);
+            l.mtime = Some(system_to_ts(SystemTime::now()));
         }
     }
 
@@ -204,16 +240,20 @@ impl Inner {
         Ok(())
     }
 
-    async fn open_file(&self, ent: Ent, flags: i32) -> FsResult<(u64, Arc<OpenFile>)> {
+    async fn open_file(&self, ent: Ent, flags: i32, c: Caller) -> FsResult<(u64, Arc<OpenFile>)> {
         let acc = flags & libc::O_ACCMODE;
         let write = acc == libc::O_WRONLY || acc == libc::O_RDWR;
         let mut attr = self.client.open(ent, write).await?;
-        if write && flags & libc::O_TRUNC != 0 && attr.size != 0 {
-            attr = match self
-                .client
-                .setattr(ent, SetAttr { size: Some(0), ..Default::default() }, Caller::default())
-                .await
-            {
+        if write && flags & libc::O_TRUNC != 0 {
+            // As Linux: O_TRUNC updates mtime and ctime even of an empty
+            // file, and an unprivileged truncation drops suid/sgid.
+            let set = SetAttr {
+                size: (attr.size != 0).then_some(0),
+                mtime: Some(SetTime::Now),
+                mode: (c.uid != 0 && kills_privs(attr.mode)).then(|| without_privs(attr.mode)),
+                ..Default::default()
+            };
+            attr = match self.client.setattr(ent, set, c).await {
                 Ok(a) => a,
                 Err(e) => {
                     let _ = self.client.release(ent, write).await;
@@ -228,7 +268,8 @@ impl Inner {
         if write {
             self.add_writer(ent.id, attr.size);
         }
-        let f = Arc::new(OpenFile { ent, pattern, write, dirty: AtomicBool::new(false) });
+        let kill_privs = AtomicBool::new(write && kills_privs(attr.mode));
+        let f = Arc::new(OpenFile { ent, pattern, write, dirty: AtomicBool::new(false), kill_privs });
         let fh = self.new_fh();
         self.files.lock().expect("files").insert(fh, f.clone());
         Ok((fh, f))
@@ -296,6 +337,14 @@ impl Filesystem for HiveFs {
             | InitFlags::FUSE_ATOMIC_O_TRUNC;
         for flag in wanted.iter() {
             let _ = config.add_capabilities(flag);
+        }
+        if self.inner.global_locks {
+            // Without these the kernel keeps flock/fcntl locks local to this machine.
+            for flag in [InitFlags::FUSE_POSIX_LOCKS, InitFlags::FUSE_FLOCK_LOCKS] {
+                if let Err(f) = config.add_capabilities(flag) {
+                    warn!("the kernel does not offer {f:?}: those locks stay local to this machine");
+                }
+            }
         }
         let _ = config.set_max_background(64);
         let _ = config.set_congestion_threshold(48);
@@ -425,6 +474,12 @@ impl Filesystem for HiveFs {
         run!(self, reply, |inner| {
             let (p, np) = (inner.ent(parent)?, inner.ent(newparent)?);
             inner.client.rename(p, &name, np, &newname, flags.bits()).await?;
+            if p.owner != np.owner {
+                // A file's inode moved to the new parent's metadata node.
+                if let Ok(a) = inner.client.lookup(np, &newname).await {
+                    inner.inodes.lock().expect("inodes").update(Ent::from(&a));
+                }
+            }
             Ok(move |reply: ReplyEmpty| reply.ok())
         })
     }
@@ -437,9 +492,10 @@ impl Filesystem for HiveFs {
         })
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let c = caller(req);
         run!(self, reply, |inner| {
-            let (fh, _) = inner.open_file(inner.ent(ino)?, flags.0).await?;
+            let (fh, _) = inner.open_file(inner.ent(ino)?, flags.0, c).await?;
             Ok(move |reply: ReplyOpen| reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO))
         })
     }
@@ -461,7 +517,9 @@ impl Filesystem for HiveFs {
             let excl = flags & libc::O_EXCL != 0;
             let a = inner.client.create(p, &name, FileKind::File, mode & !umask & 0o7777, 0, excl, c).await?;
             let ent = Ent::from(&a);
-            let (fh, _) = inner.open_file(ent, flags).await?;
+            // A file this call created needs no truncation (nor the time update of O_TRUNC).
+            let flags = if a.size == 0 { flags & !libc::O_TRUNC } else { flags };
+            let (fh, _) = inner.open_file(ent, flags, c).await?;
             Ok(move |reply: ReplyCreate| {
                 reply.created(
                     &ENTRY_TTL,
@@ -495,29 +553,46 @@ impl Filesystem for HiveFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let data = data.to_vec();
+        let c = caller(req);
         run!(self, reply, |inner| {
             let f = inner.file(fh)?;
+            if c.uid != 0 && f.kill_privs.swap(false, Ordering::AcqRel) {
+                // A write without CAP_FSETID drops suid/sgid first (as Linux's file_remove_privs).
+                let a = inner.client.getattr(f.ent).await?;
+                if kills_privs(a.mode) {
+                    let set = SetAttr { mode: Some(without_privs(a.mode)), ..Default::default() };
+                    inner.client.setattr(f.ent, set, c).await?;
+                }
+            }
             f.dirty.store(true, Ordering::Release);
-            let n = inner.client.write(&f.pattern, f.ent.id, offset, &data).await?;
+            // O_APPEND: the kernel's offset is its idea of the end of file,
+            // stale when another client appended; append at the real end.
+            let (offset, n) = if inner.global_locks && flags.0 & libc::O_APPEND != 0 {
+                (inner.client.append(f.ent, &f.pattern, &data).await?, data.len())
+            } else {
+                (offset, inner.client.write(&f.pattern, f.ent.id, offset, &data).await?)
+            };
             inner.note_write(f.ent.id, offset + n as u64);
             Ok(move |reply: ReplyWrite| reply.written(n as u32))
         })
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
         run!(self, reply, |inner| {
             let f = inner.file(fh)?;
+            // A close drops the closing process's fcntl locks on the file (POSIX).
+            inner.drop_locks(f.ent, lock_owner).await;
             inner.publish_size(&f).await?;
             Ok(move |reply: ReplyEmpty| reply.ok())
         })
@@ -538,13 +613,18 @@ impl Filesystem for HiveFs {
         _ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
         run!(self, reply, |inner| {
             let f = inner.files.lock().expect("files").remove(&fh.0);
             if let Some(f) = f {
+                // The last close of an open file description drops its flock locks.
+                if let Some(owner) = lock_owner {
+                    inner.drop_locks(f.ent, owner).await;
+                }
+                inner.forget_locked(f.ent.id);
                 let r = inner.publish_size(&f).await;
                 if f.write {
                     inner.drop_writer(f.ent.id);
@@ -556,6 +636,37 @@ impl Filesystem for HiveFs {
             }
             Ok(move |reply: ReplyEmpty| reply.ok())
         })
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        locks::getlk(self, ino, lock_owner, start, end, typ, pid, reply)
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        locks::setlk(self, req, ino, lock_owner, start, end, typ, pid, sleep, reply)
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -668,11 +779,14 @@ impl Filesystem for HiveFs {
         })
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        // As Linux file systems: trusted.* names are listed to privileged callers only
+        // (the kernel already refuses others to read or write them).
+        let privileged = req.uid() == 0;
         run!(self, reply, |inner| {
             let names = inner.client.listxattr(inner.ent(ino)?).await?;
             let mut v = Vec::new();
-            for n in names {
+            for n in names.into_iter().filter(|n| privileged || !n.starts_with(b"trusted.")) {
                 v.extend_from_slice(&n);
                 v.push(0);
             }
@@ -739,6 +853,8 @@ pub fn mount(
             dirs: Mutex::default(),
             local_sizes: Mutex::default(),
             next_fh: AtomicU64::new(1),
+            global_locks: opts.global_file_locks,
+            locked: Mutex::default(),
         }),
         rt,
     };

@@ -46,6 +46,14 @@ impl Inodes {
         ino
     }
 
+    /// Updates where a known entry lives (a file moved to another metadata
+    /// node by a rename), without taking a reference.
+    pub fn update(&mut self, ent: Ent) {
+        if let Some(n) = self.by_id.get(&ent.id).and_then(|ino| self.by_ino.get_mut(ino)) {
+            n.ent = ent;
+        }
+    }
+
     pub fn get(&self, ino: u64) -> Option<Ent> {
         self.by_ino.get(&ino).map(|n| n.ent)
     }

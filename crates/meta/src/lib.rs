@@ -21,6 +21,8 @@
 pub mod chooser;
 pub mod fsck;
 pub mod gc;
+pub mod locks;
+pub mod multi;
 pub mod namespace;
 pub mod ops;
 mod replies;
@@ -76,6 +78,9 @@ pub struct Config {
     /// the data dir's file system has less free space than this; removals
     /// still work. It keeps the store from hitting a full disk mid-commit.
     pub min_free_bytes: u64,
+    /// File locks of a client (mount) not heard from for this long are
+    /// released; clients send keep-alives every third of it.
+    pub lock_lease_ms: u64,
 }
 
 impl Default for Config {
@@ -90,6 +95,7 @@ impl Default for Config {
             heartbeat_interval_ms: 1000,
             target_refresh_ms: 2000,
             min_free_bytes: 64 << 20,
+            lock_lease_ms: locks::DEFAULT_LEASE.as_millis() as u64,
         }
     }
 }
@@ -132,6 +138,8 @@ struct MetaHandler {
     /// Refreshed on mgmtd's request even while the namespace is not ready,
     /// so no change notification is lost during start-up.
     cluster: Arc<Cluster>,
+    /// Requests answered since start (`MetaOpCount`, for `hivefs bench md`).
+    requests: std::sync::atomic::AtomicU64,
 }
 
 impl MetaHandler {
@@ -146,6 +154,15 @@ impl Handler for MetaHandler {
             return (self.cluster.refresh().await.map(|_| Reply::Ok), Vec::new());
         }
         let ns = self.ns.read().expect("handler lock").clone();
+        if req == Request::MetaOpCount {
+            let requests = self.requests.load(std::sync::atomic::Ordering::Relaxed);
+            let r = match ns {
+                Some(ns) => Ok(Reply::MetaOpCount { node: ns.node(), requests }),
+                None => Err(fs_err!(Unavailable, "metadata service is starting or stopping")),
+            };
+            return (r, Vec::new());
+        }
+        self.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let r = match ns {
             Some(ns) => ns.handle(req).await,
             None => Err(fs_err!(Unavailable, "metadata service is starting or stopping")),
@@ -266,7 +283,8 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
     let store = store::Store::open(&dir.join(DB_FILE), cfg.sync)?;
     let pools = Pools::new(ClientConfig::new(secret.clone()));
     let cluster = Cluster::new(&cfg.mgmtd, pools);
-    let handler = Arc::new(MetaHandler { ns: RwLock::new(None), cluster: cluster.clone() });
+    let handler =
+        Arc::new(MetaHandler { ns: RwLock::new(None), cluster: cluster.clone(), requests: Default::default() });
     let server = serve(&cfg.listen, ServerConfig::new(NodeType::Meta, secret.clone()), handler.clone())
         .await
         .map_err(|source| MetaError::Listen { addr: cfg.listen.clone(), source })?;
@@ -339,7 +357,27 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
         }));
     }
     tasks.push(gc::spawn_disposal(ns.clone()));
-    handler.set(Some(ns));
+    ns.set_peers(Arc::new(multi::ClusterPeers { cluster: cluster.clone() }));
+    ns.set_crash_hook(multi::CrashHook::from_env());
+    // Read before serving: a client retrying one of these waits for it.
+    let pending = ns.load_pending().map_err(|source| MetaError::Root { path: dir.clone(), source })?;
+    {
+        let ns = ns.clone();
+        let every = Duration::from_millis(cfg.target_refresh_ms.max(10));
+        tasks.push(tokio::spawn(async move {
+            loop {
+                ns.refresh_counts().await;
+                tokio::time::sleep(every).await;
+            }
+        }));
+    }
+    ns.locks.set_lease(Duration::from_millis(cfg.lock_lease_ms.max(1)));
+    tasks.push(locks::spawn_expiry(ns.clone()));
+    handler.set(Some(ns.clone()));
+    if !pending.is_empty() {
+        info!("{} cross-node operations were pending at start; finishing them", pending.len());
+    }
+    tasks.push(tokio::spawn(ns.recover_intents(pending)));
     info!(%local_addr, %node, %advertise, "metadata service ready");
     Ok(MetaService { local_addr, node_id: node, server, tasks, handler })
 }

@@ -85,9 +85,13 @@ pub struct Namespace {
     epoch: u32,
     dir: PathBuf,
     pub(crate) opens: Arc<Opens>,
+    /// Global file locks (in memory; see `locks`).
+    pub(crate) locks: Arc<crate::locks::LockTable>,
     pub(crate) targets: Arc<dyn DataTargets>,
     pub(crate) disposal_wakeup: Arc<Notify>,
     failed: Arc<StoreFailure>,
+    /// Directories on other metadata nodes and cross-node operations.
+    pub(crate) multi: crate::multi::Multi,
 }
 
 fn store_err(e: OpError) -> FsError {
@@ -149,9 +153,11 @@ impl Namespace {
             epoch: store.epoch,
             dir: opts.dir,
             opens,
+            locks: Arc::default(),
             targets,
             disposal_wakeup,
             failed,
+            multi: crate::multi::Multi::default(),
         })
     }
 
@@ -186,7 +192,7 @@ impl Namespace {
 
     /// Like `submit`, for the operation `op` of a client that may retry it:
     /// applied at most once (see `replies`).
-    async fn submit_op(&self, op: Option<OpId>, m: Mutation) -> FsResult<Reply> {
+    pub(crate) async fn submit_op(&self, op: Option<OpId>, m: Mutation) -> FsResult<Reply> {
         self.writer.submit((m, op)).await
     }
 
@@ -194,6 +200,17 @@ impl Namespace {
         let txn = self.db.begin_read().map_err(|e| fs_err!(Io, "metadata store failure: {e}"))?;
         let t = ReadTables::open(&txn).map_err(store_err)?;
         f(&t).map_err(store_err)
+    }
+
+    /// The recorded outcome of client operation `op`, if it was applied.
+    pub(crate) fn recorded_reply(&self, op: &OpId) -> FsResult<Option<Response>> {
+        let txn = self.db.begin_read().map_err(|e| fs_err!(Io, "metadata store failure: {e}"))?;
+        let t = match txn.open_table(crate::replies::REPLIES) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(fs_err!(Io, "metadata store failure: {e}")),
+        };
+        crate::replies::get(&t, op).map_err(|m| fs_err!(Io, "metadata store failure: {m}"))
     }
 
     async fn entry(&self, m: Mutation) -> FsResult<EntryAttr> {
@@ -336,7 +353,7 @@ impl Namespace {
         let entry = |r: FsResult<EntryAttr>| r.map(Reply::Entry);
         match req {
             Request::Ping => Ok(Reply::Pong { node_type: NodeType::Meta, node: self.node }),
-            Request::Lookup { parent, name } => entry(self.lookup(parent, &name)),
+            Request::Lookup { parent, name } => entry(self.lookup_any(parent, &name).await),
             Request::GetAttr { id } => entry(self.getattr(id)),
             Request::SetAttr { id, attr, caller: _ } => entry(self.set_attr(id, attr, op).await),
             Request::Create { parent, name, kind, mode, rdev, excl, caller } => {
@@ -350,13 +367,20 @@ impl Namespace {
                 .await
             }
             Request::Mkdir { parent, name, mode, caller } => {
-                self.submit_op(op, Mutation::Mkdir { parent, name, mode, uid: caller.uid, gid: caller.gid }).await
+                self.mkdir_any(parent, name, mode, caller.uid, caller.gid, op).await
             }
             Request::Unlink { parent, name } => self.submit_op(op, Mutation::Unlink { parent, name }).await,
-            Request::Rmdir { parent, name } => self.submit_op(op, Mutation::Rmdir { parent, name }).await,
+            Request::Rmdir { parent, name } => self.rmdir_any(parent, name, op).await,
             Request::Rename { parent, name, new_parent, new_name, flags } => {
-                self.submit_op(op, Mutation::Rename { parent, name, new_parent, new_name, flags }).await
+                self.rename_any(parent, name, new_parent, None, new_name, flags, op).await
             }
+            Request::RenameTo { parent, name, new_parent, new_parent_owner, new_name, flags } => {
+                self.rename_any(parent, name, new_parent, Some(new_parent_owner), new_name, flags, op).await
+            }
+            Request::MetaPeer { op: step } => self.peer(step).await,
+            Request::SetMetaChooser { id, chooser } => self.set_meta_chooser(id, chooser, op).await,
+            Request::GetMetaChooser { id } => self.meta_chooser(id).map(Reply::MetaChooser),
+            Request::FsckIntents => self.intents_text().map(Reply::FsckIntents),
             Request::ReadDir { dir, after, max } => self.readdir(dir, after.as_deref(), max),
             Request::Symlink { parent, name, target, caller } => {
                 self.submit_op(op, Mutation::Symlink { parent, name, target, uid: caller.uid, gid: caller.gid }).await
@@ -382,6 +406,10 @@ impl Namespace {
             }
             Request::MetaStat => self.meta_stat(),
             Request::RefreshView => self.targets.refresh().await.map(|()| Reply::Ok),
+            r @ (Request::LockAcquire { .. }
+            | Request::LockRelease { .. }
+            | Request::LockTest { .. }
+            | Request::LockKeepAlive { .. }) => crate::locks::handle(self, r).await,
             r @ (Request::FsckDentries { .. }
             | Request::FsckInodes { .. }
             | Request::FsckDisposals { .. }

@@ -15,7 +15,7 @@
 use crate::store::{
     child_key, decode, encode, get_record, id_key, scan_children, Dentry, Disposal, DisposalState, Inode,
 };
-use hivefs_proto::{DirEntry, Reply, RENAME_NOREPLACE, XATTR_CREATE, XATTR_REPLACE};
+use hivefs_proto::{DirEntry, Reply, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CREATE, XATTR_REPLACE};
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
 use hivefs_types::error::{FsError, FsResult};
 use hivefs_types::fs_err;
@@ -149,6 +149,8 @@ pub enum Mutation {
     Fsck {
         fix: hivefs_proto::FsckFix,
     },
+    /// A step of a cross-node operation (see `multi.rs`).
+    Multi(crate::multi::MultiMut),
 }
 
 /// What the writer lends an operation.
@@ -181,6 +183,10 @@ pub struct Tables<'txn> {
     pub inodes: Table<'txn, &'static [u8], &'static [u8]>,
     pub xattrs: Table<'txn, &'static [u8], &'static [u8]>,
     pub disposal: Table<'txn, &'static [u8], &'static [u8]>,
+    pub intents: Table<'txn, &'static [u8], &'static [u8]>,
+    pub locked: Table<'txn, &'static [u8], &'static [u8]>,
+    pub dirx: Table<'txn, &'static [u8], &'static [u8]>,
+    pub peer_done: Table<'txn, &'static [u8], &'static [u8]>,
 }
 
 impl<'txn> Tables<'txn> {
@@ -190,20 +196,24 @@ impl<'txn> Tables<'txn> {
             inodes: txn.open_table(crate::store::INODES)?,
             xattrs: txn.open_table(crate::store::XATTRS)?,
             disposal: txn.open_table(crate::store::DISPOSAL)?,
+            intents: txn.open_table(crate::store::INTENTS)?,
+            locked: txn.open_table(crate::store::LOCKED)?,
+            dirx: txn.open_table(crate::store::DIRX)?,
+            peer_done: txn.open_table(crate::store::PEER_DONE)?,
         })
     }
 
-    fn put_inode(&mut self, id: EntryId, inode: &Inode) -> OpResult<()> {
+    pub(crate) fn put_inode(&mut self, id: EntryId, inode: &Inode) -> OpResult<()> {
         self.inodes.insert(id_key(id).as_slice(), encode(inode).as_slice())?;
         Ok(())
     }
 
-    fn put_dentry(&mut self, parent: EntryId, name: &[u8], d: &Dentry) -> OpResult<()> {
+    pub(crate) fn put_dentry(&mut self, parent: EntryId, name: &[u8], d: &Dentry) -> OpResult<()> {
         self.dentries.insert(child_key(parent, name).as_slice(), encode(d).as_slice())?;
         Ok(())
     }
 
-    fn remove_dentry(&mut self, parent: EntryId, name: &[u8]) -> OpResult<()> {
+    pub(crate) fn remove_dentry(&mut self, parent: EntryId, name: &[u8]) -> OpResult<()> {
         self.dentries.remove(child_key(parent, name).as_slice())?;
         Ok(())
     }
@@ -216,6 +226,7 @@ impl<'txn> Tables<'txn> {
     /// Removes an inode and all its extended attributes.
     pub(crate) fn remove_inode(&mut self, id: EntryId) -> OpResult<()> {
         self.inodes.remove(id_key(id).as_slice())?;
+        self.dirx.remove(id_key(id).as_slice())?;
         let names: Vec<Vec<u8>> =
             scan_children(&self.xattrs, id, None)?.map(|r| r.map(|(n, _)| n)).collect::<Result<_, _>>()?;
         for n in names {
@@ -266,12 +277,12 @@ pub fn load_inode<T: ReadableTable<&'static [u8], &'static [u8]>>(t: &T, id: Ent
     get_record(t, "inode", id)
 }
 
-fn inode(t: &impl ReadableTable<&'static [u8], &'static [u8]>, id: EntryId) -> OpResult<Inode> {
+pub(crate) fn inode(t: &impl ReadableTable<&'static [u8], &'static [u8]>, id: EntryId) -> OpResult<Inode> {
     load_inode(t, id)?.ok_or_else(|| OpError::Fs(fs_err!(NotFound, "entry {id} not found on this metadata node")))
 }
 
 /// The inode of a directory, or NotFound / NotDir.
-fn dir_inode(t: &impl ReadableTable<&'static [u8], &'static [u8]>, id: EntryId) -> OpResult<Inode> {
+pub(crate) fn dir_inode(t: &impl ReadableTable<&'static [u8], &'static [u8]>, id: EntryId) -> OpResult<Inode> {
     match load_inode(t, id)? {
         None => Err(fs_err!(NotFound, "directory {id} not found on this metadata node").into()),
         Some(i) if i.kind != FileKind::Dir => Err(fs_err!(NotDir, "{id} is not a directory").into()),
@@ -293,13 +304,17 @@ pub fn load_dentry<T: ReadableTable<&'static [u8], &'static [u8]>>(
     }
 }
 
-fn dentry(t: &impl ReadableTable<&'static [u8], &'static [u8]>, parent: EntryId, name: &[u8]) -> OpResult<Dentry> {
+pub(crate) fn dentry(
+    t: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    parent: EntryId,
+    name: &[u8],
+) -> OpResult<Dentry> {
     load_dentry(t, parent, name)?
         .ok_or_else(|| OpError::Fs(fs_err!(NotFound, "no entry {} in directory {parent}", q(name))))
 }
 
 /// The inode a dentry names: a dentry without inode is corruption.
-fn dentry_inode(
+pub(crate) fn dentry_inode(
     t: &impl ReadableTable<&'static [u8], &'static [u8]>,
     parent: EntryId,
     name: &[u8],
@@ -309,7 +324,7 @@ fn dentry_inode(
         .ok_or_else(|| OpError::Fatal(format!("dentry {parent}/{} names inode {} that does not exist", q(name), d.id)))
 }
 
-fn is_empty_dir(t: &impl ReadableTable<&'static [u8], &'static [u8]>, id: EntryId) -> OpResult<bool> {
+pub(crate) fn is_empty_dir(t: &impl ReadableTable<&'static [u8], &'static [u8]>, id: EntryId) -> OpResult<bool> {
     Ok(scan_children(t, id, None)?.next().transpose()?.is_none())
 }
 
@@ -332,7 +347,7 @@ pub fn to_attr(id: EntryId, i: &Inode, owner: NodeId) -> EntryAttr {
     }
 }
 
-fn new_inode(kind: FileKind, mode: u32, uid: u32, gid: u32, now: Timespec) -> Inode {
+pub(crate) fn new_inode(kind: FileKind, mode: u32, uid: u32, gid: u32, now: Timespec) -> Inode {
     Inode {
         kind,
         mode: mode & 0o7777,
@@ -354,7 +369,7 @@ fn new_inode(kind: FileKind, mode: u32, uid: u32, gid: u32, now: Timespec) -> In
 /// BSD group semantics of a setgid directory (the kernel leaves this to FUSE
 /// file systems): new entries take the directory's group, new subdirectories
 /// also keep the setgid bit.
-fn inherit_group(parent: &Inode, kind: FileKind, mode: &mut u32, gid: &mut u32) {
+pub(crate) fn inherit_group(parent: &Inode, kind: FileKind, mode: &mut u32, gid: &mut u32) {
     if parent.mode & S_ISGID != 0 {
         *gid = parent.gid;
         if kind == FileKind::Dir {
@@ -363,7 +378,7 @@ fn inherit_group(parent: &Inode, kind: FileKind, mode: &mut u32, gid: &mut u32) 
     }
 }
 
-fn touch_dir(dir: &mut Inode, now: Timespec) {
+pub(crate) fn touch_dir(dir: &mut Inode, now: Timespec) {
     dir.mtime = now;
     dir.ctime = now;
 }
@@ -389,7 +404,7 @@ impl Mutation {
                 | Mutation::Symlink { .. }
                 | Mutation::Link { .. }
                 | Mutation::SetXattr { .. }
-        )
+        ) || matches!(self, Mutation::Multi(m) if m.adds_to_namespace())
     }
 }
 
@@ -417,6 +432,7 @@ pub fn apply(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, m: Mutation) -> OpResult<Rep
         Mutation::RecoverOrphans => recover_orphans(t, ctx),
         Mutation::DropDisposal { ids } => drop_disposal(t, &ids),
         Mutation::Fsck { fix } => crate::fsck::apply_fix(t, ctx, fix),
+        Mutation::Multi(m) => crate::multi::apply(t, ctx, m),
     }
 }
 
@@ -506,10 +522,13 @@ fn mkdir(
     i.nlink = 2;
     i.dir_pattern = Some(pdir.dir_pattern.clone().unwrap_or_default());
     i.parent = Some(parent);
+    let chooser = crate::multi::load_dirx(&t.dirx, parent)?.and_then(|x| x.chooser);
     let id = ctx.mint();
     t.put_inode(id, &i)?;
-    // Owner: this node. Placing a new directory on another metadata node is
-    // the multi-node extension; the field is already written.
+    if chooser.is_some() {
+        crate::multi::put_dirx(t, id, &crate::multi::DirExtra { parent_owner: None, chooser })?;
+    }
+    // Owner: this node (the namespace chose it; other owners go through `multi`).
     t.put_dentry(parent, name, &Dentry { id, kind: FileKind::Dir, owner: ctx.node })?;
     pdir.nlink += 1;
     touch_dir(&mut pdir, ctx.now);
@@ -586,7 +605,7 @@ fn link(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, new_parent: EntryId,
 /// Drops one link of a non-directory inode whose dentry was just removed.
 /// The last link removes the inode (or parks it while open) and queues its
 /// chunk files for deletion.
-fn drop_link(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, mut i: Inode) -> OpResult<()> {
+pub(crate) fn drop_link(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, mut i: Inode) -> OpResult<()> {
     i.nlink = i.nlink.saturating_sub(1);
     i.ctime = ctx.now;
     if i.nlink > 0 {
@@ -616,6 +635,7 @@ fn unlink(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, parent: EntryId, name: &[u8]) -
     if d.kind == FileKind::Dir {
         return Err(fs_err!(IsDir, "{} in directory {parent} is a directory (use rmdir)", q(name)).into());
     }
+    crate::multi::check_unlocked(t, parent, name)?;
     let i = dentry_inode(&t.inodes, parent, name, &d)?;
     t.remove_dentry(parent, name)?;
     drop_link(t, ctx, d.id, i)?;
@@ -631,6 +651,10 @@ fn rmdir(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, parent: EntryId, name: &[u8]) ->
     if d.kind != FileKind::Dir {
         return Err(fs_err!(NotDir, "{} in directory {parent} is not a directory", q(name)).into());
     }
+    crate::multi::check_unlocked(t, parent, name)?;
+    if d.owner != ctx.node {
+        return Err(crate::multi::needs_protocol(format!("directory {} is owned by metadata node {}", d.id, d.owner)));
+    }
     if !is_empty_dir(&t.dentries, d.id)? {
         return Err(fs_err!(NotEmpty, "directory {} ({}) in {parent} is not empty", q(name), d.id).into());
     }
@@ -643,8 +667,11 @@ fn rmdir(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, parent: EntryId, name: &[u8]) ->
     Ok(Reply::Ok)
 }
 
-/// True if `dir` is `ancestor` or lies below it (walks `parent` pointers up to the root).
-fn is_within(t: &impl ReadableTable<&'static [u8], &'static [u8]>, dir: EntryId, ancestor: EntryId) -> OpResult<bool> {
+/// True if `dir` is `ancestor` or lies below it (walks `parent` pointers up
+/// to the root). A parent on another metadata node needs the cross-node walk.
+fn is_within(t: &Tables<'_>, node: NodeId, dir: EntryId, ancestor: EntryId) -> OpResult<bool> {
+    let t_dirx = &t.dirx;
+    let t = &t.inodes;
     let mut cur = dir;
     for _ in 0..MAX_DEPTH {
         if cur == ancestor {
@@ -655,6 +682,9 @@ fn is_within(t: &impl ReadableTable<&'static [u8], &'static [u8]>, dir: EntryId,
         }
         let i = load_inode(t, cur)?
             .ok_or_else(|| OpError::Fatal(format!("directory {cur} on the path to the root has no inode")))?;
+        if let Some(o) = crate::multi::load_dirx(t_dirx, cur)?.and_then(|x| x.parent_owner).filter(|o| *o != node) {
+            return Err(crate::multi::needs_protocol(format!("the parent of {cur} is on metadata node {o}")));
+        }
         match i.parent {
             Some(p) => cur = p,
             None => return Err(OpError::Fatal(format!("directory {cur} has no parent pointer"))),
@@ -672,8 +702,11 @@ fn rename(
     new_name: &[u8],
     flags: u32,
 ) -> OpResult<Reply> {
+    if flags == RENAME_EXCHANGE {
+        return rename_exchange(t, ctx, parent, name, new_parent, new_name);
+    }
     if flags & !RENAME_NOREPLACE != 0 {
-        return Err(fs_err!(Invalid, "rename flags {flags:#x} not supported (only RENAME_NOREPLACE)").into());
+        return Err(fs_err!(Invalid, "rename flags {flags:#x} are not supported").into());
     }
     check_name(name)?;
     check_name(new_name)?;
@@ -689,9 +722,17 @@ fn rename(
         if flags & RENAME_NOREPLACE != 0 {
             return Err(fs_err!(Exists, "entry {} already exists in directory {new_parent}", q(new_name)).into());
         }
+        crate::multi::check_unlocked(t, new_parent, new_name)?;
+        if d.owner != ctx.node {
+            return Err(crate::multi::needs_protocol(format!("{} is owned by metadata node {}", d.id, d.owner)));
+        }
     }
+    crate::multi::check_unlocked(t, parent, name)?;
     let src_is_dir = src.kind == FileKind::Dir;
-    if src_is_dir && new_parent != parent && is_within(&t.inodes, new_parent, src.id)? {
+    if src.owner != ctx.node && (new_parent != parent || !src_is_dir) {
+        return Err(crate::multi::needs_protocol(format!("{} is owned by metadata node {}", src.id, src.owner)));
+    }
+    if src_is_dir && new_parent != parent && is_within(t, ctx.node, new_parent, src.id)? {
         return Err(fs_err!(
             Invalid,
             "cannot move directory {} ({}) into its own subtree ({new_parent})",
@@ -700,7 +741,8 @@ fn rename(
         )
         .into());
     }
-    let mut src_inode = dentry_inode(&t.inodes, parent, name, &src)?;
+    // A directory owned elsewhere that stays in its parent: only the dentry changes.
+    let mut src_inode = if src.owner == ctx.node { Some(dentry_inode(&t.inodes, parent, name, &src)?) } else { None };
     let dst_inode = match &dst {
         None => None,
         Some(d) => {
@@ -746,15 +788,86 @@ fn rename(
     }
     t.remove_dentry(parent, name)?;
     t.put_dentry(new_parent, new_name, &src)?;
-    src_inode.ctime = ctx.now;
-    if src_is_dir {
-        if let Some(dd) = dst_dir.as_mut() {
-            src_inode.parent = Some(new_parent);
+    if let Some(src_inode) = src_inode.as_mut() {
+        src_inode.ctime = ctx.now;
+        if src_is_dir {
+            if let Some(dd) = dst_dir.as_mut() {
+                src_inode.parent = Some(new_parent);
+                src_dir.nlink = src_dir.nlink.saturating_sub(1);
+                dd.nlink += 1;
+            }
+        }
+        t.put_inode(src.id, src_inode)?;
+    }
+    touch_dir(&mut src_dir, ctx.now);
+    t.put_inode(parent, &src_dir)?;
+    if let Some(mut dd) = dst_dir {
+        touch_dir(&mut dd, ctx.now);
+        t.put_inode(new_parent, &dd)?;
+    }
+    Ok(Reply::Ok)
+}
+
+/// `renameat2(RENAME_EXCHANGE)`: both names must exist and swap their
+/// entries atomically. A directory that changes parent gets its `parent`
+/// pointer, and the link counts of both parents follow the directories.
+fn rename_exchange(
+    t: &mut Tables<'_>,
+    ctx: &mut Ctx<'_>,
+    parent: EntryId,
+    name: &[u8],
+    new_parent: EntryId,
+    new_name: &[u8],
+) -> OpResult<Reply> {
+    check_name(name)?;
+    check_name(new_name)?;
+    let mut src_dir = dir_inode(&t.inodes, parent)?;
+    let mut dst_dir = if new_parent == parent { None } else { Some(dir_inode(&t.inodes, new_parent)?) };
+    let a = dentry(&t.dentries, parent, name)?;
+    let b = dentry(&t.dentries, new_parent, new_name)?;
+    if a.id == b.id {
+        return Ok(Reply::Ok);
+    }
+    crate::multi::check_unlocked(t, parent, name)?;
+    crate::multi::check_unlocked(t, new_parent, new_name)?;
+    for d in [&a, &b] {
+        if d.owner != ctx.node {
+            return Err(crate::multi::needs_protocol(format!("{} is owned by metadata node {}", d.id, d.owner)));
+        }
+    }
+    let moves = new_parent != parent;
+    for (d, n, to) in [(&a, name, new_parent), (&b, new_name, parent)] {
+        if moves && d.kind == FileKind::Dir && is_within(t, ctx.node, to, d.id)? {
+            return Err(fs_err!(
+                Invalid,
+                "cannot exchange directory {} ({}) with an entry inside its own subtree ({to})",
+                q(n),
+                d.id
+            )
+            .into());
+        }
+    }
+    let mut ai = dentry_inode(&t.inodes, parent, name, &a)?;
+    let mut bi = dentry_inode(&t.inodes, new_parent, new_name, &b)?;
+    // ---- writes only below this line
+    t.put_dentry(parent, name, &b)?;
+    t.put_dentry(new_parent, new_name, &a)?;
+    ai.ctime = ctx.now;
+    bi.ctime = ctx.now;
+    if let Some(dd) = dst_dir.as_mut() {
+        if ai.kind == FileKind::Dir {
+            ai.parent = Some(new_parent);
             src_dir.nlink = src_dir.nlink.saturating_sub(1);
             dd.nlink += 1;
         }
+        if bi.kind == FileKind::Dir {
+            bi.parent = Some(parent);
+            dd.nlink = dd.nlink.saturating_sub(1);
+            src_dir.nlink += 1;
+        }
     }
-    t.put_inode(src.id, &src_inode)?;
+    t.put_inode(a.id, &ai)?;
+    t.put_inode(b.id, &bi)?;
     touch_dir(&mut src_dir, ctx.now);
     t.put_inode(parent, &src_dir)?;
     if let Some(mut dd) = dst_dir {
@@ -934,6 +1047,9 @@ pub struct ReadTables {
     pub inodes: Rt,
     pub xattrs: Rt,
     pub disposal: Rt,
+    pub intents: Rt,
+    pub dirx: Rt,
+    pub peer_done: Rt,
 }
 
 impl ReadTables {
@@ -943,6 +1059,9 @@ impl ReadTables {
             inodes: txn.open_table(crate::store::INODES)?,
             xattrs: txn.open_table(crate::store::XATTRS)?,
             disposal: txn.open_table(crate::store::DISPOSAL)?,
+            intents: txn.open_table(crate::store::INTENTS)?,
+            dirx: txn.open_table(crate::store::DIRX)?,
+            peer_done: txn.open_table(crate::store::PEER_DONE)?,
         })
     }
 

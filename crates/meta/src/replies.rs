@@ -35,7 +35,7 @@ fn key(client: u64, seq: u64) -> [u8; 16] {
 }
 
 /// The recorded answer of `op`, if it was applied before.
-pub(crate) fn get(t: &Table<&[u8], &[u8]>, op: &OpId) -> Result<Option<Response>, String> {
+pub(crate) fn get(t: &impl ReadableTable<&'static [u8], &'static [u8]>, op: &OpId) -> Result<Option<Response>, String> {
     let Some(v) = t.get(key(op.client, op.seq).as_slice()).map_err(|e| e.to_string())? else {
         return Ok(None);
     };

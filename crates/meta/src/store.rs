@@ -14,6 +14,15 @@
 //! | `xattrs`   | `EntryId` (16 B) ++ attribute name    | raw value bytes                  |
 //! | `disposal` | `EntryId` (16 B)                      | [`Disposal`] `{ state, targets }`|
 //! | `system`   | `&str` counter name                   | `u64`                            |
+//! | `intents`  | intent id (16 B)                      | `multi::Intent`                  |
+//! | `locked_dentries` | parent ++ name                 | intent id (16 B)                 |
+//! | `dir_extra`| directory `EntryId` (16 B)            | `multi::DirExtra`                |
+//! | `peer_done`| intent id (16 B)                      | empty                            |
+//!
+//! The last four tables came with several metadata nodes; they are new
+//! tables (absent records mean "nothing pending", "parent on this node",
+//! "default chooser"), so no existing record changed and the format version
+//! stays 1.
 //!
 //! `EntryId::to_bytes` is fixed-width big-endian, so all dentries of one
 //! directory are contiguous and sorted by name bytes: `readdir` is a range
@@ -39,6 +48,14 @@ pub(crate) const INODES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("i
 pub(crate) const XATTRS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("xattrs");
 pub(crate) const DISPOSAL: TableDefinition<&[u8], &[u8]> = TableDefinition::new("disposal");
 pub(crate) const SYSTEM: TableDefinition<&str, u64> = TableDefinition::new("system");
+/// Pending cross-node operations: intent id → postcard `multi::Intent`.
+pub(crate) const INTENTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("intents");
+/// Dentries held by a pending intent: parent ++ name → intent id.
+pub(crate) const LOCKED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("locked_dentries");
+/// Directory settings beside the inode: dir id → postcard `multi::DirExtra`.
+pub(crate) const DIRX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("dir_extra");
+/// Destination halves of renames applied here: intent id → empty.
+pub(crate) const PEER_DONE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("peer_done");
 
 /// Version of the key schema and record encodings above.
 pub const FORMAT_VERSION: u64 = 1;
@@ -59,8 +76,8 @@ pub(crate) mod sys {
 pub struct Dentry {
     pub id: EntryId,
     pub kind: FileKind,
-    /// Metadata node that stores the entry's inode. Always this node today;
-    /// a subdirectory owned elsewhere is the multi-node extension.
+    /// Metadata node that stores the entry's inode: this node for files,
+    /// symlinks and special files; the directory's owner for subdirectories.
     pub owner: NodeId,
 }
 
@@ -271,6 +288,9 @@ impl Store {
             txn.open_table(INODES).map_err(|e| db_err(&e))?;
             txn.open_table(XATTRS).map_err(|e| db_err(&e))?;
             txn.open_table(DISPOSAL).map_err(|e| db_err(&e))?;
+            for t in [INTENTS, LOCKED, DIRX, PEER_DONE] {
+                txn.open_table(t).map_err(|e| db_err(&e))?;
+            }
             let mut sys_t = txn.open_table(SYSTEM).map_err(|e| db_err(&e))?;
             let format = sys_t.get(sys::FORMAT).map_err(|e| db_err(&e))?.map(|v| v.value());
             match format {

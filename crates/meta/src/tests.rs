@@ -556,7 +556,7 @@ async fn rename_errors_and_no_ops() {
     assert_eq!(h.code(rename(ROOT, "nope", ROOT, "x", 0)).await, ErrorCode::NotFound);
     assert_eq!(h.code(rename(ROOT, "f", f.id, "x", 0)).await, ErrorCode::NotDir);
     assert_eq!(h.code(rename(ROOT, "f", ROOT, "full", RENAME_NOREPLACE)).await, ErrorCode::Exists);
-    assert_eq!(h.code(rename(ROOT, "f", ROOT, "d", RENAME_EXCHANGE)).await, ErrorCode::Invalid);
+    assert_eq!(h.code(rename(ROOT, "f", ROOT, "d", RENAME_EXCHANGE | RENAME_NOREPLACE)).await, ErrorCode::Invalid);
     assert_eq!(h.code(rename(ROOT, "f", ROOT, "g", 0x80)).await, ErrorCode::Invalid);
     assert_eq!(h.code(rename(ROOT, "f", ROOT, "..", 0)).await, ErrorCode::Invalid);
     h.ok(rename(ROOT, "f", ROOT, "g", RENAME_NOREPLACE)).await;
@@ -571,6 +571,37 @@ async fn rename_errors_and_no_ops() {
     // Moving a directory up (out of its parent) is fine.
     h.ok(rename(d.id, "inner", ROOT, "inner", 0)).await;
     assert_eq!(h.attr(ROOT).await.nlink, 5);
+}
+
+#[tokio::test]
+async fn rename_exchange_swaps_entries_links_and_parents() {
+    let h = H::new().await;
+    let a = h.mkdir(ROOT, "a").await;
+    let b = h.mkdir(ROOT, "b").await;
+    let f = h.create(a.id, "f").await;
+    let d = h.mkdir(b.id, "d").await;
+    h.create(d.id, "inside").await;
+    let t = h.tick();
+    h.ok(rename(a.id, "f", b.id, "d", RENAME_EXCHANGE)).await;
+    let Reply::Entry(x) = h.lookup(a.id, "f").await.unwrap() else { panic!() };
+    let Reply::Entry(y) = h.lookup(b.id, "d").await.unwrap() else { panic!() };
+    assert_eq!((x.id, y.id), (d.id, f.id));
+    assert_eq!((x.ctime, y.ctime), (ts(t), ts(t)), "both inodes change");
+    assert_eq!((h.attr(a.id).await.nlink, h.attr(b.id).await.nlink), (3, 2), "the directory's link moves");
+    assert_eq!((h.attr(a.id).await.mtime, h.attr(b.id).await.mtime), (ts(t), ts(t)));
+    let Reply::Entry(up) = h.lookup(d.id, "..").await.unwrap() else { panic!() };
+    assert_eq!(up.id, a.id, "the moved directory's parent pointer");
+    // Within one directory; with itself; errors.
+    h.create(ROOT, "g").await;
+    h.ok(rename(ROOT, "a", ROOT, "g", RENAME_EXCHANGE)).await;
+    let Reply::Entry(g) = h.lookup(ROOT, "g").await.unwrap() else { panic!() };
+    assert_eq!(g.id, a.id);
+    h.ok(rename(ROOT, "b", ROOT, "b", RENAME_EXCHANGE)).await;
+    assert_eq!(h.code(rename(ROOT, "b", ROOT, "none", RENAME_EXCHANGE)).await, ErrorCode::NotFound);
+    assert_eq!(h.code(rename(ROOT, "g", a.id, "f", RENAME_EXCHANGE)).await, ErrorCode::Invalid, "into own subtree");
+    assert_eq!(h.code(rename(a.id, "f", ROOT, "g", RENAME_EXCHANGE)).await, ErrorCode::Invalid, "ancestor");
+    assert_eq!(h.attr(ROOT).await.nlink, 4);
+    assert_eq!(h.ns().counts().unwrap(), (3, 4));
 }
 
 // ------------------------------------------------ links and symlinks

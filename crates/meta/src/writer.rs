@@ -326,7 +326,7 @@ fn apply_all(
         let records = retry_records.as_mut().filter(|_| op.is_some());
         if let (Some(op), Some(rt)) = (&op, &records) {
             // A repeat of an operation applied before: its first answer, no change.
-            if let Some(first) = replies::get(rt, op)? {
+            if let Some(first) = replies::get(&**rt, op)? {
                 results.push(first);
                 continue;
             }
@@ -342,7 +342,10 @@ fn apply_all(
                 Err(OpError::Fatal(msg)) => return Err(msg),
             },
         };
-        if let (Some(op), Some(rt)) = (&op, records) {
+        // A refusal that hands the operation to the cross-node protocol is
+        // not its outcome: the protocol records the outcome later.
+        let handed_over = matches!(&r, Err(e) if crate::multi::is_needs_protocol(e));
+        if let (Some(op), Some(rt), false) = (&op, records, handed_over) {
             replies::put(rt, op, now_ms, &r)?;
         }
         results.push(r);

@@ -37,7 +37,8 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
             deadline: Duration::from_secs(30),
-            retries: 8,
+            // In practice the deadline ends the retries first (backoff caps at 1 s).
+            retries: 64,
             conns_per_peer: 4,
         }
     }
@@ -339,6 +340,12 @@ impl Pool {
             };
             match r {
                 Ok((Ok(reply), data)) => return Ok((reply, data)),
+                // A service that is starting or stopping answers "not now": like a
+                // lost connection, worth another attempt while the deadline allows.
+                Ok((Err(e), _)) if e.code == ErrorCode::Unavailable => {
+                    debug!(peer = %self.addr, attempt, "service not ready: {e}");
+                    last = Some(e)
+                }
                 Ok((Err(e), _)) => return Err(e),
                 Err(e) if matches!(e.code, ErrorCode::Unavailable | ErrorCode::TimedOut) => {
                     debug!(peer = %self.addr, attempt, "request failed: {e}");

@@ -383,7 +383,9 @@ where
 /// Bytes a request holds while it runs: its frame plus the data a read asks for.
 fn request_cost(req: &Request, frame_bytes: u32) -> u32 {
     match req {
-        Request::ReadChunk { len, .. } => frame_bytes.saturating_add((*len).min(MAX_PAYLOAD_LEN)),
+        Request::ReadChunk { len, .. } | Request::NetBenchRead { len } => {
+            frame_bytes.saturating_add((*len).min(MAX_PAYLOAD_LEN))
+        }
         _ => frame_bytes,
     }
 }

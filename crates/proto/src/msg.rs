@@ -374,6 +374,85 @@ pub enum Request {
         after: Option<EntryId>,
         max: u32,
     },
+
+    // ---- benchmarks (`hivefs bench`) ----
+    /// StorageBench: the storage node writes, then reads back, `bytes_per_target`
+    /// bytes on each of `targets` (all its targets when empty) in scratch files
+    /// under the target's `bench/` (removed afterwards), with no network in the
+    /// data path. Not idempotent: a repeat would run the benchmark again.
+    StorageBench {
+        targets: Vec<TargetId>,
+        bytes_per_target: u64,
+        block_bytes: u32,
+        threads: u32,
+        direct: bool,
+    },
+    /// NetBench: the payload is received and discarded (no disk I/O).
+    NetBenchWrite,
+    /// NetBench: answered with `len` zero bytes (no disk I/O).
+    NetBenchRead {
+        len: u32,
+    },
+    /// Requests this metadata node has answered since it started.
+    MetaOpCount,
+
+    // ---- global file locks (meta; in memory only, see the meta crate's `locks`) ----
+    /// Sets `lock` (shared or exclusive) for its owner, replacing what that
+    /// owner held in the range (POSIX split/merge; upgrade and downgrade).
+    /// Refused with `Reply::Lock(Some(conflicting lock))`; with `wait_ms > 0`
+    /// the node first waits up to that long for the conflict to go away.
+    /// Setting the same lock twice is harmless, so a client may send it again.
+    LockAcquire {
+        entry: EntryId,
+        lock: FileLock,
+        wait_ms: u32,
+    },
+    /// Unlocks the range `lock.start..=lock.end` of `lock`'s owner and kind
+    /// (`exclusive` is ignored). The whole range drops everything the owner holds.
+    LockRelease {
+        entry: EntryId,
+        lock: FileLock,
+    },
+    /// F_GETLK: the first lock of another owner that conflicts with `lock`,
+    /// as `Reply::Lock`.
+    LockTest {
+        entry: EntryId,
+        lock: FileLock,
+    },
+    /// A client (mount) is alive: the node keeps its locks for another
+    /// lease. Answered with `Reply::LockLease`.
+    LockKeepAlive {
+        client: u64,
+    },
+
+    // ---- several metadata nodes (meta ↔ meta, see the meta crate's `multi`) ----
+    /// One step of a cross-node operation, sent by the metadata node that
+    /// coordinates it. Every step is idempotent (keyed by the entry or the
+    /// intent id), so the coordinator repeats it until it gets an answer.
+    MetaPeer {
+        op: PeerOp,
+    },
+    /// `Rename` where the new parent is owned by another metadata node than
+    /// the old parent (sent to the old parent's owner).
+    RenameTo {
+        parent: EntryId,
+        name: Vec<u8>,
+        new_parent: EntryId,
+        new_parent_owner: NodeId,
+        new_name: Vec<u8>,
+        flags: u32,
+    },
+    /// Sets the metadata-node chooser of a directory (inherited by new subdirectories).
+    SetMetaChooser {
+        id: EntryId,
+        chooser: MetaChooser,
+    },
+    /// The metadata-node chooser of a directory, as `Reply::MetaChooser`.
+    GetMetaChooser {
+        id: EntryId,
+    },
+    /// Pending cross-node operations of this metadata node (`Reply::FsckIntents`).
+    FsckIntents,
 }
 
 /// A dentry as `hivefs fsck` sees it.
@@ -462,6 +541,14 @@ impl Request {
                 | Request::FsckInodes { .. }
                 | Request::FsckDisposals { .. }
                 | Request::ListChunks { .. }
+                | Request::NetBenchWrite
+                | Request::NetBenchRead { .. }
+                | Request::MetaOpCount
+                | Request::MetaPeer { .. }
+                // Applied at most once by the metadata node (its `replies` table).
+                | Request::Retryable { .. }
+                | Request::GetMetaChooser { .. }
+                | Request::FsckIntents
         )
     }
 }
@@ -523,6 +610,134 @@ pub enum Reply {
     },
     /// What an `FsckFix` did (for the report).
     FsckFixed(String),
+    /// Answer to `StorageBench`: one result per target, in request order.
+    StorageBench(Vec<TargetBench>),
+    /// Answer to `MetaOpCount`.
+    MetaOpCount {
+        node: NodeId,
+        requests: u64,
+    },
+    /// Answer to `LockAcquire` (`None`: granted) and `LockTest` (`None`: free):
+    /// otherwise the conflicting lock.
+    Lock(Option<FileLock>),
+    /// Answer to `LockKeepAlive`: the node drops the locks of a client not
+    /// heard from for `lease_ms`; `known` is false when it had no lease for
+    /// the client (expired, or the node restarted: its locks are gone).
+    LockLease {
+        lease_ms: u64,
+        known: bool,
+    },
+    /// Answer to `PeerOp::GetParent`: a directory's parent and the node owning it.
+    DirParent {
+        parent: EntryId,
+        owner: NodeId,
+    },
+    /// Answer to `GetMetaChooser`.
+    MetaChooser(MetaChooser),
+    /// Answer to `FsckIntents`: one line per pending cross-node operation.
+    FsckIntents(Vec<String>),
+}
+
+/// How a new directory's owner (metadata node) is chosen; a per-directory
+/// setting inherited by new subdirectories.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum MetaChooser {
+    /// The metadata node owning the fewest directories.
+    #[default]
+    Balanced,
+    Random,
+    RoundRobin,
+}
+
+impl MetaChooser {
+    pub const ALL: [MetaChooser; 3] = [MetaChooser::Balanced, MetaChooser::Random, MetaChooser::RoundRobin];
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            MetaChooser::Balanced => "balanced",
+            MetaChooser::Random => "random",
+            MetaChooser::RoundRobin => "roundrobin",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<MetaChooser> {
+        Self::ALL.into_iter().find(|c| c.name() == s)
+    }
+}
+
+/// Steps of cross-node metadata operations (`Request::MetaPeer`). Inode
+/// records travel as the metadata store's own encoding (`inode`), opaque here.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PeerOp {
+    /// Creates directory inode `id` unless it exists (answer: `Entry`).
+    CreateDir { id: EntryId, inode: Vec<u8>, parent_owner: NodeId, chooser: Option<MetaChooser> },
+    /// Removes directory inode `id` if it is empty (`NotEmpty` otherwise); a
+    /// missing inode is success.
+    RemoveDir { id: EntryId },
+    /// Sets directory `id`'s parent pointer.
+    SetParent { id: EntryId, parent: EntryId, parent_owner: NodeId },
+    /// A directory's parent (answer: `DirParent`).
+    GetParent { id: EntryId },
+    /// The destination half of a rename coordinated by another node, applied
+    /// once per `intent`: puts `dentry` as `new_parent/new_name` (replacing
+    /// what POSIX lets it replace), with the moved file's inode and xattrs.
+    RenameIn {
+        intent: EntryId,
+        src_parent: EntryId,
+        new_parent: EntryId,
+        new_name: Vec<u8>,
+        flags: u32,
+        id: EntryId,
+        kind: FileKind,
+        owner: NodeId,
+        inode: Option<Vec<u8>>,
+        xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    },
+    /// The coordinator committed `intent`: its record of `RenameIn` may go.
+    Forget { intent: EntryId },
+}
+
+/// Lock spaces: locks of different kinds never conflict with each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LockKind {
+    /// `flock(2)`: whole file, owned by an open file description.
+    Flock,
+    /// `fcntl(2)` byte ranges, owned by a process (the kernel's lock owner).
+    Posix,
+    /// The global append lock: held by a client while it writes at the end of file.
+    Append,
+}
+
+/// A lock as the metadata node's lock table holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileLock {
+    pub kind: LockKind,
+    /// The client instance (a mount's random id, as in [`OpId`]).
+    pub client: u64,
+    /// The owner inside that client (the kernel's lock owner).
+    pub owner: u64,
+    /// Process id on the client's machine, reported by F_GETLK (0: unknown).
+    pub pid: u32,
+    /// First byte of the range.
+    pub start: u64,
+    /// Last byte of the range, inclusive (`u64::MAX` or `i64::MAX`: to the end of file).
+    pub end: u64,
+    pub exclusive: bool,
+}
+
+/// What `StorageBench` measured on one target. Times are the storage node's
+/// wall clock in nanoseconds since the Unix epoch, so that results of several
+/// nodes can be combined (aggregate bandwidth = total bytes / (last end −
+/// first start)).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetBench {
+    pub target: TargetId,
+    /// Bytes written, and then read back.
+    pub bytes: u64,
+    pub write_start_ns: u64,
+    pub write_end_ns: u64,
+    pub read_start_ns: u64,
+    pub read_end_ns: u64,
 }
 
 pub type Response = Result<Reply, FsError>;

@@ -15,6 +15,7 @@
 //! The service is a library: [`start`] runs it inside the caller's tokio
 //! runtime, so tests run it in-process and the binary stays thin.
 
+pub mod bench;
 pub mod chunks;
 pub mod error;
 pub mod target;
@@ -128,6 +129,16 @@ impl Ready {
             .ok_or_else(|| fs_err!(NotFound, "storage target {target} is not served by storage node {}", self.node))
     }
 
+    /// The stores a `StorageBench` names (all of this node's when `targets` is empty), sorted by id then.
+    fn bench_stores(&self, targets: &[TargetId]) -> FsResult<Vec<Arc<ChunkStore>>> {
+        if targets.is_empty() {
+            let mut all: Vec<_> = self.stores.values().cloned().collect();
+            all.sort_by_key(|s| s.target());
+            return Ok(all);
+        }
+        targets.iter().map(|&t| self.store(t)).collect()
+    }
+
     async fn handle(&self, req: Request, payload: Vec<u8>) -> (Response, Vec<u8>) {
         let r = match req {
             Request::Ping => Ok(Reply::Pong { node_type: NodeType::Storage, node: self.node }),
@@ -173,6 +184,20 @@ impl Ready {
                     .map(|(chunks, more)| Reply::Chunks { chunks, more }),
                 Err(e) => Err(e),
             },
+            Request::StorageBench { targets, bytes_per_target, block_bytes, threads, direct } => {
+                let params = bench::Params { bytes_per_target, block_bytes, threads, direct };
+                match self.bench_stores(&targets) {
+                    Ok(stores) => bench::run(stores, params).await.map(Reply::StorageBench),
+                    Err(e) => Err(e),
+                }
+            }
+            Request::NetBenchWrite => Ok(Reply::Written(payload.len() as u32)),
+            Request::NetBenchRead { len } if len > MAX_PAYLOAD_LEN => Err(fs_err!(
+                Invalid,
+                "storage node {}: net bench read of {len} bytes exceeds {MAX_PAYLOAD_LEN}",
+                self.node
+            )),
+            Request::NetBenchRead { len } => return (Ok(Reply::Data), vec![0u8; len as usize]),
             other => Err(fs_err!(NotSupported, "storage node {} does not serve {}", self.node, request_name(&other))),
         };
         (r, Vec::new())

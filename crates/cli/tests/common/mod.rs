@@ -210,6 +210,13 @@ pub struct SecondMount {
     pub mnt: PathBuf,
 }
 
+impl SecondMount {
+    /// Process id of its `hivefs mount`.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for SecondMount {
     fn drop(&mut self) {
         let _ = Command::new("fusermount3").arg("-u").arg(&self.mnt).status();

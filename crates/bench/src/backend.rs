@@ -1,0 +1,361 @@
+//! The two ways the I/O and metadata benchmarks reach a file system: plain
+//! file system calls on a directory ([`Posix`]: a HiveFS mount, or any local
+//! directory for comparison) and the HiveFS native client library
+//! ([`Native`]: no FUSE, no kernel). Both are driven from ordinary threads
+//! (one per rank); paths are relative to the backend's base directory and
+//! use '/' between components.
+
+use hivefs_client::{Client, Ent, Options};
+use hivefs_proto::Caller;
+use hivefs_types::attr::{FileKind, Timespec};
+use hivefs_types::error::{ErrorCode, FsError};
+use hivefs_types::pattern::Pattern;
+use std::collections::HashMap;
+use std::fs::OpenOptions;
+use std::io::{Error, ErrorKind};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+pub type IoResult<T> = std::io::Result<T>;
+
+/// File system operations a benchmark rank needs.
+pub trait Backend: Send + Sync {
+    /// "mount", "native" or "plain": how the numbers were obtained.
+    fn kind(&self) -> &'static str;
+    /// Where `rel` is, for messages.
+    fn describe(&self, rel: &str) -> String;
+    fn mkdir(&self, rel: &str) -> IoResult<()>;
+    fn rmdir(&self, rel: &str) -> IoResult<()>;
+    fn open(&self, rel: &str, create: bool, write: bool) -> IoResult<Box<dyn BenchFile>>;
+    /// The size of `rel` (a `stat`).
+    fn stat(&self, rel: &str) -> IoResult<u64>;
+    fn unlink(&self, rel: &str) -> IoResult<()>;
+}
+
+pub trait BenchFile: Send {
+    fn write_at(&mut self, offset: u64, buf: &[u8]) -> IoResult<()>;
+    /// Reads into `buf`; returns the bytes read (fewer only at the end of the file).
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> IoResult<usize>;
+    fn sync(&mut self) -> IoResult<()>;
+    fn close(self: Box<Self>) -> IoResult<()>;
+}
+
+// ------------------------------------------------------------------ posix
+
+/// Plain file system calls under a directory.
+pub struct Posix {
+    pub base: PathBuf,
+    kind: &'static str,
+}
+
+impl Posix {
+    /// `kind`: "mount" for a HiveFS mount, "plain" for a local directory.
+    pub fn new(base: PathBuf, kind: &'static str) -> Posix {
+        Posix { base, kind }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.base.join(rel.trim_start_matches('/'))
+    }
+}
+
+struct PosixFile(std::fs::File);
+
+impl Backend for Posix {
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    fn describe(&self, rel: &str) -> String {
+        self.path(rel).display().to_string()
+    }
+
+    fn mkdir(&self, rel: &str) -> IoResult<()> {
+        std::fs::create_dir(self.path(rel))
+    }
+
+    fn rmdir(&self, rel: &str) -> IoResult<()> {
+        std::fs::remove_dir(self.path(rel))
+    }
+
+    fn open(&self, rel: &str, create: bool, write: bool) -> IoResult<Box<dyn BenchFile>> {
+        let f = OpenOptions::new().read(true).write(write).create(create).mode(0o644).open(self.path(rel))?;
+        Ok(Box::new(PosixFile(f)))
+    }
+
+    fn stat(&self, rel: &str) -> IoResult<u64> {
+        Ok(std::fs::metadata(self.path(rel))?.len())
+    }
+
+    fn unlink(&self, rel: &str) -> IoResult<()> {
+        std::fs::remove_file(self.path(rel))
+    }
+}
+
+impl BenchFile for PosixFile {
+    fn write_at(&mut self, offset: u64, buf: &[u8]) -> IoResult<()> {
+        self.0.write_all_at(buf, offset)
+    }
+
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> IoResult<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            match self.0.read_at(&mut buf[done..], offset + done as u64)? {
+                0 => break,
+                n => done += n,
+            }
+        }
+        Ok(done)
+    }
+
+    fn sync(&mut self) -> IoResult<()> {
+        self.0.sync_all()
+    }
+
+    fn close(self: Box<Self>) -> IoResult<()> {
+        // SAFETY: the descriptor is owned by this file and not used afterwards.
+        let fd = std::os::unix::io::IntoRawFd::into_raw_fd(self.0);
+        // close(2) reports errors of a network file system's final flush.
+        if unsafe { libc::close(fd) } != 0 {
+            return Err(Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+// ------------------------------------------------------------------ native
+
+/// The HiveFS native client, driven from rank threads through a runtime of its own.
+pub struct Native {
+    client: Arc<Client>,
+    rt: tokio::runtime::Runtime,
+    /// Entries of directories by path (relative to the root, no leading '/').
+    dirs: Mutex<HashMap<String, Ent>>,
+    base: String,
+    caller: Caller,
+}
+
+fn fs_io(e: FsError) -> Error {
+    let kind = match e.code {
+        ErrorCode::NotFound => ErrorKind::NotFound,
+        ErrorCode::Exists => ErrorKind::AlreadyExists,
+        ErrorCode::AccessDenied | ErrorCode::NotPermitted => ErrorKind::PermissionDenied,
+        ErrorCode::TimedOut => ErrorKind::TimedOut,
+        _ => ErrorKind::Other,
+    };
+    Error::new(kind, e.to_string())
+}
+
+fn now_ts() -> Timespec {
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    Timespec { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
+}
+
+fn split(rel: &str) -> (String, String) {
+    let rel = rel.trim_matches('/');
+    match rel.rsplit_once('/') {
+        Some((p, n)) => (p.to_string(), n.to_string()),
+        None => (String::new(), rel.to_string()),
+    }
+}
+
+impl Native {
+    /// Connects to the file system; `base` is a directory path from its root.
+    pub fn connect(opts: Options, base: &str) -> IoResult<Native> {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        let mgmtd = opts.mgmtd.clone();
+        let client = rt
+            .block_on(Client::connect(opts))
+            .map_err(|e| Error::other(format!("cannot connect to HiveFS at mgmtd {mgmtd}: {e}")))?;
+        // SAFETY: getuid/getgid cannot fail.
+        let caller = unsafe { Caller { uid: libc::getuid(), gid: libc::getgid() } };
+        let n =
+            Native { client, rt, dirs: Mutex::new(HashMap::new()), base: base.trim_matches('/').to_string(), caller };
+        n.dir(&n.base.clone())?;
+        Ok(n)
+    }
+
+    pub fn client(&self) -> &Arc<Client> {
+        &self.client
+    }
+
+    fn full(&self, rel: &str) -> String {
+        let rel = rel.trim_matches('/');
+        match (self.base.is_empty(), rel.is_empty()) {
+            (true, _) => rel.to_string(),
+            (false, true) => self.base.clone(),
+            (false, false) => format!("{}/{rel}", self.base),
+        }
+    }
+
+    /// The entry of directory `path` (from the root), resolved once and then remembered.
+    fn dir(&self, path: &str) -> IoResult<Ent> {
+        if let Some(e) = self.dirs.lock().expect("dir cache").get(path) {
+            return Ok(*e);
+        }
+        let a = self.rt.block_on(self.client.resolve(path)).map_err(fs_io)?;
+        if a.kind != FileKind::Dir {
+            return Err(Error::other(format!("/{path} is not a directory")));
+        }
+        let e = Ent::from(&a);
+        self.dirs.lock().expect("dir cache").insert(path.to_string(), e);
+        Ok(e)
+    }
+
+    /// Parent directory entry and the last component of `rel`.
+    fn parent(&self, rel: &str) -> IoResult<(Ent, String)> {
+        let (p, name) = split(&self.full(rel));
+        Ok((self.dir(&p)?, name))
+    }
+}
+
+struct NativeFile {
+    client: Arc<Client>,
+    handle: tokio::runtime::Handle,
+    ent: Ent,
+    pattern: Pattern,
+    write: bool,
+    dirty: bool,
+    size: u64,
+}
+
+impl NativeFile {
+    fn publish_size(&mut self) -> IoResult<()> {
+        if self.dirty {
+            let size =
+                self.handle.block_on(self.client.size_from_targets(&self.pattern, self.ent.id)).map_err(fs_io)?;
+            self.handle.block_on(self.client.update_size(self.ent, size, Some(now_ts()))).map_err(fs_io)?;
+            self.dirty = false;
+        }
+        Ok(())
+    }
+}
+
+impl Backend for Native {
+    fn kind(&self) -> &'static str {
+        "native"
+    }
+
+    fn describe(&self, rel: &str) -> String {
+        format!("hivefs:/{}", self.full(rel))
+    }
+
+    fn mkdir(&self, rel: &str) -> IoResult<()> {
+        let (parent, name) = self.parent(rel)?;
+        let a = self.rt.block_on(self.client.mkdir(parent, name.as_bytes(), 0o755, self.caller)).map_err(fs_io)?;
+        self.dirs.lock().expect("dir cache").insert(self.full(rel), Ent::from(&a));
+        Ok(())
+    }
+
+    fn rmdir(&self, rel: &str) -> IoResult<()> {
+        let (parent, name) = self.parent(rel)?;
+        self.rt.block_on(self.client.rmdir(parent, name.as_bytes())).map_err(fs_io)?;
+        self.dirs.lock().expect("dir cache").remove(&self.full(rel));
+        Ok(())
+    }
+
+    fn open(&self, rel: &str, create: bool, write: bool) -> IoResult<Box<dyn BenchFile>> {
+        let (parent, name) = self.parent(rel)?;
+        let c = &self.client;
+        let ent = if create {
+            let r = self.rt.block_on(c.create(parent, name.as_bytes(), FileKind::File, 0o644, 0, false, self.caller));
+            match r {
+                Ok(a) => Ent::from(&a),
+                Err(e) if e.code == ErrorCode::Exists => {
+                    Ent::from(&self.rt.block_on(c.lookup(parent, name.as_bytes())).map_err(fs_io)?)
+                }
+                Err(e) => return Err(fs_io(e)),
+            }
+        } else {
+            Ent::from(&self.rt.block_on(c.lookup(parent, name.as_bytes())).map_err(fs_io)?)
+        };
+        let attr = self.rt.block_on(c.open(ent, write)).map_err(fs_io)?;
+        let Some(pattern) = attr.pattern.clone() else {
+            let _ = self.rt.block_on(c.release(ent, write));
+            return Err(Error::other(format!("{} has no stripe pattern", self.describe(rel))));
+        };
+        Ok(Box::new(NativeFile {
+            client: c.clone(),
+            handle: self.rt.handle().clone(),
+            ent,
+            pattern,
+            write,
+            dirty: false,
+            size: attr.size,
+        }))
+    }
+
+    fn stat(&self, rel: &str) -> IoResult<u64> {
+        let (parent, name) = self.parent(rel)?;
+        Ok(self.rt.block_on(self.client.lookup(parent, name.as_bytes())).map_err(fs_io)?.size)
+    }
+
+    fn unlink(&self, rel: &str) -> IoResult<()> {
+        let (parent, name) = self.parent(rel)?;
+        self.rt.block_on(self.client.unlink(parent, name.as_bytes())).map_err(fs_io)
+    }
+}
+
+impl BenchFile for NativeFile {
+    fn write_at(&mut self, offset: u64, buf: &[u8]) -> IoResult<()> {
+        if !self.write {
+            return Err(Error::new(ErrorKind::PermissionDenied, "file is open for reading only"));
+        }
+        self.dirty = true;
+        self.handle.block_on(self.client.write(&self.pattern, self.ent.id, offset, buf)).map_err(fs_io)?;
+        self.size = self.size.max(offset + buf.len() as u64);
+        Ok(())
+    }
+
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> IoResult<usize> {
+        let data = self
+            .handle
+            .block_on(self.client.read(&self.pattern, self.ent.id, offset, buf.len(), self.size))
+            .map_err(fs_io)?;
+        buf[..data.len()].copy_from_slice(&data);
+        Ok(data.len())
+    }
+
+    fn sync(&mut self) -> IoResult<()> {
+        self.handle.block_on(self.client.fsync(&self.pattern, self.ent.id)).map_err(fs_io)?;
+        self.publish_size()
+    }
+
+    fn close(mut self: Box<Self>) -> IoResult<()> {
+        let published = self.publish_size();
+        let released = self.handle.block_on(self.client.release(self.ent, self.write)).map_err(fs_io);
+        published.and(released)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_paths() {
+        assert_eq!(split("a/b/c"), ("a/b".to_string(), "c".to_string()));
+        assert_eq!(split("/c"), (String::new(), "c".to_string()));
+    }
+
+    #[test]
+    fn posix_backend_round_trip() {
+        let d = tempfile::tempdir().unwrap();
+        let b = Posix::new(d.path().to_path_buf(), "plain");
+        b.mkdir("x").unwrap();
+        let mut f = b.open("x/f", true, true).unwrap();
+        f.write_at(3, b"abc").unwrap();
+        f.sync().unwrap();
+        f.close().unwrap();
+        assert_eq!(b.stat("x/f").unwrap(), 6);
+        let mut f = b.open("x/f", false, false).unwrap();
+        let mut buf = [9u8; 10];
+        assert_eq!(f.read_at(0, &mut buf).unwrap(), 6);
+        assert_eq!(&buf[..6], b"\0\0\0abc");
+        f.close().unwrap();
+        b.unlink("x/f").unwrap();
+        b.rmdir("x").unwrap();
+        assert!(!d.path().join("x").exists());
+    }
+}

@@ -1,0 +1,345 @@
+//! IOR-like sequential bandwidth: `ranks` threads write, then read back,
+//! either one shared file (N-1) or a file each (N-N).
+//!
+//! Layout (as IOR's): a rank writes `segments` blocks of `block_bytes`, each
+//! in calls of `transfer_bytes`. In N-1, segment `s` of rank `r` starts at
+//! `(s * ranks + r) * block_bytes` — with one segment every rank owns one
+//! contiguous block, with more the ranks' blocks interleave. In N-N, rank
+//! `r`'s file holds its segments back to back. Every transfer starts with its
+//! own offset (8 bytes, little-endian), which the read phase checks.
+//!
+//! Each phase is timed from open to close (fsync included when asked) per
+//! rank; the aggregate is Equation 1 over the ranks. Files live in a fresh
+//! directory `hivefs-bench-io.<pid>` under the backend's base and are removed
+//! at the end unless `keep` is set.
+
+use crate::backend::{Backend, BenchFile};
+use crate::progress::{Counter, Progress};
+use crate::{aggregate_mib_per_s, ranks, BenchError, Result, Span};
+use serde::Serialize;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+pub const TRANSFER_BYTES_MAX: u64 = 64 << 20;
+pub const RANKS_MAX: u32 = 1024;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IoParams {
+    pub ranks: u32,
+    pub transfer_bytes: u64,
+    pub block_bytes: u64,
+    pub segments: u32,
+    /// N-N (a file per rank) instead of N-1 (one shared file).
+    pub file_per_rank: bool,
+    /// fsync each file at the end of the write phase (timed).
+    pub fsync: bool,
+    /// `echo 3 > /proc/sys/vm/drop_caches` between the phases.
+    pub drop_caches: bool,
+    /// Read back the data another rank wrote (rank + 1), as IOR's `-C`.
+    pub reorder: bool,
+    pub keep: bool,
+}
+
+impl IoParams {
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(BenchError::Invalid(m));
+        if !(1..=RANKS_MAX).contains(&self.ranks) {
+            return bad(format!("ranks must be 1..={RANKS_MAX}, not {}", self.ranks));
+        }
+        if self.transfer_bytes == 0 || self.transfer_bytes > TRANSFER_BYTES_MAX {
+            return bad(format!("transfer size must be 1..={TRANSFER_BYTES_MAX} bytes, not {}", self.transfer_bytes));
+        }
+        if self.transfer_bytes < 8 {
+            return bad("transfer size must be at least 8 bytes (each transfer carries its offset)".into());
+        }
+        if self.block_bytes == 0 || !self.block_bytes.is_multiple_of(self.transfer_bytes) {
+            return bad(format!(
+                "block size {} must be a positive multiple of the transfer size {}",
+                self.block_bytes, self.transfer_bytes
+            ));
+        }
+        if self.segments == 0 {
+            return bad("segments must be at least 1".into());
+        }
+        if self.bytes_per_rank().checked_mul(u64::from(self.ranks)).is_none() {
+            return bad("the total volume overflows".into());
+        }
+        Ok(())
+    }
+
+    pub fn bytes_per_rank(&self) -> u64 {
+        self.block_bytes.saturating_mul(u64::from(self.segments))
+    }
+
+    pub fn mode(&self) -> &'static str {
+        if self.file_per_rank {
+            "N-N"
+        } else {
+            "N-1"
+        }
+    }
+
+    /// File offset of transfer `i` of segment `seg` of `rank`.
+    pub fn offset(&self, rank: u32, seg: u32, i: u64) -> u64 {
+        let block_index =
+            if self.file_per_rank { u64::from(seg) } else { u64::from(seg) * u64::from(self.ranks) + u64::from(rank) };
+        block_index * self.block_bytes + i * self.transfer_bytes
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RankResult {
+    pub rank: u32,
+    pub write_bytes: u64,
+    pub write_mib_s: f64,
+    pub read_bytes: u64,
+    pub read_mib_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PhaseResult {
+    pub bytes: u64,
+    /// Last end − first start over the ranks.
+    pub seconds: f64,
+    /// Equation 1 over the ranks.
+    pub aggregate_mib_s: f64,
+    pub min_rank_mib_s: f64,
+    pub max_rank_mib_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct IoReport {
+    pub benchmark: &'static str,
+    /// "mount", "native" or "plain".
+    pub api: &'static str,
+    pub path: String,
+    pub mode: &'static str,
+    pub ranks: u32,
+    pub transfer_bytes: u64,
+    pub block_bytes: u64,
+    pub segments: u32,
+    pub fsync: bool,
+    pub drop_caches: bool,
+    pub reorder: bool,
+    pub files: u32,
+    pub write: PhaseResult,
+    pub read: PhaseResult,
+    pub per_rank: Vec<RankResult>,
+}
+
+fn phase_result(spans: &[Span]) -> PhaseResult {
+    let rates: Vec<f64> = spans.iter().map(Span::mib_per_s).collect();
+    let first = spans.iter().map(|s| s.start_s).fold(f64::INFINITY, f64::min);
+    let last = spans.iter().map(|s| s.end_s).fold(f64::NEG_INFINITY, f64::max);
+    PhaseResult {
+        bytes: spans.iter().map(|s| s.bytes).sum(),
+        seconds: (last - first).max(0.0),
+        aggregate_mib_s: aggregate_mib_per_s(spans),
+        min_rank_mib_s: rates.iter().copied().fold(f64::INFINITY, f64::min),
+        max_rank_mib_s: rates.iter().copied().fold(0.0, f64::max),
+    }
+}
+
+/// Removes the benchmark's files and directory when dropped (unless kept).
+struct Cleanup<'a> {
+    backend: &'a dyn Backend,
+    dir: String,
+    files: Vec<String>,
+    keep: bool,
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        if self.keep {
+            return;
+        }
+        for f in &self.files {
+            let _ = self.backend.unlink(f);
+        }
+        if let Err(e) = self.backend.rmdir(&self.dir) {
+            tracing::warn!("cannot remove benchmark directory {}: {e}", self.backend.describe(&self.dir));
+        }
+    }
+}
+
+pub fn drop_caches() -> Result<()> {
+    // SAFETY: sync(2) has no preconditions.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", b"3\n")
+        .map_err(|e| BenchError::io("dropping the page cache (/proc/sys/vm/drop_caches; needs root)", e))
+}
+
+pub fn run(backend: Arc<dyn Backend>, p: &IoParams, progress: bool) -> Result<IoReport> {
+    p.validate()?;
+    let b: &dyn Backend = &*backend;
+    let dir = format!("hivefs-bench-io.{}", std::process::id());
+    b.mkdir(&dir).map_err(|e| BenchError::io(format!("cannot create {}", b.describe(&dir)), e))?;
+    let file_of = |rank: u32| {
+        if p.file_per_rank {
+            format!("{dir}/data.{rank}")
+        } else {
+            format!("{dir}/data")
+        }
+    };
+    let nfiles = if p.file_per_rank { p.ranks } else { 1 };
+    let mut cleanup = Cleanup { backend: b, dir: dir.clone(), files: Vec::new(), keep: p.keep };
+    for r in 0..nfiles {
+        let f = file_of(r);
+        let h = b.open(&f, true, true).map_err(|e| BenchError::io(format!("cannot create {}", b.describe(&f)), e))?;
+        cleanup.files.push(f.clone());
+        h.close().map_err(|e| BenchError::io(format!("closing {}", b.describe(&f)), e))?;
+    }
+
+    let total = p.bytes_per_rank() * u64::from(p.ranks);
+    let counter = Counter::default();
+    let verify_errors = AtomicU64::new(0);
+    let progress_bar: RefCell<Option<Progress>> = RefCell::new(None);
+    let phases = ["write", "read"];
+    let spans = ranks::run(
+        p.ranks,
+        2,
+        |ph| {
+            if ph == 1 && p.drop_caches {
+                drop_caches()?;
+            }
+            counter.reset();
+            *progress_bar.borrow_mut() = Some(Progress::start(
+                progress,
+                format!("io {} {}", p.mode(), phases[ph]),
+                total,
+                "MiB",
+                counter.clone(),
+            ));
+            Ok(())
+        },
+        |_, _| {
+            progress_bar.borrow_mut().take();
+            Ok(())
+        },
+        |rank, ph, failed| {
+            let data_rank = if ph == 1 && p.reorder { (rank + 1) % p.ranks } else { rank };
+            let path = file_of(data_rank);
+            let what = |doing: &str| format!("rank {rank} {doing} {}", b.describe(&path));
+            let write = ph == 0;
+            let mut f: Box<dyn BenchFile> =
+                b.open(&path, false, write).map_err(|e| BenchError::io(what("opening"), e))?;
+            let mut buf = vec![0xa5u8; p.transfer_bytes as usize];
+            let mut moved = 0u64;
+            'outer: for seg in 0..p.segments {
+                for i in 0..p.block_bytes / p.transfer_bytes {
+                    if failed.load(Ordering::Relaxed) {
+                        break 'outer;
+                    }
+                    let off = p.offset(data_rank, seg, i);
+                    if write {
+                        buf[..8].copy_from_slice(&off.to_le_bytes());
+                        f.write_at(off, &buf).map_err(|e| BenchError::io(what("writing"), e))?;
+                    } else {
+                        let n = f.read_at(off, &mut buf).map_err(|e| BenchError::io(what("reading"), e))?;
+                        if n != buf.len() || buf[..8] != off.to_le_bytes() {
+                            verify_errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    moved += p.transfer_bytes;
+                    counter.add(p.transfer_bytes);
+                }
+            }
+            if write && p.fsync {
+                f.sync().map_err(|e| BenchError::io(what("fsyncing"), e))?;
+            }
+            f.close().map_err(|e| BenchError::io(what("closing"), e))?;
+            Ok(moved)
+        },
+    )?;
+    let bad = verify_errors.load(Ordering::Relaxed);
+    if bad > 0 {
+        return Err(BenchError::Invalid(format!(
+            "{bad} transfers read back from {} did not hold the data written",
+            b.describe(&dir)
+        )));
+    }
+    drop(cleanup);
+    Ok(IoReport {
+        benchmark: "io",
+        api: b.kind(),
+        path: b.describe(""),
+        mode: p.mode(),
+        ranks: p.ranks,
+        transfer_bytes: p.transfer_bytes,
+        block_bytes: p.block_bytes,
+        segments: p.segments,
+        fsync: p.fsync,
+        drop_caches: p.drop_caches,
+        reorder: p.reorder,
+        files: nfiles,
+        write: phase_result(&spans[0]),
+        read: phase_result(&spans[1]),
+        per_rank: (0..p.ranks as usize)
+            .map(|r| RankResult {
+                rank: r as u32,
+                write_bytes: spans[0][r].bytes,
+                write_mib_s: spans[0][r].mib_per_s(),
+                read_bytes: spans[1][r].bytes,
+                read_mib_s: spans[1][r].mib_per_s(),
+            })
+            .collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Posix;
+
+    fn params() -> IoParams {
+        IoParams {
+            ranks: 3,
+            transfer_bytes: 4096,
+            block_bytes: 16384,
+            segments: 2,
+            file_per_rank: false,
+            fsync: true,
+            drop_caches: false,
+            reorder: false,
+            keep: false,
+        }
+    }
+
+    #[test]
+    fn offsets_of_the_two_layouts() {
+        let p = params();
+        // N-1: segment 0 holds ranks 0, 1, 2; segment 1 starts at 3 blocks.
+        assert_eq!(p.offset(0, 0, 0), 0);
+        assert_eq!(p.offset(1, 0, 1), 16384 + 4096);
+        assert_eq!(p.offset(2, 1, 0), (3 + 2) * 16384);
+        let nn = IoParams { file_per_rank: true, ..p };
+        assert_eq!(nn.offset(2, 1, 3), 16384 + 3 * 4096);
+    }
+
+    #[test]
+    fn parameters_are_checked() {
+        assert!(params().validate().is_ok());
+        assert!(IoParams { block_bytes: 5000, ..params() }.validate().is_err());
+        assert!(IoParams { ranks: 0, ..params() }.validate().is_err());
+        assert!(IoParams { segments: 0, ..params() }.validate().is_err());
+        assert!(IoParams { transfer_bytes: 4, block_bytes: 8, ..params() }.validate().is_err());
+        assert!(IoParams { transfer_bytes: 128 << 20, block_bytes: 128 << 20, ..params() }.validate().is_err());
+    }
+
+    #[test]
+    fn both_layouts_on_a_plain_directory() {
+        for (nn, reorder) in [(false, false), (true, true)] {
+            let d = tempfile::tempdir().unwrap();
+            let b: Arc<dyn Backend> = Arc::new(Posix::new(d.path().to_path_buf(), "plain"));
+            let p = IoParams { file_per_rank: nn, reorder, ..params() };
+            let r = run(b, &p, false).unwrap();
+            assert_eq!(r.files, if nn { 3 } else { 1 });
+            assert_eq!(r.write.bytes, 3 * 2 * 16384);
+            assert_eq!(r.read.bytes, r.write.bytes);
+            assert!(r.per_rank.iter().all(|x| x.write_bytes == 32768 && x.read_bytes == 32768));
+            assert!(r.write.aggregate_mib_s > 0.0 && r.read.aggregate_mib_s > 0.0);
+            assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0, "files left behind");
+        }
+    }
+}

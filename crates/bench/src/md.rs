@@ -1,0 +1,337 @@
+//! mdtest-like metadata rates: `ranks` threads each create, then stat, then
+//! read, then remove `files_per_rank` files of `file_bytes` bytes, in a
+//! directory per rank or in one shared directory. Every phase starts on all
+//! ranks at once; its rate is the operations of all ranks over the time from
+//! the first start to the last end.
+//!
+//! Operations: create = open(O_CREAT) + write the contents (if any) + close;
+//! stat = stat of the path; read = open + read the contents + close;
+//! remove = unlink. Besides rates, each phase reports CPU time per operation
+//! of this process and, when known, of the HiveFS services (their pids from a
+//! `hivefs up` directory), and how many requests each metadata node answered.
+//!
+//! The files live in a fresh directory `hivefs-bench-md.<pid>` under the
+//! backend's base, removed at the end (also after a failure) unless `keep`.
+
+use crate::backend::Backend;
+use crate::cpu::Snapshot;
+use crate::progress::{Counter, Progress};
+use crate::{ranks, BenchError, FsConn, Result, Span};
+use hivefs_cluster::Cluster;
+use hivefs_proto::{Reply, Request};
+use hivefs_types::ids::NodeType;
+use serde::Serialize;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub const PHASES: [&str; 4] = ["create", "stat", "read", "remove"];
+pub const FILE_BYTES_MAX: u32 = 64 << 20;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MdParams {
+    pub ranks: u32,
+    pub files_per_rank: u32,
+    pub file_bytes: u32,
+    /// One directory for all ranks instead of one per rank.
+    pub shared_dir: bool,
+    pub keep: bool,
+}
+
+impl MdParams {
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=crate::io::RANKS_MAX).contains(&self.ranks) {
+            return Err(BenchError::Invalid(format!("ranks must be 1..={}, not {}", crate::io::RANKS_MAX, self.ranks)));
+        }
+        if self.files_per_rank == 0 {
+            return Err(BenchError::Invalid("files per rank must be at least 1".into()));
+        }
+        if self.file_bytes > FILE_BYTES_MAX {
+            return Err(BenchError::Invalid(format!("file size must be at most {FILE_BYTES_MAX} bytes")));
+        }
+        Ok(())
+    }
+
+    pub fn ops_per_phase(&self) -> u64 {
+        u64::from(self.ranks) * u64::from(self.files_per_rank)
+    }
+}
+
+/// Requests answered by each metadata node, read with `MetaOpCount`.
+pub struct MetaCounts {
+    rt: tokio::runtime::Runtime,
+    cluster: Arc<Cluster>,
+}
+
+impl MetaCounts {
+    pub fn connect(conn: &FsConn) -> Result<MetaCounts> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| BenchError::io("cannot start a runtime", e))?;
+        let cluster = rt.block_on(conn.cluster(Duration::from_secs(30), 1))?;
+        Ok(MetaCounts { rt, cluster })
+    }
+
+    /// Node id → requests answered so far, for every metadata node.
+    pub fn snapshot(&self) -> Result<BTreeMap<String, u64>> {
+        self.rt.block_on(async {
+            let view = self.cluster.view();
+            let mut out = BTreeMap::new();
+            for n in view.nodes.values().filter(|n| n.node_type == NodeType::Meta) {
+                let what = || format!("request count of metadata node {} at {}", n.id, n.addr);
+                let pool = self.cluster.node_pool(NodeType::Meta, n.id).await.map_err(|e| BenchError::fs(what(), e))?;
+                match pool.rpc(&Request::MetaOpCount).await {
+                    Ok(Reply::MetaOpCount { requests, .. }) => out.insert(n.id.to_string(), requests),
+                    Ok(r) => return Err(BenchError::Invalid(format!("{}: unexpected reply {r:?}", what()))),
+                    Err(e) => return Err(BenchError::fs(what(), e)),
+                };
+            }
+            Ok(out)
+        })
+    }
+}
+
+/// What besides the rates a run observes.
+#[derive(Default)]
+pub struct Observers {
+    /// Service name → pid (see [`crate::cpu::up_service_pids`]).
+    pub services: BTreeMap<String, i32>,
+    pub meta: Option<MetaCounts>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct MdPhase {
+    pub phase: &'static str,
+    pub ops: u64,
+    pub seconds: f64,
+    pub ops_per_s: f64,
+    /// CPU time (user + system) of this benchmark process per operation.
+    pub cpu_us_per_op: f64,
+    /// The same for each HiveFS service (empty when unknown).
+    pub service_cpu_us_per_op: BTreeMap<String, f64>,
+    /// Requests each metadata node answered during the phase (empty when unknown).
+    pub meta_requests: BTreeMap<String, u64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct MdRun {
+    /// "mount", "native" or "plain".
+    pub api: &'static str,
+    pub path: String,
+    pub phases: Vec<MdPhase>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct MdReport {
+    pub benchmark: &'static str,
+    pub ranks: u32,
+    pub files_per_rank: u32,
+    pub file_bytes: u32,
+    pub shared_dir: bool,
+    pub run: MdRun,
+    /// The same workload on a plain local directory, in the same invocation.
+    pub compare: Option<MdRun>,
+    /// Phase → ops/s of `run` divided by ops/s of `compare`.
+    pub ratio: BTreeMap<String, f64>,
+}
+
+pub fn report(p: &MdParams, run: MdRun, compare: Option<MdRun>) -> MdReport {
+    let mut ratio = BTreeMap::new();
+    if let Some(c) = &compare {
+        for (a, b) in run.phases.iter().zip(&c.phases) {
+            if b.ops_per_s > 0.0 {
+                ratio.insert(a.phase.to_string(), a.ops_per_s / b.ops_per_s);
+            }
+        }
+    }
+    MdReport {
+        benchmark: "md",
+        ranks: p.ranks,
+        files_per_rank: p.files_per_rank,
+        file_bytes: p.file_bytes,
+        shared_dir: p.shared_dir,
+        run,
+        compare,
+        ratio,
+    }
+}
+
+/// Removes whatever is left of the benchmark's tree when dropped.
+struct Cleanup<'a> {
+    backend: &'a dyn Backend,
+    dir: String,
+    subdirs: Vec<String>,
+    files: Vec<String>,
+    keep: bool,
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        if self.keep {
+            return;
+        }
+        for f in &self.files {
+            let _ = self.backend.unlink(f);
+        }
+        for d in self.subdirs.iter().chain(std::iter::once(&self.dir)) {
+            if let Err(e) = self.backend.rmdir(d) {
+                tracing::warn!("cannot remove benchmark directory {}: {e}", self.backend.describe(d));
+            }
+        }
+    }
+}
+
+pub fn run(backend: Arc<dyn Backend>, p: &MdParams, obs: &Observers, progress: bool) -> Result<MdRun> {
+    p.validate()?;
+    let b: &dyn Backend = &*backend;
+    let dir = format!("hivefs-bench-md.{}", std::process::id());
+    let mkdir = |d: &str| b.mkdir(d).map_err(|e| BenchError::io(format!("cannot create {}", b.describe(d)), e));
+    mkdir(&dir)?;
+    let subdirs: Vec<String> = if p.shared_dir {
+        vec![format!("{dir}/shared")]
+    } else {
+        (0..p.ranks).map(|r| format!("{dir}/r{r}")).collect()
+    };
+    let mut cleanup = Cleanup { backend: b, dir: dir.clone(), subdirs: Vec::new(), files: Vec::new(), keep: p.keep };
+    for d in &subdirs {
+        mkdir(d)?;
+        cleanup.subdirs.push(d.clone());
+    }
+    let path = |rank: u32, i: u32| {
+        let d = &subdirs[if p.shared_dir { 0 } else { rank as usize }];
+        format!("{d}/f.{rank}.{i}")
+    };
+    // Until the remove phase completes, a failure must remove every file.
+    cleanup.files =
+        (0..p.ranks).flat_map(|r| (0..p.files_per_rank).map(move |i| (r, i))).map(|(r, i)| path(r, i)).collect();
+
+    let ops = p.ops_per_phase();
+    let counter = Counter::default();
+    let bar: RefCell<Option<Progress>> = RefCell::new(None);
+    let snaps: RefCell<Option<(Snapshot, BTreeMap<String, u64>)>> = RefCell::new(None);
+    let mut phases = Vec::new();
+    let take = || -> Result<(Snapshot, BTreeMap<String, u64>)> {
+        let meta = match &obs.meta {
+            Some(m) => m.snapshot()?,
+            None => BTreeMap::new(),
+        };
+        Ok((Snapshot::take(&obs.services), meta))
+    };
+    let content = vec![0x6du8; p.file_bytes as usize];
+    ranks::run(
+        p.ranks,
+        PHASES.len(),
+        |ph| {
+            counter.reset();
+            *snaps.borrow_mut() = Some(take()?);
+            *bar.borrow_mut() =
+                Some(Progress::start(progress, format!("md {}", PHASES[ph]), ops, "ops", counter.clone()));
+            Ok(())
+        },
+        |ph, spans: &[Span]| {
+            bar.borrow_mut().take();
+            let (cpu1, meta1) = take()?;
+            let (cpu0, meta0) = snaps.borrow_mut().take().expect("snapshot taken before the phase");
+            let (cpu, svc) = cpu0.per_op_us(&cpu1, ops);
+            let first = spans.iter().map(|s| s.start_s).fold(f64::INFINITY, f64::min);
+            let last = spans.iter().map(|s| s.end_s).fold(f64::NEG_INFINITY, f64::max);
+            let secs = (last - first).max(0.0);
+            phases.push(MdPhase {
+                phase: PHASES[ph],
+                ops: spans.iter().map(|s| s.bytes).sum(),
+                seconds: secs,
+                ops_per_s: if secs > 0.0 { ops as f64 / secs } else { 0.0 },
+                cpu_us_per_op: cpu,
+                service_cpu_us_per_op: svc,
+                meta_requests: meta1.iter().map(|(n, v)| (n.clone(), v - meta0.get(n).copied().unwrap_or(0))).collect(),
+            });
+            Ok(())
+        },
+        |rank, ph, failed| {
+            let mut buf = vec![0u8; p.file_bytes as usize];
+            let mut done = 0u64;
+            for i in 0..p.files_per_rank {
+                if failed.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let f = path(rank, i);
+                let err = |doing: &str, e| BenchError::io(format!("rank {rank} {doing} {}", b.describe(&f)), e);
+                match PHASES[ph] {
+                    "create" => {
+                        let mut h = b.open(&f, true, true).map_err(|e| err("creating", e))?;
+                        if !content.is_empty() {
+                            h.write_at(0, &content).map_err(|e| err("writing", e))?;
+                        }
+                        h.close().map_err(|e| err("closing", e))?;
+                    }
+                    "stat" => {
+                        let size = b.stat(&f).map_err(|e| err("stat of", e))?;
+                        if size != u64::from(p.file_bytes) {
+                            return Err(BenchError::Invalid(format!(
+                                "rank {rank}: {} has {size} bytes, not {}",
+                                b.describe(&f),
+                                p.file_bytes
+                            )));
+                        }
+                    }
+                    "read" => {
+                        let mut h = b.open(&f, false, false).map_err(|e| err("opening", e))?;
+                        if !buf.is_empty() {
+                            let n = h.read_at(0, &mut buf).map_err(|e| err("reading", e))?;
+                            if n != buf.len() || buf != content {
+                                return Err(BenchError::Invalid(format!(
+                                    "rank {rank}: {} does not hold the data written",
+                                    b.describe(&f)
+                                )));
+                            }
+                        }
+                        h.close().map_err(|e| err("closing", e))?;
+                    }
+                    _ => b.unlink(&f).map_err(|e| err("removing", e))?,
+                }
+                done += 1;
+                counter.add(1);
+            }
+            Ok(done)
+        },
+    )?;
+    cleanup.files.clear();
+    drop(cleanup);
+    Ok(MdRun { api: b.kind(), path: b.describe(""), phases })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Posix;
+
+    #[test]
+    fn parameters_are_checked() {
+        let p = MdParams { ranks: 2, files_per_rank: 5, file_bytes: 4096, shared_dir: false, keep: false };
+        assert!(p.validate().is_ok());
+        assert_eq!(p.ops_per_phase(), 10);
+        assert!(MdParams { files_per_rank: 0, ..p.clone() }.validate().is_err());
+        assert!(MdParams { ranks: 0, ..p.clone() }.validate().is_err());
+        assert!(MdParams { file_bytes: FILE_BYTES_MAX + 1, ..p }.validate().is_err());
+    }
+
+    #[test]
+    fn all_phases_on_a_plain_directory_with_a_comparison() {
+        for shared in [false, true] {
+            let d = tempfile::tempdir().unwrap();
+            let p = MdParams { ranks: 3, files_per_rank: 7, file_bytes: 4096, shared_dir: shared, keep: false };
+            let b: Arc<dyn Backend> = Arc::new(Posix::new(d.path().to_path_buf(), "plain"));
+            let obs = Observers::default();
+            let a = run(b.clone(), &p, &obs, false).unwrap();
+            let c = run(b, &p, &obs, false).unwrap();
+            let r = report(&p, a, Some(c));
+            let names: Vec<_> = r.run.phases.iter().map(|x| x.phase).collect();
+            assert_eq!(names, PHASES);
+            assert!(r.run.phases.iter().all(|x| x.ops == 21 && x.ops_per_s > 0.0));
+            assert_eq!(r.ratio.len(), 4);
+            assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0, "files left behind");
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! Global file locks and the global append lock, through two (or three)
+//! mounts of one file system: `flock`, `fcntl` byte ranges (F_SETLK,
+//! F_SETLKW, F_GETLK), lease expiry of a killed client, and O_APPEND writes
+//! from two mounts.
+
+mod common;
+
+use common::*;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// `flock(2)`; 0 or the errno.
+fn flock(f: &File, op: i32) -> i32 {
+    // SAFETY: a valid descriptor owned by `f`.
+    if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
+        0
+    } else {
+        std::io::Error::last_os_error().raw_os_error().unwrap()
+    }
+}
+
+fn flock_struct(typ: i32, start: i64, len: i64) -> libc::flock {
+    // SAFETY: plain old data; all-zero is a valid value.
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = typ as libc::c_short;
+    l.l_whence = libc::SEEK_SET as libc::c_short;
+    l.l_start = start;
+    l.l_len = len;
+    l
+}
+
+/// `fcntl(F_SETLK or F_SETLKW)`; 0 or the errno.
+fn setlk(f: &File, cmd: i32, typ: i32, start: i64, len: i64) -> i32 {
+    let l = flock_struct(typ, start, len);
+    // SAFETY: a valid descriptor and a valid `struct flock`.
+    if unsafe { libc::fcntl(f.as_raw_fd(), cmd, &l) } == 0 {
+        0
+    } else {
+        std::io::Error::last_os_error().raw_os_error().unwrap()
+    }
+}
+
+/// `fcntl(F_GETLK)`: the conflicting lock as (type, start, len).
+fn getlk(f: &File, typ: i32, start: i64, len: i64) -> (i32, i64, i64) {
+    let mut l = flock_struct(typ, start, len);
+    // SAFETY: a valid descriptor and a valid `struct flock`.
+    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETLK, &mut l) };
+    assert_eq!(r, 0, "F_GETLK: {}", std::io::Error::last_os_error());
+    (i32::from(l.l_type), l.l_start, l.l_len)
+}
+
+fn rw(p: &std::path::Path) -> File {
+    OpenOptions::new().read(true).write(true).open(p).unwrap_or_else(|e| panic!("open {}: {e}", p.display()))
+}
+
+/// Polls `f` until it is true, for at most `secs` seconds.
+fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < Duration::from_secs(secs), "timed out after {secs} s waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether a blocked call has not returned yet (it must wait for a lock).
+fn still_blocked<T>(rx: &mpsc::Receiver<T>) -> bool {
+    matches!(rx.recv_timeout(Duration::from_millis(500)), Err(mpsc::RecvTimeoutError::Timeout))
+}
+
+#[test]
+fn flock_is_global_across_mounts() {
+    let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "1"]);
+    std::fs::write(fs.path("f"), b"x").unwrap();
+    let m2 = fs.second_mount();
+    let p2 = m2.mnt.join("f");
+
+    let a = rw(&fs.path("f"));
+    assert_eq!(flock(&a, libc::LOCK_EX | libc::LOCK_NB), 0);
+    let b = rw(&p2);
+    assert_eq!(flock(&b, libc::LOCK_EX | libc::LOCK_NB), libc::EWOULDBLOCK);
+    assert_eq!(flock(&b, libc::LOCK_SH | libc::LOCK_NB), libc::EWOULDBLOCK);
+    // Another open file description in the same mount is another owner too.
+    let a2 = rw(&fs.path("f"));
+    assert_eq!(flock(&a2, libc::LOCK_SH | libc::LOCK_NB), libc::EWOULDBLOCK);
+    drop(a2);
+
+    // A blocking flock in mount 2 waits until mount 1 unlocks.
+    let (tx, rx) = mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let r = flock(&b, libc::LOCK_EX);
+        tx.send(r).unwrap();
+        b
+    });
+    assert!(still_blocked(&rx), "a blocking flock in mount 2 returned while mount 1 held the lock");
+    assert_eq!(flock(&a, libc::LOCK_UN), 0);
+    assert_eq!(rx.recv_timeout(Duration::from_secs(30)).expect("blocking flock granted after unlock"), 0);
+    let b = waiter.join().unwrap();
+    assert_eq!(flock(&a, libc::LOCK_SH | libc::LOCK_NB), libc::EWOULDBLOCK);
+
+    // Downgrade in place lets shared lockers in; closing the last descriptor drops the lock.
+    assert_eq!(flock(&b, libc::LOCK_SH), 0);
+    assert_eq!(flock(&a, libc::LOCK_SH | libc::LOCK_NB), 0);
+    assert_eq!(flock(&a, libc::LOCK_UN), 0);
+    drop(b);
+    wait_for("the flock of a closed file to go", 30, || flock(&a, libc::LOCK_EX | libc::LOCK_NB) == 0);
+
+    // A mount with --local-locks leaves locks to its own kernel: no conflict with mount 1.
+    let m3 = fs.extra_mount("mnt3", &["--local-locks"]);
+    let c = rw(&m3.mnt.join("f"));
+    assert_eq!(flock(&c, libc::LOCK_EX | libc::LOCK_NB), 0);
+}
+
+#[test]
+fn fcntl_byte_ranges_are_global_across_mounts() {
+    let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "1"]);
+    std::fs::write(fs.path("r"), vec![0u8; 4096]).unwrap();
+    let m2 = fs.second_mount();
+    // This process holds both descriptors, but through two mounts (two
+    // clients), so its locks are two owners to the metadata node.
+    let a = rw(&fs.path("r"));
+    let b = rw(&m2.mnt.join("r"));
+
+    // Non-overlapping exclusive ranges coexist.
+    assert_eq!(setlk(&a, libc::F_SETLK, libc::F_WRLCK, 0, 100), 0);
+    assert_eq!(setlk(&b, libc::F_SETLK, libc::F_WRLCK, 100, 100), 0);
+    // Overlapping ones conflict, shared or exclusive.
+    let e = setlk(&b, libc::F_SETLK, libc::F_WRLCK, 50, 10);
+    assert!(e == libc::EAGAIN || e == libc::EACCES, "overlapping F_SETLK gave errno {e}");
+    let e = setlk(&b, libc::F_SETLK, libc::F_RDLCK, 99, 1);
+    assert!(e == libc::EAGAIN || e == libc::EACCES, "overlapping shared F_SETLK gave errno {e}");
+    // F_GETLK reports the conflicting lock of mount 1.
+    assert_eq!(getlk(&b, libc::F_WRLCK, 50, 10), (libc::F_WRLCK, 0, 100));
+    assert_eq!(getlk(&b, libc::F_RDLCK, 300, 10).0, libc::F_UNLCK);
+    assert_eq!(getlk(&a, libc::F_RDLCK, 150, 0), (libc::F_WRLCK, 100, 100));
+
+    // Split: unlocking the middle of a range frees just the middle.
+    assert_eq!(setlk(&a, libc::F_SETLK, libc::F_WRLCK, 1000, 100), 0);
+    assert_eq!(setlk(&a, libc::F_SETLK, libc::F_UNLCK, 1040, 20), 0);
+    assert_eq!(getlk(&b, libc::F_WRLCK, 1040, 20).0, libc::F_UNLCK);
+    assert_eq!(getlk(&b, libc::F_WRLCK, 1000, 100), (libc::F_WRLCK, 1000, 40));
+    assert_eq!(getlk(&b, libc::F_WRLCK, 1050, 100), (libc::F_WRLCK, 1060, 40));
+    // Downgrade to shared: mount 2 may share, not take it exclusively.
+    assert_eq!(setlk(&a, libc::F_SETLK, libc::F_RDLCK, 1000, 100), 0);
+    assert_eq!(setlk(&b, libc::F_SETLK, libc::F_RDLCK, 1000, 10), 0);
+    assert_ne!(setlk(&b, libc::F_SETLK, libc::F_WRLCK, 1010, 10), 0);
+
+    // F_SETLKW waits for the conflicting range to be unlocked.
+    let (tx, rx) = mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        tx.send(setlk(&b, libc::F_SETLKW, libc::F_WRLCK, 50, 10)).unwrap();
+        b
+    });
+    assert!(still_blocked(&rx), "F_SETLKW in mount 2 returned while mount 1 held the range");
+    assert_eq!(setlk(&a, libc::F_SETLK, libc::F_UNLCK, 0, 100), 0);
+    assert_eq!(rx.recv_timeout(Duration::from_secs(30)).expect("F_SETLKW granted after unlock"), 0);
+    let b = waiter.join().unwrap();
+    assert_eq!(getlk(&a, libc::F_RDLCK, 0, 0), (libc::F_WRLCK, 50, 10));
+
+    // Closing any descriptor of the file drops this process's locks there.
+    let b2 = File::open(m2.mnt.join("r")).unwrap();
+    drop(b2);
+    assert_eq!(getlk(&a, libc::F_WRLCK, 0, 0).0, libc::F_UNLCK);
+    drop(b);
+}
+
+#[test]
+fn locks_of_a_killed_client_end_with_its_lease() {
+    const LEASE_MS: u64 = 2000;
+    let fs = TestFs::up_with(&["--storage", "1", "--targets-per-storage", "1"], |fs| {
+        std::fs::create_dir_all(fs.dir.join("meta1")).unwrap();
+        std::fs::write(fs.dir.join("meta1/meta.toml"), format!("lock_lease_ms = {LEASE_MS}\n")).unwrap();
+    });
+    std::fs::write(fs.path("k"), b"x").unwrap();
+    let m2 = fs.second_mount();
+    let b = rw(&m2.mnt.join("k"));
+    assert_eq!(setlk(&b, libc::F_SETLK, libc::F_WRLCK, 0, 0), 0);
+    let a = rw(&fs.path("k"));
+    // Held across more than one lease while its mount lives (keep-alives).
+    let held_until = Instant::now() + Duration::from_millis(2 * LEASE_MS);
+    while Instant::now() < held_until {
+        assert_ne!(setlk(&a, libc::F_SETLK, libc::F_WRLCK, 0, 0), 0, "lock of a live client was lost");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // SAFETY: killing the mount process this test started.
+    unsafe { libc::kill(m2.pid() as i32, libc::SIGKILL) };
+    let killed = Instant::now();
+    let e = setlk(&a, libc::F_SETLK, libc::F_WRLCK, 0, 0);
+    if killed.elapsed() < Duration::from_millis(LEASE_MS / 2) {
+        assert_ne!(e, 0, "the lock went before the lease of the killed client ended");
+    }
+    wait_for("the killed client's lock to be released", 30, || setlk(&a, libc::F_SETLK, libc::F_WRLCK, 0, 0) == 0);
+    drop(b);
+}
+
+#[test]
+fn o_append_from_two_mounts_never_overwrites() {
+    const N: usize = 150;
+    const REC: usize = 100;
+    // Records straddle 4 KiB chunks on two targets.
+    let fs = TestFs::up(&["--storage", "2", "--targets-per-storage", "1", "--chunk-size", "4k"]);
+    std::fs::write(fs.path("log"), b"").unwrap();
+    let m2 = fs.second_mount();
+    let paths = [fs.path("log"), m2.mnt.join("log")];
+    let writers: Vec<_> = paths
+        .iter()
+        .enumerate()
+        .map(|(w, p)| {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+                for seq in 0..N {
+                    let mut rec = format!("w{w} {seq:06} ").into_bytes();
+                    rec.resize(REC - 1, b'a' + w as u8);
+                    rec.push(b'\n');
+                    f.write_all(&rec).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in writers {
+        t.join().unwrap();
+    }
+    let data = std::fs::read(fs.path("log")).unwrap();
+    assert_eq!(data.len(), 2 * N * REC, "the file holds {} bytes, not {} records", data.len(), 2 * N);
+    let mut next = [0usize; 2];
+    for (i, rec) in data.chunks(REC).enumerate() {
+        let s = String::from_utf8_lossy(rec);
+        let w = match &rec[..2] {
+            b"w0" => 0,
+            b"w1" => 1,
+            _ => panic!("record {i} is damaged: {s:?}"),
+        };
+        let seq: usize = s[3..9].parse().unwrap_or_else(|_| panic!("record {i} is damaged: {s:?}"));
+        assert_eq!(seq, next[w], "record {i}: writer {w} out of order or lost: {s:?}");
+        assert!(rec[10..REC - 1].iter().all(|&c| c == b'a' + w as u8) && rec[REC - 1] == b'\n', "record {i}: {s:?}");
+        next[w] += 1;
+    }
+    assert_eq!(next, [N, N]);
+}

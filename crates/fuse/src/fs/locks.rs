@@ -1,0 +1,144 @@
+//! `getlk`/`setlk` and the lock clean-up on close, over the metadata nodes'
+//! global lock tables (mount option `global_file_locks`).
+//!
+//! The kernel sends `flock(2)` as a whole-file `setlk` whose owner is the
+//! open file description (it "emulates flock with POSIX locks"); fuser 0.18
+//! does not pass the `FUSE_LK_FLOCK` flag on, so both arrive here alike and
+//! are kept as [`LockKind::Posix`] locks of their kernel owner. Owners stay
+//! right (per process for fcntl, per open file description for flock); the
+//! difference to a local file system is that a flock and an fcntl lock of
+//! the same file conflict, as on NFS.
+
+use super::*;
+
+/// A lock request from the kernel; `client` is filled in by the client library.
+fn kernel_lock(owner: LockOwner, start: u64, end: u64, typ: i32, pid: u32) -> FsResult<FileLock> {
+    let exclusive = match typ {
+        libc::F_RDLCK | libc::F_UNLCK => false,
+        libc::F_WRLCK => true,
+        t => return Err(FsError::new(ErrorCode::Invalid, format!("unknown lock type {t}"))),
+    };
+    Ok(FileLock { kind: LockKind::Posix, client: 0, owner: owner.0, pid, start, end, exclusive })
+}
+
+/// Whether thread `pid` is gone or being killed: a task blocked in a FUSE
+/// request cannot die until it is answered, and fuser 0.18 drops the
+/// kernel's interrupts, so a waiting lock request looks for SIGKILL itself.
+fn fatal_signal_pending(pid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return true };
+    let sigkill = 1u64 << (libc::SIGKILL - 1);
+    status.lines().any(|l| {
+        let mut it = l.split_whitespace();
+        matches!(it.next(), Some("SigPnd:" | "ShdPnd:"))
+            && it.next().and_then(|h| u64::from_str_radix(h, 16).ok()).is_some_and(|m| m & sigkill != 0)
+    })
+}
+
+impl Inner {
+    /// Drops the fcntl or flock locks of `owner` on `ent` (on close).
+    pub(super) async fn drop_locks(&self, ent: Ent, owner: LockOwner) {
+        if !self.global_locks || !self.locked.lock().expect("locked").contains(&ent.id) {
+            return;
+        }
+        let all = FileLock {
+            kind: LockKind::Posix,
+            client: 0,
+            owner: owner.0,
+            pid: 0,
+            start: 0,
+            end: u64::MAX,
+            exclusive: false,
+        };
+        if let Err(e) = self.client.unlock(ent, all).await {
+            // The metadata node drops them when this mount's lease ends.
+            warn!("releasing the locks of owner {:x} on {} failed: {e}", owner.0, ent.id);
+        }
+    }
+
+    /// Forgets that `id` had locks once this mount has no handle on it left.
+    pub(super) fn forget_locked(&self, id: EntryId) {
+        let open = self.files.lock().expect("files").values().any(|f| f.ent.id == id);
+        if !open {
+            self.locked.lock().expect("locked").remove(&id);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn setlk(
+    fs: &HiveFs,
+    req: &Request,
+    ino: INodeNo,
+    owner: LockOwner,
+    start: u64,
+    end: u64,
+    typ: i32,
+    pid: u32,
+    sleep: bool,
+    reply: ReplyEmpty,
+) {
+    let inner = fs.inner.clone();
+    let waiter = req.pid();
+    fs.rt.spawn(async move {
+        let r: FsResult<bool> = async {
+            let ent = inner.ent(ino)?;
+            let lock = kernel_lock(owner, start, end, typ, pid)?;
+            if typ == libc::F_UNLCK {
+                inner.client.unlock(ent, lock).await?;
+                return Ok(true);
+            }
+            inner.locked.lock().expect("locked").insert(ent.id);
+            let refused = inner.client.lock(ent, lock, sleep, || fatal_signal_pending(waiter)).await?;
+            if let Some(c) = &refused {
+                debug!(
+                    "lock {start}..={end} on {} refused: held by client {:016x} owner {:x}",
+                    ent.id, c.client, c.owner
+                );
+            }
+            Ok(refused.is_none())
+        }
+        .await;
+        match r {
+            Ok(true) => reply.ok(),
+            Ok(false) => reply.error(Errno::from_i32(libc::EAGAIN)),
+            Err(e) => {
+                debug!("setlk failed: {e}");
+                reply.error(errno(&e));
+            }
+        }
+    });
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn getlk(
+    fs: &HiveFs,
+    ino: INodeNo,
+    owner: LockOwner,
+    start: u64,
+    end: u64,
+    typ: i32,
+    pid: u32,
+    reply: ReplyLock,
+) {
+    let inner = fs.inner.clone();
+    fs.rt.spawn(async move {
+        let r: FsResult<Option<FileLock>> = async {
+            let ent = inner.ent(ino)?;
+            inner.client.test_lock(ent, kernel_lock(owner, start, end, typ, pid)?).await
+        }
+        .await;
+        match r {
+            Ok(Some(c)) => {
+                let t = if c.exclusive { libc::F_WRLCK } else { libc::F_RDLCK };
+                // A pid of another machine means nothing here.
+                let pid = if c.client == inner.client.client_id() { c.pid } else { 0 };
+                reply.locked(c.start, c.end, t, pid)
+            }
+            Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+            Err(e) => {
+                debug!("getlk failed: {e}");
+                reply.error(errno(&e));
+            }
+        }
+    });
+}

@@ -1,0 +1,400 @@
+//! Global file locks of the entries this metadata node owns.
+//!
+//! `flock`, `fcntl` byte-range and append locks of every client are checked
+//! here, so that they hold across mounts. The table lives in memory only: as
+//! in BeeGFS, locks do not survive a restart of the metadata service (a
+//! client learns of it from its next keep-alive, answered `known: false`).
+//!
+//! Owners are `(client, owner)`: the client's random instance id and the
+//! kernel's lock owner inside it. Each kind ([`LockKind`]) is its own lock
+//! space. Setting a lock replaces whatever its owner held in the range, so
+//! ranges of one owner split and merge as POSIX says, and a shared lock
+//! becomes exclusive (or back) in place when no other owner is in the way.
+//!
+//! Leases: every request of a client and its keep-alives (`LockKeepAlive`,
+//! every third of the lease) renew its lease; [`spawn_expiry`] drops every
+//! lock of a client not heard from for `lock_lease_ms`, and ends its waiters.
+//!
+//! Waiting (F_SETLKW, blocking flock): the request waits here, in its own
+//! task, for at most the `wait_ms` it names (the client keeps it below its
+//! request timeout and asks again while it wants the lock), woken whenever
+//! the table changes. Waiters are not queued in order; a conflict is checked
+//! afresh at each wake-up, as Linux does for local locks. Deadlocks between
+//! owners are not detected: each wait ends when its process is killed.
+
+use crate::namespace::Namespace;
+use hivefs_proto::{FileLock, Reply, Request, Response};
+use hivefs_types::error::FsResult;
+use hivefs_types::fs_err;
+use hivefs_types::ids::EntryId;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+/// Default of `lock_lease_ms`.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Longest one request waits for a lock, whatever it asks.
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
+
+#[derive(Default)]
+struct State {
+    /// Locks held, per entry (entries without locks have no key).
+    files: HashMap<EntryId, Vec<FileLock>>,
+    /// Clients with a lease: when each was last heard from.
+    clients: HashMap<u64, Instant>,
+}
+
+pub struct LockTable {
+    state: Mutex<State>,
+    /// Fired on every change that may end a conflict or a lease.
+    changed: Notify,
+    lease_ms: std::sync::atomic::AtomicU64,
+}
+
+fn same_owner(a: &FileLock, b: &FileLock) -> bool {
+    a.kind == b.kind && a.client == b.client && a.owner == b.owner
+}
+
+fn overlaps(a: &FileLock, b: &FileLock) -> bool {
+    a.start <= b.end && b.start <= a.end
+}
+
+/// The first lock of another owner (same kind) that `l` may not coexist with.
+pub fn conflict<'a>(held: &'a [FileLock], l: &FileLock) -> Option<&'a FileLock> {
+    held.iter().find(|h| {
+        h.kind == l.kind && (h.client, h.owner) != (l.client, l.owner) && overlaps(h, l) && (h.exclusive || l.exclusive)
+    })
+}
+
+/// Removes the range of `l` from its owner's locks (splitting them), then,
+/// unless `unlock`, adds `l` and merges it with touching locks of the same
+/// owner and type.
+pub fn apply(held: &mut Vec<FileLock>, l: &FileLock, unlock: bool) {
+    let mut out = Vec::with_capacity(held.len() + 2);
+    for h in held.drain(..) {
+        if !same_owner(&h, l) || !overlaps(&h, l) {
+            out.push(h);
+            continue;
+        }
+        if h.start < l.start {
+            out.push(FileLock { end: l.start - 1, ..h });
+        }
+        if h.end > l.end {
+            out.push(FileLock { start: l.end + 1, ..h });
+        }
+    }
+    if !unlock {
+        let mut new = *l;
+        out.retain(|h| {
+            let touches = same_owner(h, &new)
+                && h.exclusive == new.exclusive
+                && (h.end.checked_add(1) == Some(new.start) || new.end.checked_add(1) == Some(h.start));
+            if touches {
+                new.start = new.start.min(h.start);
+                new.end = new.end.max(h.end);
+            }
+            !touches
+        });
+        out.push(new);
+        out.sort_by_key(|h| (h.client, h.owner, h.start));
+    }
+    *held = out;
+}
+
+impl Default for LockTable {
+    fn default() -> Self {
+        LockTable::new(DEFAULT_LEASE)
+    }
+}
+
+impl LockTable {
+    pub fn new(lease: Duration) -> LockTable {
+        LockTable {
+            state: Mutex::default(),
+            changed: Notify::new(),
+            lease_ms: std::sync::atomic::AtomicU64::new(lease.as_millis() as u64),
+        }
+    }
+
+    pub fn set_lease(&self, lease: Duration) {
+        self.lease_ms.store(lease.as_millis().max(1) as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Renews `client`'s lease; false when it had none.
+    pub fn touch(&self, client: u64, now: Instant) -> bool {
+        self.state.lock().expect("lock table").clients.insert(client, now).is_some()
+    }
+
+    /// Sets `l` unless another owner's lock is in the way (returned).
+    pub fn try_lock(&self, entry: EntryId, l: &FileLock) -> Option<FileLock> {
+        let mut st = self.state.lock().expect("lock table");
+        let held = st.files.entry(entry).or_default();
+        if let Some(c) = conflict(held, l) {
+            let c = *c;
+            if held.is_empty() {
+                st.files.remove(&entry);
+            }
+            return Some(c);
+        }
+        apply(held, l, false);
+        drop(st);
+        // A downgrade or a shrunk range may let a waiter in.
+        self.changed.notify_waiters();
+        None
+    }
+
+    /// Unlocks the range of `l` for its owner.
+    pub fn unlock(&self, entry: EntryId, l: &FileLock) {
+        let mut st = self.state.lock().expect("lock table");
+        if let Some(held) = st.files.get_mut(&entry) {
+            apply(held, l, true);
+            if held.is_empty() {
+                st.files.remove(&entry);
+            }
+        }
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    /// F_GETLK: the first lock of another owner conflicting with `l`.
+    pub fn test(&self, entry: EntryId, l: &FileLock) -> Option<FileLock> {
+        let st = self.state.lock().expect("lock table");
+        st.files.get(&entry).and_then(|h| conflict(h, l).copied())
+    }
+
+    /// Locks held on `entry`, ordered by owner and start.
+    pub fn held(&self, entry: EntryId) -> Vec<FileLock> {
+        self.state.lock().expect("lock table").files.get(&entry).cloned().unwrap_or_default()
+    }
+
+    /// Drops the leases (and all locks) of clients not heard from since
+    /// `now - lease`; returns those clients.
+    pub fn expire(&self, now: Instant) -> Vec<u64> {
+        let lease = self.lease();
+        let mut st = self.state.lock().expect("lock table");
+        let gone: Vec<u64> =
+            st.clients.iter().filter(|(_, &t)| now.saturating_duration_since(t) > lease).map(|(&c, _)| c).collect();
+        if gone.is_empty() {
+            return gone;
+        }
+        for c in &gone {
+            st.clients.remove(c);
+        }
+        st.files.retain(|_, held| {
+            held.retain(|h| !gone.contains(&h.client));
+            !held.is_empty()
+        });
+        drop(st);
+        self.changed.notify_waiters();
+        gone
+    }
+
+    /// Sets `l`, waiting up to `wait` for conflicting locks to go away.
+    /// `Ok(Some(c))`: still refused by `c`. Fails when the client's lease
+    /// ends while it waits.
+    pub async fn acquire(&self, entry: EntryId, l: &FileLock, wait: Duration) -> FsResult<Option<FileLock>> {
+        let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !self.state.lock().expect("lock table").clients.contains_key(&l.client) {
+                return Err(fs_err!(
+                    Unavailable,
+                    "lock on {entry}: the lease of client {:016x} ended (not heard from for {:?})",
+                    l.client,
+                    self.lease()
+                ));
+            }
+            let c = match self.try_lock(entry, l) {
+                None => return Ok(None),
+                Some(c) => c,
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(Some(c));
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+}
+
+fn check_range(entry: EntryId, l: &FileLock) -> FsResult<()> {
+    if l.start > l.end {
+        return Err(fs_err!(Invalid, "lock on {entry}: range {}..={} is empty", l.start, l.end));
+    }
+    Ok(())
+}
+
+/// Answers the lock requests (the namespace's dispatch hands them here).
+pub async fn handle(ns: &Namespace, req: Request) -> Response {
+    let t = &ns.locks;
+    let now = Instant::now();
+    match req {
+        Request::LockKeepAlive { client } => {
+            let known = t.touch(client, now);
+            if !known {
+                debug!("lock lease of client {client:016x} starts");
+            }
+            Ok(Reply::LockLease { lease_ms: t.lease().as_millis() as u64, known })
+        }
+        Request::LockAcquire { entry, lock, wait_ms } => {
+            check_range(entry, &lock)?;
+            // Only entries stored here can be locked here.
+            ns.getattr(entry)?;
+            t.touch(lock.client, now);
+            t.acquire(entry, &lock, Duration::from_millis(u64::from(wait_ms))).await.map(Reply::Lock)
+        }
+        Request::LockRelease { entry, lock } => {
+            check_range(entry, &lock)?;
+            t.touch(lock.client, now);
+            t.unlock(entry, &lock);
+            Ok(Reply::Ok)
+        }
+        Request::LockTest { entry, lock } => {
+            check_range(entry, &lock)?;
+            Ok(Reply::Lock(t.test(entry, &lock)))
+        }
+        other => Err(fs_err!(Internal, "{other:?} is not a lock request")),
+    }
+}
+
+/// Drops the locks of clients whose lease ended, checking a few times per lease.
+pub fn spawn_expiry(ns: Arc<Namespace>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let every = (ns.locks.lease() / 4).clamp(Duration::from_millis(20), Duration::from_secs(5));
+            tokio::time::sleep(every).await;
+            for c in ns.locks.expire(Instant::now()) {
+                warn!(
+                    "client {c:016x} not heard from for {:?}: its file locks on metadata node {} are released",
+                    ns.locks.lease(),
+                    ns.node()
+                );
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hivefs_proto::LockKind;
+
+    const E: EntryId = EntryId::ROOT;
+
+    fn lk(client: u64, start: u64, end: u64, exclusive: bool) -> FileLock {
+        FileLock { kind: LockKind::Posix, client, owner: 7, pid: 100 + client as u32, start, end, exclusive }
+    }
+
+    fn ranges(v: &[FileLock]) -> Vec<(u64, u64, bool)> {
+        v.iter().map(|l| (l.start, l.end, l.exclusive)).collect()
+    }
+
+    #[test]
+    fn split_and_merge_per_owner() {
+        let mut h = Vec::new();
+        apply(&mut h, &lk(1, 0, 99, false), false);
+        // An exclusive lock in the middle splits the shared one into three.
+        apply(&mut h, &lk(1, 10, 19, true), false);
+        assert_eq!(ranges(&h), vec![(0, 9, false), (10, 19, true), (20, 99, false)]);
+        // Unlocking a part of the exclusive range splits it.
+        apply(&mut h, &lk(1, 12, 13, false), true);
+        assert_eq!(ranges(&h), vec![(0, 9, false), (10, 11, true), (14, 19, true), (20, 99, false)]);
+        // Downgrading 10..=19 merges everything back into one shared range.
+        apply(&mut h, &lk(1, 10, 19, false), false);
+        assert_eq!(ranges(&h), vec![(0, 99, false)]);
+        // Touching ranges of the same type merge; up to the end of file too.
+        apply(&mut h, &lk(1, 100, u64::MAX, false), false);
+        assert_eq!(ranges(&h), vec![(0, u64::MAX, false)]);
+        // Another owner's locks are never changed.
+        apply(&mut h, &lk(2, 5, 5, false), false);
+        apply(&mut h, &lk(1, 0, u64::MAX, false), true);
+        assert_eq!(ranges(&h), vec![(5, 5, false)]);
+        assert_eq!(h[0].client, 2);
+    }
+
+    #[test]
+    fn conflicts_by_type_range_owner_and_kind() {
+        let t = LockTable::default();
+        assert_eq!(t.try_lock(E, &lk(1, 0, 9, true)), None);
+        // Non-overlapping ranges coexist.
+        assert_eq!(t.try_lock(E, &lk(2, 10, 19, true)), None);
+        // Overlapping exclusive conflicts, and the conflicting lock is reported.
+        let c = t.try_lock(E, &lk(2, 5, 12, false)).expect("conflict");
+        assert_eq!((c.client, c.start, c.end, c.exclusive, c.pid), (1, 0, 9, true, 101));
+        assert_eq!(t.test(E, &lk(3, 9, 9, false)).map(|c| c.client), Some(1));
+        assert_eq!(t.test(E, &lk(3, 20, 30, true)), None);
+        // The owner itself never conflicts with its own locks (upgrade in place).
+        assert_eq!(t.try_lock(E, &lk(1, 0, 9, false)), None);
+        assert_eq!(t.try_lock(E, &lk(1, 0, 9, true)), None);
+        // Shared locks of different owners coexist.
+        assert_eq!(t.try_lock(E, &lk(3, 30, 39, false)), None);
+        assert_eq!(t.try_lock(E, &lk(4, 35, 49, false)), None);
+        // An upgrade that conflicts leaves the old lock in place.
+        assert!(t.try_lock(E, &lk(3, 30, 39, true)).is_some());
+        assert!(t.held(E).iter().any(|l| l.client == 3 && !l.exclusive));
+        // flock and fcntl locks live in separate spaces.
+        let fl = FileLock { kind: LockKind::Flock, ..lk(5, 0, u64::MAX, true) };
+        assert_eq!(t.try_lock(E, &fl), None);
+        let fl2 = FileLock { kind: LockKind::Flock, ..lk(6, 0, u64::MAX, false) };
+        assert_eq!(t.try_lock(E, &fl2).map(|c| c.client), Some(5));
+        // Unlocking everything of an owner frees its ranges.
+        t.unlock(E, &lk(1, 0, u64::MAX, false));
+        assert_eq!(t.try_lock(E, &lk(2, 0, 9, true)), None);
+    }
+
+    #[test]
+    fn lease_expiry_drops_a_clients_locks() {
+        let t = LockTable::new(Duration::from_millis(100));
+        let t0 = Instant::now();
+        assert!(!t.touch(1, t0));
+        assert!(!t.touch(2, t0));
+        assert_eq!(t.try_lock(E, &lk(1, 0, 9, true)), None);
+        assert_eq!(t.try_lock(E, &lk(2, 20, 29, true)), None);
+        // Client 2 keeps its lease alive; client 1 goes silent.
+        assert!(t.touch(2, t0 + Duration::from_millis(80)));
+        assert!(t.expire(t0 + Duration::from_millis(90)).is_empty());
+        assert_eq!(t.expire(t0 + Duration::from_millis(150)), vec![1]);
+        assert_eq!(t.held(E).iter().map(|l| l.client).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(t.try_lock(E, &lk(3, 0, 9, true)), None);
+        // A client that comes back starts a new lease without its old locks.
+        assert!(!t.touch(1, t0 + Duration::from_millis(200)));
+    }
+
+    #[tokio::test]
+    async fn a_waiter_is_granted_on_unlock_and_dropped_on_expiry() {
+        let t = Arc::new(LockTable::new(Duration::from_secs(60)));
+        let now = Instant::now();
+        for c in 1..=3 {
+            t.touch(c, now);
+        }
+        assert_eq!(t.try_lock(E, &lk(1, 0, 9, true)), None);
+        // Without waiting: refused at once.
+        assert!(t.acquire(E, &lk(2, 0, 0, true), Duration::ZERO).await.unwrap().is_some());
+        let t2 = t.clone();
+        let waiter = tokio::spawn(async move { t2.acquire(E, &lk(2, 0, 0, true), Duration::from_secs(30)).await });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        t.unlock(E, &lk(1, 0, 9, false));
+        assert_eq!(waiter.await.unwrap().unwrap(), None);
+        assert!(t.held(E).iter().any(|l| l.client == 2 && l.exclusive));
+        // A waiter whose client's lease ends is dropped with an error.
+        let t3 = t.clone();
+        let doomed = tokio::spawn(async move { t3.acquire(E, &lk(3, 0, 0, false), Duration::from_secs(30)).await });
+        tokio::task::yield_now().await;
+        assert!(!doomed.is_finished());
+        assert_eq!(t.expire(now + Duration::from_secs(61)).len(), 3);
+        assert!(doomed.await.unwrap().is_err());
+        assert!(t.held(E).is_empty());
+    }
+}
