@@ -9,6 +9,7 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v setpriv >/dev/null || need+=(util-linux)
 command -v setfacl >/dev/null || need+=(acl)
 command -v getfattr >/dev/null || need+=(attr)
+command -v rsvg-convert >/dev/null || need+=(librsvg2-bin)
 if ((${#need[@]})); then
   echo "installing: ${need[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

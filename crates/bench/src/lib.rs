@@ -25,6 +25,10 @@ pub mod net;
 pub mod progress;
 pub mod ranks;
 pub mod storage;
+pub mod svg;
+pub mod sweep;
+pub mod report;
+pub mod tune;
 
 use hivefs_cluster::Cluster;
 use hivefs_net::{ClientConfig, Pools, Secret};

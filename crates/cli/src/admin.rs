@@ -234,13 +234,7 @@ impl Allocation {
 /// Counts a file's stripe targets on every storage server of the cluster
 /// (servers without any of them count 0).
 fn allocation(view: &hivefs_cluster::ClusterView, targets: &[hivefs_types::TargetId]) -> Allocation {
-    let mut per_server: std::collections::BTreeMap<u32, usize> =
-        view.nodes.keys().filter(|(t, _)| *t == hivefs_types::NodeType::Storage).map(|(_, id)| (id.0, 0)).collect();
-    for t in targets {
-        if let Some(info) = view.targets.get(t) {
-            *per_server.entry(info.node.0).or_default() += 1;
-        }
-    }
+    let per_server = view.targets_per_server(targets);
     let min = per_server.values().copied().min().unwrap_or(0);
     let max = per_server.values().copied().max().unwrap_or(0);
     Allocation { per_server, min, max }

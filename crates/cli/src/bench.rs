@@ -32,6 +32,114 @@ pub enum BenchCmd {
     /// rank or one shared directory, through a mount or the native client (--native). Reports
     /// ops/s per phase, CPU time per operation and requests per metadata node.
     Md(MdArgs),
+    /// A matrix of `io` runs (stripe count x chunk size x chooser x cache mode x transfer size x
+    /// ranks) x --repeat repetitions, as the seed striping study's protocol: runs in blocks of 10,
+    /// blocks in a random order (--seed), one run at a time, a random pause between blocks. Each
+    /// run gets a fresh sub-directory with its stripe pattern; one JSON line per run (parameters,
+    /// the files' (min,max) target allocation, bandwidths) is appended to --out. One client host
+    /// only (--hosts 1): multi-host sweeps use the `hivefs-testbed` scripts.
+    Sweep(SweepArgs),
+    /// Figures (SVG, and PNG when rsvg-convert is installed) and a CSV from a sweep's JSON lines:
+    /// write and read bandwidth by stripe count and by (min,max) allocation, every run a dot
+    /// over a box plot per group.
+    Report(ReportArgs),
+    /// Runs COMMAND repeatedly with DIR's chunk size set to 4k, 16k, ... 16m, then the
+    /// neighbours (x2, /2) of the best, and recommends the chunk size with the lowest median wall
+    /// time. Afterwards DIR keeps its pattern with the recommended chunk size.
+    TuneChunk(TuneArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct SweepArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Directory to run in: inside a HiveFS mount; with --native a path inside the file system
+    /// (default /). Each run works in a new sub-directory that it removes afterwards.
+    pub path: Option<PathBuf>,
+    /// Use the native client library instead of the mount.
+    #[arg(long)]
+    pub native: bool,
+    /// Stripe counts (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    pub stripe: Vec<u32>,
+    /// Chunk sizes (comma-separated, powers of two from 4k).
+    #[arg(long, value_delimiter = ',', default_value = "512k")]
+    pub chunk_size: Vec<String>,
+    /// Target choosers (comma-separated): random, roundrobin, randomized-roundrobin, balanced.
+    #[arg(long, value_delimiter = ',', default_value = "balanced")]
+    pub chooser: Vec<String>,
+    /// Client cache modes (comma-separated); only `native` exists.
+    #[arg(long, value_delimiter = ',', default_value = "native")]
+    pub cache: Vec<String>,
+    /// Transfer sizes (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1m")]
+    pub transfer_size: Vec<String>,
+    /// Ranks (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "2")]
+    pub ranks: Vec<u32>,
+    /// Repetitions of every configuration.
+    #[arg(long, default_value_t = 10)]
+    pub repeat: u32,
+    /// Seed of the block order and the pauses.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Shortest pause between blocks, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub pause_min_ms: u64,
+    /// Longest pause between blocks, in milliseconds.
+    #[arg(long, default_value_t = 200)]
+    pub pause_max_ms: u64,
+    /// Contiguous bytes per rank per segment.
+    #[arg(long, default_value = "64m")]
+    pub block_size: String,
+    /// Segments per rank.
+    #[arg(long, default_value_t = 1)]
+    pub segments: u32,
+    /// N-N: a file per rank (default N-1: one shared file).
+    #[arg(long)]
+    pub file_per_rank: bool,
+    /// fsync each file at the end of the write phase.
+    #[arg(long)]
+    pub fsync: bool,
+    /// Drop the page cache between write and read (root only).
+    #[arg(long)]
+    pub drop_caches: bool,
+    /// Client hosts: only 1 here; multi-host sweeps use the `hivefs-testbed` scripts.
+    #[arg(long, default_value_t = 1)]
+    pub hosts: u32,
+    /// JSON lines output (appended to).
+    #[arg(long, default_value = "runs.jsonl")]
+    pub out: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// The JSON lines written by `bench sweep`.
+    pub runs: PathBuf,
+    /// Directory for the figures and runs.csv.
+    #[arg(long, default_value = "figures")]
+    pub out: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct TuneArgs {
+    /// A directory inside a HiveFS mount (the command is expected to work in it).
+    pub dir: PathBuf,
+    /// Repetitions per chunk size.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: u32,
+    /// Remove DIR's contents before every run (otherwise the command must cope with existing files).
+    #[arg(long)]
+    pub clean: bool,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress lines on stderr.
+    #[arg(long)]
+    pub no_progress: bool,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -163,10 +271,13 @@ pub fn bench(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Net(a) => bench_net(a),
         BenchCmd::Io(a) => bench_io(a),
         BenchCmd::Md(a) => bench_md(a),
+        BenchCmd::Sweep(a) => crate::bench_sweep::sweep(a),
+        BenchCmd::Report(a) => crate::bench_sweep::report(a),
+        BenchCmd::TuneChunk(a) => crate::bench_sweep::tune_chunk(a),
     }
 }
 
-fn size_u32(s: &str, what: &str) -> Result<u32> {
+pub(crate) fn size_u32(s: &str, what: &str) -> Result<u32> {
     let v = parse_size(s)?;
     u32::try_from(v).map_err(|_| anyhow!("{what} {s} is too large (at most 4 GiB - 1)"))
 }
@@ -284,7 +395,7 @@ fn bench_net(a: NetArgs) -> Result<()> {
 }
 
 /// The HiveFS mount holding `path`, if any.
-fn mount_of(path: &Path) -> Option<PathBuf> {
+pub(crate) fn mount_of(path: &Path) -> Option<PathBuf> {
     let canon = std::fs::canonicalize(path).ok()?;
     hivefs_mounts().into_iter().map(|(m, _)| m).filter(|m| canon.starts_with(m)).max_by_key(|m| m.as_os_str().len())
 }

@@ -4,6 +4,7 @@
 
 mod admin;
 mod bench;
+mod bench_sweep;
 mod fsck;
 mod pools;
 mod services;

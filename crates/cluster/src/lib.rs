@@ -138,6 +138,21 @@ pub struct ClusterView {
     pub loaded_at: Option<std::time::Instant>,
 }
 
+impl ClusterView {
+    /// A stripe's targets counted per storage server, with every storage server of the
+    /// view present (0 where it has none): the basis of the `(min,max)` allocation notation.
+    pub fn targets_per_server(&self, targets: &[TargetId]) -> std::collections::BTreeMap<u32, usize> {
+        let mut per_server: std::collections::BTreeMap<u32, usize> =
+            self.nodes.keys().filter(|(t, _)| *t == NodeType::Storage).map(|(_, id)| (id.0, 0)).collect();
+        for t in targets {
+            if let Some(info) = self.targets.get(t) {
+                *per_server.entry(info.node.0).or_default() += 1;
+            }
+        }
+        per_server
+    }
+}
+
 /// The routing map plus the connection pools to reach everything in it.
 pub struct Cluster {
     pools: Pools,
