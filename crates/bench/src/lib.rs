@@ -24,10 +24,10 @@ pub mod md;
 pub mod net;
 pub mod progress;
 pub mod ranks;
+pub mod report;
 pub mod storage;
 pub mod svg;
 pub mod sweep;
-pub mod report;
 pub mod tune;
 
 use hivefs_cluster::Cluster;

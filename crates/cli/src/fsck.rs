@@ -44,6 +44,38 @@ pub struct FsckArgs {
     /// If they are running, the check runs online against them.
     #[arg(long, conflicts_with_all = ["mount", "mgmtd"])]
     pub dir: Option<PathBuf>,
+    /// Only list the pending cross-node operations of the metadata nodes
+    /// (no check); exits 0 when there are none, 1 otherwise.
+    #[arg(long, conflicts_with = "repair")]
+    pub pending: bool,
+}
+
+/// A cross-node operation a metadata node has not finished yet: its
+/// coordinator finishes (or undoes) it on its own, so the transient state of
+/// the entries it names is not a problem.
+#[derive(Clone, Debug, Serialize)]
+pub struct Pending {
+    pub meta_node: NodeId,
+    pub operation: String,
+}
+
+/// Pending cross-node operations of every metadata node.
+async fn pending_ops(cl: &Cluster) -> Result<Vec<Pending>> {
+    let mut out = Vec::new();
+    for (n, pool) in &cl.metas {
+        match pool.rpc(&Request::FsckIntents).await.map_err(|e| anyhow!("metadata node {n}: {e}"))? {
+            Reply::FsckIntents(list) => {
+                out.extend(list.into_iter().map(|operation| Pending { meta_node: *n, operation }))
+            }
+            r => bail!("metadata node {n}: unexpected reply to FsckIntents: {r:?}"),
+        }
+    }
+    Ok(out)
+}
+
+/// Whether a problem concerns an entry that a pending operation names.
+fn touched_by(p: &Problem, pending: &[Pending]) -> bool {
+    pending.iter().any(|o| o.operation.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-')).any(|w| w == p.entry))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -566,15 +598,24 @@ async fn walk(cl: &Cluster, want: HashSet<EntryId>, prog: &mut Progress) -> Resu
 }
 
 /// Two walks; a problem counts only if both found it (see the module doc).
-async fn check(cl: &Cluster, prog: &mut Progress) -> Result<(Vec<Problem>, u64)> {
+/// Problems of entries that a pending cross-node operation names (before or
+/// after the walks) are left out: that operation's coordinator resolves them.
+async fn check(cl: &Cluster, prog: &mut Progress) -> Result<(Vec<Problem>, u64, Vec<Pending>)> {
+    let mut pending = pending_ops(cl).await?;
     let (first, scanned) = walk(cl, HashSet::new(), prog).await?;
     if first.is_empty() {
-        return Ok((first, scanned));
+        return Ok((first, scanned, pending));
     }
     let keys: HashSet<String> = first.iter().map(|p| p.key.clone()).collect();
     let want = first.iter().filter_map(|p| EntryId::parse(&p.entry)).collect();
     let (second, scanned) = walk(cl, want, prog).await?;
-    Ok((second.into_iter().filter(|p| keys.contains(&p.key)).collect(), scanned))
+    let after = pending_ops(cl).await?;
+    let mut all = pending.clone();
+    all.extend(after.iter().cloned());
+    let problems = second.into_iter().filter(|p| keys.contains(&p.key) && !touched_by(p, &all)).collect();
+    // Report what is still pending now.
+    pending = after;
+    Ok((problems, scanned, pending))
 }
 
 #[derive(Serialize)]
@@ -733,6 +774,7 @@ struct Report<'a> {
     problems: &'a [Problem],
     repairs: &'a [Repair],
     summary: BTreeMap<&'static str, usize>,
+    pending: &'a [Pending],
 }
 
 /// Runs the command; returns the exit status (0 clean, 1 problems left, 2 error).
@@ -770,12 +812,24 @@ fn run(a: FsckArgs) -> Result<i32> {
         }
         _ => None,
     };
+    if a.pending {
+        let pending = runtime.block_on(async { pending_ops(&cluster(&mgmtd, &cfg).await?).await })?;
+        if a.conn.json {
+            println!("{}", serde_json::to_string_pretty(&pending)?);
+        } else {
+            print_pending(&pending);
+            if pending.is_empty() {
+                println!("no pending cross-node operations");
+            }
+        }
+        return Ok(if pending.is_empty() { 0 } else { 1 });
+    }
     let mut prog = Progress { on: std::io::stderr().is_terminal(), last: Instant::now() };
-    let (problems, scanned, repairs) = runtime.block_on(async {
+    let (problems, scanned, repairs, pending) = runtime.block_on(async {
         let cl = cluster(&mgmtd, &cfg).await?;
-        let (problems, scanned) = check(&cl, &mut prog).await?;
+        let (problems, scanned, pending) = check(&cl, &mut prog).await?;
         let repairs = if a.repair { repair(&cl, &problems).await } else { Vec::new() };
-        Ok::<_, anyhow::Error>((problems, scanned, repairs))
+        Ok::<_, anyhow::Error>((problems, scanned, repairs, pending))
     })?;
     prog.done();
     let mut summary = BTreeMap::new();
@@ -785,7 +839,14 @@ fn run(a: FsckArgs) -> Result<i32> {
     let repaired = repairs.iter().filter(|r| r.done).count();
     let left = problems.len() - if a.repair { repaired } else { 0 };
     if a.conn.json {
-        let rep = Report { clean: problems.is_empty(), scanned, problems: &problems, repairs: &repairs, summary };
+        let rep = Report {
+            clean: problems.is_empty(),
+            scanned,
+            problems: &problems,
+            repairs: &repairs,
+            summary,
+            pending: &pending,
+        };
         println!("{}", serde_json::to_string_pretty(&rep)?);
     } else {
         for p in &problems {
@@ -800,6 +861,7 @@ fn run(a: FsckArgs) -> Result<i32> {
         for r in &repairs {
             println!("{} {}: {}", if r.done { "repaired" } else { "NOT repaired" }, r.entry, r.message);
         }
+        print_pending(&pending);
         if problems.is_empty() {
             println!("clean: {scanned} records checked, no problems");
         } else {
@@ -813,6 +875,12 @@ fn run(a: FsckArgs) -> Result<i32> {
         }
     }
     Ok(if left == 0 { 0 } else { 1 })
+}
+
+fn print_pending(pending: &[Pending]) {
+    for p in pending {
+        println!("pending cross-node operation {}, will be finished by metadata node {}", p.operation, p.meta_node);
+    }
 }
 
 #[cfg(test)]

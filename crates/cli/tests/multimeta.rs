@@ -30,20 +30,32 @@ fn nlink(p: &Path) -> u64 {
     std::fs::metadata(p).unwrap().nlink()
 }
 
-/// `hivefs fsck --mount` until it exits 0 (recovery of a restarted node
-/// may still be finishing a pending operation); panics with the last report.
+/// Waits until no metadata node has a pending cross-node operation
+/// (recovery of a restarted node finishes them), then `hivefs fsck --mount`
+/// must be clean.
 fn assert_fsck_clean(fs: &TestFs) {
     let start = Instant::now();
     loop {
-        let o = hivefs(&["fsck", "--mount", fs.mnt_s()]);
+        let o = hivefs(&["fsck", "--pending", "--mount", fs.mnt_s()]);
         if o.status.code() == Some(0) {
-            return;
+            break;
         }
-        if start.elapsed() > Duration::from_secs(30) {
-            panic!("fsck not clean:\n{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-        }
-        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "cross-node operations still pending:\n{}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
+    let o = hivefs(&["fsck", "--mount", fs.mnt_s()]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "fsck not clean:\n{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 fn meta_dead(fs: &TestFs) -> Option<String> {
@@ -182,11 +194,35 @@ fn directories_spread_and_cross_owner_operations_work() {
     assert_eq!(errno_of(std::fs::rename(fs.path(&a), fs.path(&format!("{a}/t1/t2/t3/x")))), libc::EINVAL);
     assert_eq!(errno_of(std::fs::rename(fs.path(&format!("{a}/t1")), fs.path(&format!("{a}/t1/t2/x")))), libc::EINVAL);
 
-    // Hard links: within one owner they work; across owners they are refused (EXDEV).
-    std::fs::write(fs.path(&format!("{a}/l1")), b"l").unwrap();
-    std::fs::hard_link(fs.path(&format!("{a}/l1")), fs.path(&format!("{a}/l2"))).unwrap();
-    assert_eq!(nlink(&fs.path(&format!("{a}/l1"))), 2);
-    assert_eq!(errno_of(std::fs::hard_link(fs.path(&format!("{a}/l1")), fs.path(&format!("{b}/l3")))), libc::EXDEV);
+    // Hard links within one owner and across owners: the inode stays on
+    // its owner, which keeps the count; the last unlink removes it.
+    let (l1, l2, l3) = (fs.path(&format!("{a}/l1")), fs.path(&format!("{a}/l2")), fs.path(&format!("{b}/l3")));
+    std::fs::write(&l1, b"linked").unwrap();
+    std::fs::hard_link(&l1, &l2).unwrap();
+    assert_eq!(nlink(&l1), 2);
+    std::fs::hard_link(&l1, &l3).unwrap();
+    assert_eq!(nlink(&l1), 3);
+    assert_eq!(std::fs::metadata(&l3).unwrap().ino(), std::fs::metadata(&l1).unwrap().ino());
+    assert_eq!(std::fs::read(&l3).unwrap(), b"linked");
+    assert_eq!(owner(&fs, &format!("{b}/l3")), owner(&fs, &a), "the inode stays with its owner");
+    assert_eq!(errno_of(std::fs::hard_link(&l1, &l3)), libc::EEXIST);
+    assert_fsck_clean(&fs);
+    std::fs::remove_file(&l1).unwrap();
+    std::fs::remove_file(&l2).unwrap();
+    assert_eq!(nlink(&l3), 1);
+    std::fs::write(&l3, b"through the remote name").unwrap();
+    // A rename of the remote name (it keeps naming the owner's inode), and
+    // a rename of another file over it (its link is dropped on the owner).
+    let l4 = fs.path(&format!("{b}/l4"));
+    std::fs::rename(&l3, &l4).unwrap();
+    assert_eq!(std::fs::read(&l4).unwrap(), b"through the remote name");
+    std::fs::hard_link(&l4, fs.path(&format!("{a}/l5"))).unwrap();
+    std::fs::write(fs.path(&format!("{b}/over")), b"over").unwrap();
+    std::fs::rename(fs.path(&format!("{b}/over")), &l4).unwrap();
+    assert_eq!(std::fs::read(&l4).unwrap(), b"over");
+    assert_eq!(nlink(&fs.path(&format!("{a}/l5"))), 1);
+    std::fs::remove_file(fs.path(&format!("{a}/l5"))).unwrap();
+    assert_fsck_clean(&fs);
 
     assert_fsck_clean(&fs);
     // Restart everything: the namespace is the same.
@@ -297,4 +333,61 @@ fn each_protocol_step_survives_a_crash_of_either_server() {
         assert_eq!(std::fs::read(file(now)).unwrap(), body, "{what}: contents");
         assert_fsck_clean(&fs);
     }
+
+    // A hard link in a directory on another node than the file's, then the
+    // unlink of that name.
+    for step in STEPS {
+        let hook = format!("link:{step}");
+        let (src, dst) = (format!("{a}/ls-{step}"), format!("{b}/ld-{step}"));
+        std::fs::write(fs.path(&src), step.as_bytes()).unwrap();
+        let (s2, d2) = (fs.path(&src), fs.path(&dst));
+        let (r, c) = crash_case(&fs, &hook, move || std::fs::hard_link(&s2, &d2));
+        assert!(c.is_some(), "{hook}: the hook never fired");
+        let there = exists(&fs, &dst);
+        assert!(r.is_err() || there, "{hook}: acknowledged link is applied ({r:?})");
+        assert_fsck_clean(&fs);
+        assert_eq!(nlink(&fs.path(&src)), if there { 2 } else { 1 }, "{hook}: link count");
+        if !there {
+            std::fs::hard_link(fs.path(&src), fs.path(&dst)).unwrap();
+        }
+        assert_eq!(std::fs::read(fs.path(&dst)).unwrap(), step.as_bytes(), "{hook}: contents");
+
+        let hook = format!("unlink:{step}");
+        let d2 = fs.path(&dst);
+        let (r, c) = crash_case(&fs, &hook, move || std::fs::remove_file(&d2));
+        assert!(c.is_some(), "{hook}: the hook never fired");
+        let there = exists(&fs, &dst);
+        assert!(r.is_err() || !there, "{hook}: acknowledged unlink is applied ({r:?})");
+        assert_fsck_clean(&fs);
+        assert_eq!(nlink(&fs.path(&src)), if there { 2 } else { 1 }, "{hook}: link count");
+    }
+}
+
+/// A file open while a rename moves its inode to another metadata node:
+/// writes and the close through the open handle reach the new owner.
+#[test]
+fn an_open_file_moved_to_another_node_keeps_working() {
+    use std::io::Write;
+    let fs = TestFs::up(UP);
+    let by = spread(&fs, "o");
+    let owners: Vec<u64> = by.keys().copied().collect();
+    let (a, b) = (by[&owners[0]][0].clone(), by[&owners[1]][0].clone());
+    let src = fs.path(&format!("{a}/open"));
+    let dst = fs.path(&format!("{b}/moved"));
+    let mut f = std::fs::OpenOptions::new().create(true).write(true).truncate(true).open(&src).unwrap();
+    f.write_all(b"before the move, ").unwrap();
+    f.flush().unwrap();
+    std::fs::rename(&src, &dst).unwrap();
+    assert_eq!(owner(&fs, &format!("{b}/moved")), owner(&fs, &b), "the inode moved");
+    f.write_all(b"after the move").unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let want = b"before the move, after the move";
+    assert_eq!(std::fs::metadata(&dst).unwrap().len(), want.len() as u64);
+    assert_eq!(std::fs::read(&dst).unwrap(), want);
+    // Another mount (no cached attributes) sees the size the metadata node holds.
+    let m2 = fs.second_mount();
+    assert_eq!(std::fs::metadata(m2.mnt.join(format!("{b}/moved"))).unwrap().len(), want.len() as u64);
+    drop(m2);
+    assert_fsck_clean(&fs);
 }

@@ -224,7 +224,6 @@ fn posix_conformance_one_meta() {
 }
 
 #[test]
-#[ignore = "until multi-node metadata lands"]
 fn posix_conformance_three_meta() {
     let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "2", "--meta", "3"]);
     run_suite(&fs);

@@ -249,10 +249,14 @@ impl Client {
 
     pub async fn link(&self, e: Ent, new_parent: Ent, new_name: &[u8]) -> FsResult<EntryAttr> {
         if e.owner != new_parent.owner {
-            return Err(FsError::new(
-                ErrorCode::CrossDevice,
-                format!("hard link of {} across metadata nodes {} and {}", e.id, e.owner, new_parent.owner),
-            ));
+            // The inode's owner keeps the link count and coordinates the new name.
+            let req = Request::LinkTo {
+                id: e.id,
+                new_parent: new_parent.id,
+                new_parent_owner: new_parent.owner,
+                new_name: new_name.to_vec(),
+            };
+            return entry(self.meta(e.owner, &req).await?);
         }
         entry(
             self.meta(e.owner, &Request::Link { id: e.id, new_parent: new_parent.id, new_name: new_name.to_vec() })
@@ -302,6 +306,20 @@ impl Client {
     /// Opens a file at its metadata node: fresh attributes with the pattern.
     pub async fn open(&self, e: Ent, write: bool) -> FsResult<EntryAttr> {
         entry(self.meta(e.owner, &Request::Open { id: e.id, write }).await?)
+    }
+
+    /// Creates a regular file (or finds it, without `excl`) and opens it in
+    /// one request; release it with [`Client::release`].
+    pub async fn create_open(
+        &self,
+        parent: Ent,
+        name: &[u8],
+        mode: u32,
+        excl: bool,
+        caller: Caller,
+    ) -> FsResult<EntryAttr> {
+        let req = Request::CreateOpen { parent: parent.id, name: name.to_vec(), mode, excl, caller };
+        entry(self.meta(parent.owner, &req).await?)
     }
 
     pub async fn release(&self, e: Ent, write: bool) -> FsResult<()> {

@@ -243,7 +243,15 @@ impl Inner {
     async fn open_file(&self, ent: Ent, flags: i32, c: Caller) -> FsResult<(u64, Arc<OpenFile>)> {
         let acc = flags & libc::O_ACCMODE;
         let write = acc == libc::O_WRONLY || acc == libc::O_RDWR;
-        let mut attr = self.client.open(ent, write).await?;
+        let attr = self.client.open(ent, write).await?;
+        self.opened(ent, attr, flags, c).await
+    }
+
+    /// Sets up the handle of a file the metadata node counted open (`attr`
+    /// are its fresh attributes); O_TRUNC truncates.
+    async fn opened(&self, ent: Ent, mut attr: EntryAttr, flags: i32, c: Caller) -> FsResult<(u64, Arc<OpenFile>)> {
+        let acc = flags & libc::O_ACCMODE;
+        let write = acc == libc::O_WRONLY || acc == libc::O_RDWR;
         if write && flags & libc::O_TRUNC != 0 {
             // As Linux: O_TRUNC updates mtime and ctime even of an empty
             // file, and an unprivileged truncation drops suid/sgid.
@@ -313,6 +321,13 @@ macro_rules! run {
     }};
 }
 
+/// Answers with a new entry: the name is cached for `ENTRY_TTL`, its
+/// attributes not at all (`ReplyEntry::entry` would cache both as long),
+/// so a `stat` after a lookup still asks the metadata node.
+fn send_entry(reply: ReplyEntry, attr: &FileAttr) {
+    reply.entry_with_ttls(&ATTR_TTL, &ENTRY_TTL, attr, Generation(0));
+}
+
 fn name_bytes(n: &OsStr) -> Vec<u8> {
     n.as_bytes().to_vec()
 }
@@ -357,7 +372,7 @@ impl Filesystem for HiveFs {
         run!(self, reply, |inner| {
             let p = inner.ent(parent)?;
             let a = inner.client.lookup(p, &name).await?;
-            Ok(move |reply: ReplyEntry| reply.entry(&ENTRY_TTL, &inner.entry_reply(&a), Generation(0)))
+            Ok(move |reply: ReplyEntry| send_entry(reply, &inner.entry_reply(&a)))
         })
     }
 
@@ -420,7 +435,7 @@ impl Filesystem for HiveFs {
             })?;
             let p = inner.ent(parent)?;
             let a = inner.client.create(p, &name, kind, mode & !umask & 0o7777, rdev, true, c).await?;
-            Ok(move |reply: ReplyEntry| reply.entry(&ENTRY_TTL, &inner.entry_reply(&a), Generation(0)))
+            Ok(move |reply: ReplyEntry| send_entry(reply, &inner.entry_reply(&a)))
         })
     }
 
@@ -430,7 +445,7 @@ impl Filesystem for HiveFs {
         run!(self, reply, |inner| {
             let p = inner.ent(parent)?;
             let a = inner.client.mkdir(p, &name, mode & !umask & 0o7777, c).await?;
-            Ok(move |reply: ReplyEntry| reply.entry(&ENTRY_TTL, &inner.entry_reply(&a), Generation(0)))
+            Ok(move |reply: ReplyEntry| send_entry(reply, &inner.entry_reply(&a)))
         })
     }
 
@@ -456,7 +471,7 @@ impl Filesystem for HiveFs {
         let c = caller(req);
         run!(self, reply, |inner| {
             let a = inner.client.symlink(inner.ent(parent)?, &name, &target, c).await?;
-            Ok(move |reply: ReplyEntry| reply.entry(&ENTRY_TTL, &inner.entry_reply(&a), Generation(0)))
+            Ok(move |reply: ReplyEntry| send_entry(reply, &inner.entry_reply(&a)))
         })
     }
 
@@ -488,7 +503,7 @@ impl Filesystem for HiveFs {
         let newname = name_bytes(newname);
         run!(self, reply, |inner| {
             let a = inner.client.link(inner.ent(ino)?, inner.ent(newparent)?, &newname).await?;
-            Ok(move |reply: ReplyEntry| reply.entry(&ENTRY_TTL, &inner.entry_reply(&a), Generation(0)))
+            Ok(move |reply: ReplyEntry| send_entry(reply, &inner.entry_reply(&a)))
         })
     }
 
@@ -515,14 +530,18 @@ impl Filesystem for HiveFs {
         run!(self, reply, |inner| {
             let p = inner.ent(parent)?;
             let excl = flags & libc::O_EXCL != 0;
-            let a = inner.client.create(p, &name, FileKind::File, mode & !umask & 0o7777, 0, excl, c).await?;
+            // One request creates the file and counts the open.
+            let a = inner.client.create_open(p, &name, mode & !umask & 0o7777, excl, c).await?;
             let ent = Ent::from(&a);
             // A file this call created needs no truncation (nor the time update of O_TRUNC).
             let flags = if a.size == 0 { flags & !libc::O_TRUNC } else { flags };
-            let (fh, _) = inner.open_file(ent, flags, c).await?;
+            let (fh, _) = inner.opened(ent, a.clone(), flags, c).await?;
             Ok(move |reply: ReplyCreate| {
+                // The creator keeps no name in the cache either: `created`
+                // has one TTL for the name and the attributes, and the
+                // attributes must not be cached (see `send_entry`).
                 reply.created(
-                    &ENTRY_TTL,
+                    &ATTR_TTL,
                     &inner.entry_reply(&a),
                     Generation(0),
                     FileHandle(fh),

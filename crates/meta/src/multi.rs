@@ -28,12 +28,14 @@
 use crate::namespace::Namespace;
 use crate::ops::{
     check_name, dentry, dir_inode, drop_link, inherit_group, inode, is_empty_dir, load_dentry, load_inode, new_inode,
-    q, to_attr, touch_dir, Mutation, OpError, OpResult, Tables,
+    q, to_attr, touch_dir, Mutation, OpError, OpResult, Tables, LINK_MAX,
 };
 use crate::store::{child_key, decode, encode, get_record, id_key, scan_children, Dentry, Inode};
 use crate::targets::BoxFut;
 use hivefs_cluster::Cluster;
-use hivefs_proto::{MetaChooser, OpId, PeerOp, Reachability, Reply, Request, Response, RENAME_NOREPLACE};
+use hivefs_proto::{
+    MetaChooser, OpId, PeerOp, Reachability, Reply, Request, Response, RENAME_EXCHANGE, RENAME_NOREPLACE,
+};
 use hivefs_types::attr::{EntryAttr, FileKind};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::fs_err;
@@ -90,6 +92,23 @@ pub enum IntentStep {
         owner: NodeId,
         moved: Option<(Inode, Xattrs)>,
     },
+    /// File `id` (here, its link count already raised) gets the dentry
+    /// `new_parent/new_name` on `new_owner`.
+    Link { new_parent: EntryId, new_owner: NodeId, new_name: Vec<u8>, id: EntryId, kind: FileKind },
+    /// The dentry `parent/name` names file `id` on `owner`: one link is
+    /// dropped there, then the dentry goes.
+    Unlink { parent: EntryId, name: Vec<u8>, id: EntryId, owner: NodeId },
+    /// `parent/name` (naming `a`) and `new_parent/new_name` on `new_owner`
+    /// (naming `b`) swap what they name.
+    Exchange {
+        parent: EntryId,
+        name: Vec<u8>,
+        new_parent: EntryId,
+        new_owner: NodeId,
+        new_name: Vec<u8>,
+        a: Dentry,
+        b: Dentry,
+    },
 }
 
 impl IntentStep {
@@ -98,7 +117,11 @@ impl IntentStep {
         match self {
             IntentStep::Mkdir { parent, name, .. }
             | IntentStep::Rmdir { parent, name, .. }
+            | IntentStep::Unlink { parent, name, .. }
+            | IntentStep::Exchange { parent, name, .. }
             | IntentStep::Rename { parent, name, .. } => child_key(*parent, name),
+            // The name on the other node: no local dentry is held.
+            IntentStep::Link { new_parent, new_name, .. } => child_key(*new_parent, new_name),
         }
     }
 
@@ -107,6 +130,9 @@ impl IntentStep {
             IntentStep::Mkdir { .. } => "mkdir",
             IntentStep::Rmdir { .. } => "rmdir",
             IntentStep::Rename { .. } => "rename",
+            IntentStep::Link { .. } => "link",
+            IntentStep::Unlink { .. } => "unlink",
+            IntentStep::Exchange { .. } => "exchange",
         }
     }
 }
@@ -125,6 +151,20 @@ impl std::fmt::Display for Intent {
                 "rename {parent}/{} ({id}) to {new_parent}/{} on metadata node {new_owner}",
                 q(name),
                 q(new_name)
+            ),
+            IntentStep::Link { new_parent, new_owner, new_name, id, .. } => {
+                write!(f, "link {id} as {new_parent}/{} on metadata node {new_owner}", q(new_name))
+            }
+            IntentStep::Unlink { parent, name, id, owner } => {
+                write!(f, "unlink {parent}/{} ({id}) on metadata node {owner}", q(name))
+            }
+            IntentStep::Exchange { parent, name, new_parent, new_owner, new_name, a, b } => write!(
+                f,
+                "exchange {parent}/{} ({}) with {new_parent}/{} ({}) on metadata node {new_owner}",
+                q(name),
+                a.id,
+                q(new_name),
+                b.id
             ),
         }
     }
@@ -190,7 +230,7 @@ pub(crate) fn is_needs_protocol(e: &FsError) -> bool {
 
 /// Test hook: `HIVEFS_CRASH_AT=<op>:<step>` makes the metadata service abort
 /// (`std::process::abort`, as `kill -9`) at that step of a cross-node
-/// protocol. `op` is `mkdir`, `rmdir` or `rename`; `step` is `intent` (the
+/// protocol. `op` is `mkdir`, `rmdir`, `rename`, `link` or `unlink`; `step` is `intent` (the
 /// intent is committed, nothing sent), `peer` (the peer committed its step
 /// and has not answered), `remote` (the coordinator has the peer's answer,
 /// nothing committed) or `commit` (committed, the client not answered).
@@ -280,6 +320,10 @@ pub struct Multi {
     /// Client operations whose intent is pending: their retries wait.
     pending: Mutex<HashSet<(u64, u64)>>,
     finished: tokio::sync::Notify,
+    /// Files whose inode a rename moved to another node while handles
+    /// opened here were open: their requests are forwarded there (node, and
+    /// handles not yet released).
+    moved: Mutex<HashMap<EntryId, (NodeId, u32)>>,
 }
 
 fn op_key(op: &OpId) -> (u64, u64) {
@@ -387,11 +431,75 @@ pub enum MultiMut {
         id: EntryId,
         chooser: MetaChooser,
     },
+    /// Raises the link count of file `id` and records the intent to name
+    /// it as `new_parent/new_name` on `new_owner`.
+    LinkIntent {
+        intent: EntryId,
+        id: EntryId,
+        new_parent: EntryId,
+        new_owner: NodeId,
+        new_name: Vec<u8>,
+        op: Option<OpId>,
+    },
+    LinkCommit {
+        intent: EntryId,
+    },
+    /// The dentry was refused: the raised link is dropped again.
+    LinkAbort {
+        intent: EntryId,
+        err: FsError,
+    },
+    UnlinkIntent {
+        intent: EntryId,
+        parent: EntryId,
+        name: Vec<u8>,
+        op: Option<OpId>,
+    },
+    UnlinkCommit {
+        intent: EntryId,
+    },
+    PeerLinkIn {
+        intent: EntryId,
+        new_parent: EntryId,
+        new_name: Vec<u8>,
+        dentry: Dentry,
+    },
+    PeerDropLink {
+        intent: EntryId,
+        id: EntryId,
+    },
+    ExchangeIntent {
+        intent: EntryId,
+        parent: EntryId,
+        name: Vec<u8>,
+        new_parent: EntryId,
+        new_owner: NodeId,
+        new_name: Vec<u8>,
+        b: Dentry,
+        op: Option<OpId>,
+    },
+    ExchangeCommit {
+        intent: EntryId,
+    },
+    PeerExchangeIn {
+        intent: EntryId,
+        new_parent: EntryId,
+        new_name: Vec<u8>,
+        expect: EntryId,
+        put: Dentry,
+    },
 }
 
 impl MultiMut {
     pub(crate) fn adds_to_namespace(&self) -> bool {
-        matches!(self, MultiMut::MkdirIntent { .. } | MultiMut::PeerCreateDir { .. } | MultiMut::PeerRenameIn { .. })
+        matches!(
+            self,
+            MultiMut::MkdirIntent { .. }
+                | MultiMut::PeerCreateDir { .. }
+                | MultiMut::PeerRenameIn { .. }
+                | MultiMut::LinkIntent { .. }
+                | MultiMut::PeerLinkIn { .. }
+        )
     }
 }
 
@@ -477,12 +585,19 @@ pub(crate) fn apply(t: &mut Tables<'_>, ctx: &mut crate::ops::Ctx<'_>, m: MultiM
             dir_inode(&t.inodes, parent)?;
             let src = dentry(&t.dentries, parent, &name)?;
             check_unlocked(t, parent, &name)?;
-            let moved = if src.kind != FileKind::Dir && new_owner != node {
-                let i = inode(&t.inodes, src.id)?;
-                let xattrs = scan_children(&t.xattrs, src.id, None)?.collect::<Result<Vec<_>, _>>()?;
-                Some((i, xattrs))
+            // A file's inode moves with its only dentry; one with other links
+            // (or kept on another node) stays, and the new dentry names it.
+            let local = if src.kind != FileKind::Dir && src.owner == node && new_owner != node {
+                Some(inode(&t.inodes, src.id)?).filter(|i| i.nlink <= 1)
             } else {
                 None
+            };
+            let moved = match local {
+                Some(i) => {
+                    let xattrs = scan_children(&t.xattrs, src.id, None)?.collect::<Result<Vec<_>, _>>()?;
+                    Some((i, xattrs))
+                }
+                None => None,
             };
             let step = IntentStep::Rename {
                 parent,
@@ -649,6 +764,150 @@ pub(crate) fn apply(t: &mut Tables<'_>, ctx: &mut crate::ops::Ctx<'_>, m: MultiM
         }
         MultiMut::PeerForget { intent } => {
             t.peer_done.remove(id_key(intent).as_slice())?;
+            Ok(Reply::Ok)
+        }
+        MultiMut::LinkIntent { intent, id, new_parent, new_owner, new_name, op } => {
+            check_name(&new_name)?;
+            let mut i = inode(&t.inodes, id)?;
+            if i.kind == FileKind::Dir {
+                return Err(fs_err!(NotPermitted, "cannot hard-link directory {id}").into());
+            }
+            if i.nlink == 0 {
+                return Err(fs_err!(NotFound, "entry {id} was unlinked; it cannot get a new name").into());
+            }
+            if i.nlink >= LINK_MAX {
+                return Err(fs_err!(TooManyLinks, "entry {id} already has {} links", i.nlink).into());
+            }
+            i.nlink += 1;
+            i.ctime = ctx.now;
+            t.put_inode(id, &i)?;
+            let step = IntentStep::Link { new_parent, new_owner, new_name, id, kind: i.kind };
+            put_intent(t, intent, &Intent { op, step })?;
+            Ok(Reply::Entry(to_attr(id, &i, node)))
+        }
+        MultiMut::LinkCommit { intent } => {
+            let id = match clear_intent(t, intent)? {
+                Some(Intent { step: IntentStep::Link { id, .. }, .. }) => id,
+                _ => return Err(fs_err!(Busy, "cross-node link {intent} already finished").into()),
+            };
+            let i = inode(&t.inodes, id)?;
+            Ok(Reply::Entry(to_attr(id, &i, node)))
+        }
+        MultiMut::LinkAbort { intent, err } => {
+            if let Some(Intent { step: IntentStep::Link { id, .. }, .. }) = clear_intent(t, intent)? {
+                if let Some(i) = load_inode(&t.inodes, id)? {
+                    drop_link(t, ctx, id, i)?;
+                }
+            }
+            Err(err.into())
+        }
+        MultiMut::UnlinkIntent { intent, parent, name, op } => {
+            check_name(&name)?;
+            dir_inode(&t.inodes, parent)?;
+            let d = dentry(&t.dentries, parent, &name)?;
+            if d.kind == FileKind::Dir {
+                return Err(fs_err!(IsDir, "{} in directory {parent} is a directory (use rmdir)", q(&name)).into());
+            }
+            check_unlocked(t, parent, &name)?;
+            if d.owner == node {
+                return Err(fs_err!(Busy, "{} in {parent} changed during unlink; try again", q(&name)).into());
+            }
+            put_intent(t, intent, &Intent { op, step: IntentStep::Unlink { parent, name, id: d.id, owner: d.owner } })?;
+            Ok(Reply::Ok)
+        }
+        MultiMut::UnlinkCommit { intent } => {
+            if let Some(Intent { step: IntentStep::Unlink { parent, name, id, .. }, .. }) = clear_intent(t, intent)? {
+                if load_dentry(&t.dentries, parent, &name)?.is_some_and(|d| d.id == id) {
+                    t.remove_dentry(parent, &name)?;
+                    if let Some(mut p) = load_inode(&t.inodes, parent)? {
+                        touch_dir(&mut p, ctx.now);
+                        t.put_inode(parent, &p)?;
+                    }
+                }
+            }
+            Ok(Reply::Ok)
+        }
+        MultiMut::PeerLinkIn { intent, new_parent, new_name, dentry: d } => {
+            if t.peer_done.get(id_key(intent).as_slice())?.is_some() {
+                return Ok(Reply::Ok);
+            }
+            check_name(&new_name)?;
+            let mut pdir = dir_inode(&t.inodes, new_parent)?;
+            if load_dentry(&t.dentries, new_parent, &new_name)?.is_some() {
+                return Err(fs_err!(Exists, "entry {} already exists in directory {new_parent}", q(&new_name)).into());
+            }
+            t.put_dentry(new_parent, &new_name, &d)?;
+            touch_dir(&mut pdir, ctx.now);
+            t.put_inode(new_parent, &pdir)?;
+            t.peer_done.insert(id_key(intent).as_slice(), [].as_slice())?;
+            Ok(Reply::Ok)
+        }
+        MultiMut::PeerDropLink { intent, id } => {
+            if t.peer_done.get(id_key(intent).as_slice())?.is_some() {
+                return Ok(Reply::Ok);
+            }
+            if let Some(i) = load_inode(&t.inodes, id)? {
+                if i.kind == FileKind::Dir {
+                    return Err(fs_err!(IsDir, "{id} on metadata node {node} is a directory (use rmdir)").into());
+                }
+                drop_link(t, ctx, id, i)?;
+            }
+            t.peer_done.insert(id_key(intent).as_slice(), [].as_slice())?;
+            Ok(Reply::Ok)
+        }
+        MultiMut::ExchangeIntent { intent, parent, name, new_parent, new_owner, new_name, b, op } => {
+            check_name(&name)?;
+            check_name(&new_name)?;
+            dir_inode(&t.inodes, parent)?;
+            let a = dentry(&t.dentries, parent, &name)?;
+            check_unlocked(t, parent, &name)?;
+            let step = IntentStep::Exchange { parent, name, new_parent, new_owner, new_name, a, b };
+            put_intent(t, intent, &Intent { op, step })?;
+            Ok(Reply::Ok)
+        }
+        MultiMut::ExchangeCommit { intent } => {
+            let Some(Intent { step: IntentStep::Exchange { parent, name, a, b, .. }, .. }) = clear_intent(t, intent)?
+            else {
+                return Ok(Reply::Ok);
+            };
+            t.peer_done.remove(id_key(intent).as_slice())?;
+            if load_dentry(&t.dentries, parent, &name)?.is_some_and(|d| d.id == a.id) {
+                t.put_dentry(parent, &name, &b)?;
+                if let Some(mut p) = load_inode(&t.inodes, parent)? {
+                    if a.kind == FileKind::Dir {
+                        p.nlink = p.nlink.saturating_sub(1);
+                    }
+                    if b.kind == FileKind::Dir {
+                        p.nlink += 1;
+                    }
+                    touch_dir(&mut p, ctx.now);
+                    t.put_inode(parent, &p)?;
+                }
+            }
+            Ok(Reply::Ok)
+        }
+        MultiMut::PeerExchangeIn { intent, new_parent, new_name, expect, put } => {
+            if t.peer_done.get(id_key(intent).as_slice())?.is_some() {
+                return Ok(Reply::Ok);
+            }
+            let mut pdir = dir_inode(&t.inodes, new_parent)?;
+            let b = dentry(&t.dentries, new_parent, &new_name)?;
+            if b.id != expect {
+                return Err(
+                    fs_err!(Busy, "{} in {new_parent} changed during an exchange; try again", q(&new_name)).into()
+                );
+            }
+            check_unlocked(t, new_parent, &new_name)?;
+            t.put_dentry(new_parent, &new_name, &put)?;
+            if b.kind == FileKind::Dir {
+                pdir.nlink = pdir.nlink.saturating_sub(1);
+            }
+            if put.kind == FileKind::Dir {
+                pdir.nlink += 1;
+            }
+            touch_dir(&mut pdir, ctx.now);
+            t.put_inode(new_parent, &pdir)?;
+            t.peer_done.insert(id_key(intent).as_slice(), [].as_slice())?;
             Ok(Reply::Ok)
         }
         MultiMut::SetChooser { id, chooser } => {
@@ -889,6 +1148,9 @@ impl Namespace {
         }
         check_name(&name)?;
         check_name(&new_name)?;
+        if flags == RENAME_EXCHANGE {
+            return self.exchange_any(parent, name, new_parent, new_owner, new_name, op).await;
+        }
         let src = self
             .read(|t| load_dentry(&t.dentries, parent, &name))?
             .ok_or_else(|| fs_err!(NotFound, "no entry {} in directory {parent}", q(&name)))?;
@@ -911,6 +1173,198 @@ impl Namespace {
             return Err(e);
         }
         let r = match self.crash("rename", "intent") {
+            Ok(()) => self.drive(intent).await,
+            Err(e) => Err(e),
+        };
+        self.set_pending(op, false);
+        r
+    }
+
+    /// Sets the ctime of inode `id` on metadata node `owner` to now.
+    async fn touch_ctime(&self, owner: NodeId, id: EntryId) -> FsResult<()> {
+        if owner == self.node() {
+            self.submit_op(None, Mutation::SetAttr { id, attr: Default::default() }).await?;
+            return Ok(());
+        }
+        let peers = self.peers().ok_or_else(|| fs_err!(Unavailable, "metadata node {owner}: no peers configured"))?;
+        let req = Request::SetAttr { id, attr: Default::default(), caller: Default::default() };
+        peers.call(owner, req).await.map(|_| ())
+    }
+
+    /// `RENAME_EXCHANGE` where a part is on another node: only the dentries
+    /// swap (inodes stay with their owners, which the dentries name).
+    async fn exchange_any(
+        &self,
+        parent: EntryId,
+        name: Vec<u8>,
+        new_parent: EntryId,
+        new_owner: NodeId,
+        new_name: Vec<u8>,
+        op: Option<OpId>,
+    ) -> Response {
+        let a = self
+            .read(|t| load_dentry(&t.dentries, parent, &name))?
+            .ok_or_else(|| fs_err!(NotFound, "no entry {} in directory {parent}", q(&name)))?;
+        let battr = if new_owner == self.node() {
+            self.lookup_any(new_parent, &new_name).await?
+        } else {
+            let peers =
+                self.peers().ok_or_else(|| fs_err!(Unavailable, "metadata node {new_owner}: no peers configured"))?;
+            match peers.call(new_owner, Request::Lookup { parent: new_parent, name: new_name.clone() }).await? {
+                Reply::Entry(e) => e,
+                r => return Err(unexpected(r)),
+            }
+        };
+        let b = Dentry { id: battr.id, kind: battr.kind, owner: battr.owner };
+        if a.id == b.id {
+            return Ok(Reply::Ok);
+        }
+        if parent != new_parent {
+            let into = |d: &Dentry, to: EntryId, to_owner: NodeId| {
+                let d = d.clone();
+                async move {
+                    if d.kind == FileKind::Dir && self.is_within_any(to, to_owner, d.id).await? {
+                        return Err(fs_err!(
+                            Invalid,
+                            "cannot exchange directory {} with an entry inside its own subtree ({to})",
+                            d.id
+                        ));
+                    }
+                    Ok(())
+                }
+            };
+            into(&a, new_parent, new_owner).await?;
+            into(&b, parent, self.node()).await?;
+        }
+        let intent = self.next_intent();
+        let m = MultiMut::ExchangeIntent { intent, parent, name, new_parent, new_owner, new_name, b, op };
+        self.set_pending(op, true);
+        if let Err(e) = self.submit_multi(None, m).await {
+            self.set_pending(op, false);
+            return Err(e);
+        }
+        let r = self.drive(intent).await;
+        self.set_pending(op, false);
+        r
+    }
+
+    /// After a rename moved file `id` to `new_owner`: its open handles count
+    /// there, and their requests that reach this node are forwarded.
+    async fn hand_over_opens(&self, id: EntryId, new_owner: NodeId) {
+        let count = {
+            let mut opens = self.opens.0.lock().expect("opens lock");
+            let count = opens.remove(&id).unwrap_or(0);
+            if count > 0 {
+                self.multi.moved.lock().expect("moved lock").insert(id, (new_owner, count));
+            }
+            count
+        };
+        if count > 0 {
+            info!("file {id} moved to metadata node {new_owner} with {count} open handles: they count there now");
+            if let Err(e) = self.peer_call(new_owner, PeerOp::Opened { id, count }).await {
+                warn!("file {id}: handing {count} open handles over to metadata node {new_owner}: {e}");
+            }
+        }
+    }
+
+    /// A request about a file that a rename moved to another node, sent to
+    /// that node (the answer of the client's handle opened here).
+    pub(crate) async fn forward_moved(&self, req: &Request) -> Option<Response> {
+        let to = {
+            let moved = self.multi.moved.lock().expect("moved lock");
+            if moved.is_empty() {
+                return None;
+            }
+            let id = |r: &Request| match r {
+                Request::Open { id, .. }
+                | Request::Release { id, .. }
+                | Request::UpdateSize { id, .. }
+                | Request::GetAttr { id }
+                | Request::SetAttr { id, .. } => Some(*id),
+                _ => None,
+            };
+            let id = match req {
+                Request::Retryable { req: body, .. } => {
+                    hivefs_proto::decode_body::<Request>(body).ok().and_then(|r| id(&r))
+                }
+                r => id(r),
+            }?;
+            let (node, _) = *moved.get(&id)?;
+            drop(moved);
+            // Only while the inode is not back here (a later rename may return it).
+            if !matches!(self.read(|t| load_inode(&t.inodes, id)), Ok(None)) {
+                self.multi.moved.lock().expect("moved lock").remove(&id);
+                return None;
+            }
+            // Count handles opened or released through this node.
+            let mut moved = self.multi.moved.lock().expect("moved lock");
+            let inner = match req {
+                Request::Retryable { .. } => None,
+                r => Some(r),
+            };
+            match (inner, moved.get_mut(&id)) {
+                (Some(Request::Open { .. }), Some((_, n))) => *n += 1,
+                (Some(Request::Release { .. }), Some((_, n))) => {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        moved.remove(&id);
+                    }
+                }
+                _ => {}
+            }
+            node
+        };
+        let peers = self.peers()?;
+        Some(peers.call(to, req.clone()).await)
+    }
+
+    /// Hard link of file `id` (on this node) as `new_parent/new_name` on
+    /// `new_owner`: this node keeps the inode and its link count.
+    pub(crate) async fn link_any(
+        &self,
+        id: EntryId,
+        new_parent: EntryId,
+        new_owner: NodeId,
+        new_name: Vec<u8>,
+        op: Option<OpId>,
+    ) -> Response {
+        if let Some(r) = self.recorded(op).await? {
+            return r;
+        }
+        if new_owner == self.node() {
+            return self.submit_op(op, Mutation::Link { id, new_parent, new_name }).await;
+        }
+        let intent = self.next_intent();
+        self.set_pending(op, true);
+        let m = MultiMut::LinkIntent { intent, id, new_parent, new_owner, new_name, op };
+        if let Err(e) = self.submit_multi(None, m).await {
+            self.set_pending(op, false);
+            return Err(e);
+        }
+        let r = match self.crash("link", "intent") {
+            Ok(()) => self.drive(intent).await,
+            Err(e) => Err(e),
+        };
+        self.set_pending(op, false);
+        r
+    }
+
+    /// Unlink; a dentry naming a file on another node goes through the protocol.
+    pub(crate) async fn unlink_any(&self, parent: EntryId, name: Vec<u8>, op: Option<OpId>) -> Response {
+        if let Some(r) = self.recorded(op).await? {
+            return r;
+        }
+        match self.submit_op(op, Mutation::Unlink { parent, name: name.clone() }).await {
+            Err(e) if is_needs_protocol(&e) => {}
+            r => return r,
+        }
+        let intent = self.next_intent();
+        self.set_pending(op, true);
+        if let Err(e) = self.submit_multi(None, MultiMut::UnlinkIntent { intent, parent, name, op }).await {
+            self.set_pending(op, false);
+            return Err(e);
+        }
+        let r = match self.crash("unlink", "intent") {
             Ok(()) => self.drive(intent).await,
             Err(e) => Err(e),
         };
@@ -967,6 +1421,7 @@ impl Namespace {
                 Err(err) => self.submit_multi(op, MultiMut::Abort { intent, err }).await,
             },
             IntentStep::Rename { parent, new_parent, new_owner, new_name, flags, id, kind, owner, moved, .. } => {
+                let moved_file = moved.is_some();
                 let (inode, xattrs) = match moved {
                     Some((i, x)) => (Some(encode(&i)), x),
                     None => (None, Vec::new()),
@@ -991,13 +1446,75 @@ impl Namespace {
                     if let Err(e) = self.peer_call(owner, set).await {
                         warn!("rename of directory {id}: its parent pointer on metadata node {owner}: {e}");
                     }
+                } else if kind != FileKind::Dir && !moved_file {
+                    // The inode stays on its owner: a rename changes its ctime (as Linux).
+                    if let Err(e) = self.touch_ctime(owner, id).await {
+                        warn!("rename of {id}: its ctime on metadata node {owner}: {e}");
+                    }
                 }
                 self.crash("rename", "remote")?;
                 let r = self.submit_multi(op, MultiMut::RenameCommit { intent }).await;
                 self.crash("rename", "commit")?;
+                if r.is_ok() && moved_file && new_owner != self.node() {
+                    self.hand_over_opens(id, new_owner).await;
+                }
                 if new_owner != self.node() {
                     let _ = self.peer_call(new_owner, PeerOp::Forget { intent }).await;
                 }
+                r
+            }
+            IntentStep::Link { new_parent, new_owner, new_name, id, kind } => {
+                let req = PeerOp::LinkIn { intent, new_parent, new_name, id, kind, owner: self.node() };
+                if let Err(err) = self.peer_call(new_owner, req).await {
+                    return self.submit_multi(op, MultiMut::LinkAbort { intent, err }).await;
+                }
+                self.crash("link", "remote")?;
+                let r = self.submit_multi(op, MultiMut::LinkCommit { intent }).await;
+                self.crash("link", "commit")?;
+                let _ = self.peer_call(new_owner, PeerOp::Forget { intent }).await;
+                r
+            }
+            IntentStep::Exchange { parent, new_parent, new_owner, new_name, a, b, .. } => {
+                let req = PeerOp::ExchangeIn {
+                    intent,
+                    new_parent,
+                    new_name,
+                    expect: b.id,
+                    id: a.id,
+                    kind: a.kind,
+                    owner: a.owner,
+                };
+                if let Err(err) = self.peer_call(new_owner, req).await {
+                    return self.submit_multi(op, MultiMut::Abort { intent, err }).await;
+                }
+                for (d, to, to_owner) in [(&a, new_parent, new_owner), (&b, parent, self.node())] {
+                    let r = if d.kind == FileKind::Dir && parent != new_parent {
+                        self.peer_call(d.owner, PeerOp::SetParent { id: d.id, parent: to, parent_owner: to_owner })
+                            .await
+                            .map(|_| ())
+                    } else if d.kind == FileKind::Dir {
+                        Ok(())
+                    } else {
+                        self.touch_ctime(d.owner, d.id).await
+                    };
+                    if let Err(e) = r {
+                        warn!("exchange of {}: its parent or ctime on metadata node {}: {e}", d.id, d.owner);
+                    }
+                }
+                let r = self.submit_multi(op, MultiMut::ExchangeCommit { intent }).await;
+                if new_owner != self.node() {
+                    let _ = self.peer_call(new_owner, PeerOp::Forget { intent }).await;
+                }
+                r
+            }
+            IntentStep::Unlink { id, owner, .. } => {
+                if let Err(err) = self.peer_call(owner, PeerOp::DropLink { intent, id }).await {
+                    return self.submit_multi(op, MultiMut::Abort { intent, err }).await;
+                }
+                self.crash("unlink", "remote")?;
+                let r = self.submit_multi(op, MultiMut::UnlinkCommit { intent }).await;
+                self.crash("unlink", "commit")?;
+                let _ = self.peer_call(owner, PeerOp::Forget { intent }).await;
                 r
             }
         }
@@ -1112,12 +1629,18 @@ impl Namespace {
                     if t.peer_done.get(id_key(intent).as_slice())?.is_some() {
                         return Ok(None);
                     }
-                    Ok(load_dentry(&t.dentries, new_parent, &new_name)?
-                        .filter(|d| d.id != id && d.kind == FileKind::Dir && d.owner != node))
+                    Ok(load_dentry(&t.dentries, new_parent, &new_name)?.filter(|d| d.id != id && d.owner != node))
                 })?;
+                let mut dropped = None;
                 if let Some(d) = victim {
-                    if kind == FileKind::Dir && flags & RENAME_NOREPLACE == 0 {
-                        self.peer_call(d.owner, PeerOp::RemoveDir { id: d.id }).await?;
+                    let is_dir = d.kind == FileKind::Dir;
+                    if flags & RENAME_NOREPLACE == 0 && is_dir == (kind == FileKind::Dir) {
+                        if is_dir {
+                            self.peer_call(d.owner, PeerOp::RemoveDir { id: d.id }).await?;
+                        } else {
+                            self.peer_call(d.owner, PeerOp::DropLink { intent, id: d.id }).await?;
+                            dropped = Some(d.owner);
+                        }
                     }
                 }
                 let inode = match inode {
@@ -1135,10 +1658,35 @@ impl Namespace {
                     xattrs,
                 };
                 let r = self.submit_multi(None, m).await;
+                if let (Ok(_), Some(o)) = (&r, dropped) {
+                    let _ = self.peer_call(o, PeerOp::Forget { intent }).await;
+                }
                 self.crash("rename", "peer")?;
                 r
             }
             PeerOp::Forget { intent } => self.submit_multi(None, MultiMut::PeerForget { intent }).await,
+            PeerOp::LinkIn { intent, new_parent, new_name, id, kind, owner } => {
+                let dentry = Dentry { id, kind, owner };
+                let r = self.submit_multi(None, MultiMut::PeerLinkIn { intent, new_parent, new_name, dentry }).await;
+                self.crash("link", "peer")?;
+                r
+            }
+            PeerOp::DropLink { intent, id } => {
+                let r = self.submit_multi(None, MultiMut::PeerDropLink { intent, id }).await;
+                self.crash("unlink", "peer")?;
+                r
+            }
+            PeerOp::ExchangeIn { intent, new_parent, new_name, expect, id, kind, owner } => {
+                let put = Dentry { id, kind, owner };
+                let m = MultiMut::PeerExchangeIn { intent, new_parent, new_name, expect, put };
+                self.submit_multi(None, m).await
+            }
+            PeerOp::Opened { id, count } => {
+                if count > 0 {
+                    *self.opens.0.lock().expect("opens lock").entry(id).or_insert(0) += count;
+                }
+                Ok(Reply::Ok)
+            }
         }
     }
 

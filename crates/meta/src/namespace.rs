@@ -11,7 +11,7 @@ use crate::ops::{check_truncatable, load_inode, Mutation, OpError, ReadTables};
 use crate::store::{sys, sys_get, Store, StoreError, SYSTEM};
 use crate::targets::{capacity_of, DataTargets};
 use crate::writer::{run_batch, system_clock, Clock, StoreFailure, Writer, WriterState, WriterStats};
-use hivefs_proto::{decode_body, OpId, Reply, Request, Response};
+use hivefs_proto::{decode_body, Caller, OpId, Reply, Request, Response};
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr};
 use hivefs_types::error::{FsError, FsResult};
 use hivefs_types::fs_err;
@@ -282,6 +282,36 @@ impl Namespace {
         r
     }
 
+    /// Creates a regular file (or finds it, without `excl`) and counts an
+    /// open handle on it. A repeat of an operation already answered gets the
+    /// first answer without counting again; a node restart forgets the count
+    /// as it forgets every open.
+    async fn create_open(
+        &self,
+        parent: EntryId,
+        name: Vec<u8>,
+        mode: u32,
+        excl: bool,
+        caller: Caller,
+        op: Option<OpId>,
+    ) -> FsResult<Reply> {
+        if let Some(first) = op.as_ref().map(|op| self.recorded_reply(op)).transpose()?.flatten() {
+            return first;
+        }
+        self.targets.refresh_if_empty().await;
+        let kind = FileKind::File;
+        let m = Mutation::Create { parent, name, kind, mode, rdev: 0, excl, uid: caller.uid, gid: caller.gid };
+        let r = self.submit_op(op, m).await?;
+        match &r {
+            Reply::Entry(a) if a.kind == FileKind::File => self.opens.inc(a.id),
+            Reply::Entry(a) => {
+                return Err(fs_err!(IsDir, "{} is not a regular file and cannot be opened by a create", a.id))
+            }
+            _ => {}
+        }
+        Ok(r)
+    }
+
     pub async fn release(&self, id: EntryId) -> FsResult<()> {
         if !self.opens.dec(id) {
             return Ok(());
@@ -338,6 +368,9 @@ impl Namespace {
 
     /// Answers one request.
     pub async fn handle(&self, req: Request) -> Response {
+        if let Some(r) = self.forward_moved(&req).await {
+            return r;
+        }
         match req {
             Request::Retryable { op, req } => match decode_body::<Request>(&req) {
                 Ok(Request::Retryable { .. }) => Err(fs_err!(Invalid, "a retryable request may not wrap another")),
@@ -369,7 +402,7 @@ impl Namespace {
             Request::Mkdir { parent, name, mode, caller } => {
                 self.mkdir_any(parent, name, mode, caller.uid, caller.gid, op).await
             }
-            Request::Unlink { parent, name } => self.submit_op(op, Mutation::Unlink { parent, name }).await,
+            Request::Unlink { parent, name } => self.unlink_any(parent, name, op).await,
             Request::Rmdir { parent, name } => self.rmdir_any(parent, name, op).await,
             Request::Rename { parent, name, new_parent, new_name, flags } => {
                 self.rename_any(parent, name, new_parent, None, new_name, flags, op).await
@@ -381,6 +414,9 @@ impl Namespace {
             Request::SetMetaChooser { id, chooser } => self.set_meta_chooser(id, chooser, op).await,
             Request::GetMetaChooser { id } => self.meta_chooser(id).map(Reply::MetaChooser),
             Request::FsckIntents => self.intents_text().map(Reply::FsckIntents),
+            Request::LinkTo { id, new_parent, new_parent_owner, new_name } => {
+                self.link_any(id, new_parent, new_parent_owner, new_name, op).await
+            }
             Request::ReadDir { dir, after, max } => self.readdir(dir, after.as_deref(), max),
             Request::Symlink { parent, name, target, caller } => {
                 self.submit_op(op, Mutation::Symlink { parent, name, target, uid: caller.uid, gid: caller.gid }).await
@@ -403,6 +439,9 @@ impl Namespace {
             Request::Release { id, write: _ } => self.release(id).await.map(|()| Reply::Ok),
             Request::UpdateSize { id, size, mtime } => {
                 self.submit_op(op, Mutation::UpdateSize { id, size, mtime }).await
+            }
+            Request::CreateOpen { parent, name, mode, excl, caller } => {
+                self.create_open(parent, name, mode, excl, caller, op).await
             }
             Request::MetaStat => self.meta_stat(),
             Request::RefreshView => self.targets.refresh().await.map(|()| Reply::Ok),

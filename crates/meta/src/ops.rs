@@ -636,6 +636,9 @@ fn unlink(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, parent: EntryId, name: &[u8]) -
         return Err(fs_err!(IsDir, "{} in directory {parent} is a directory (use rmdir)", q(name)).into());
     }
     crate::multi::check_unlocked(t, parent, name)?;
+    if d.owner != ctx.node {
+        return Err(crate::multi::needs_protocol(format!("{} is owned by metadata node {}", d.id, d.owner)));
+    }
     let i = dentry_inode(&t.inodes, parent, name, &d)?;
     t.remove_dentry(parent, name)?;
     drop_link(t, ctx, d.id, i)?;

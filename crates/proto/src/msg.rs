@@ -453,6 +453,24 @@ pub enum Request {
     },
     /// Pending cross-node operations of this metadata node (`Reply::FsckIntents`).
     FsckIntents,
+    /// `Link` where the new parent is owned by another metadata node than
+    /// the inode (sent to the inode's owner, which keeps the link count).
+    LinkTo {
+        id: EntryId,
+        new_parent: EntryId,
+        new_parent_owner: NodeId,
+        new_name: Vec<u8>,
+    },
+    /// `Create` of a regular file that also opens it (counted like `Open`),
+    /// answered with the new entry's attributes and pattern: one round trip
+    /// for open(O_CREAT). Sent as `Retryable`; the open is counted once.
+    CreateOpen {
+        parent: EntryId,
+        name: Vec<u8>,
+        mode: u32,
+        excl: bool,
+        caller: Caller,
+    },
 }
 
 /// A dentry as `hivefs fsck` sees it.
@@ -695,6 +713,27 @@ pub enum PeerOp {
     },
     /// The coordinator committed `intent`: its record of `RenameIn` may go.
     Forget { intent: EntryId },
+    /// The dentry half of a hard link coordinated by the inode's owner,
+    /// applied once per `intent`: puts `new_parent/new_name` naming `id` on `owner`.
+    LinkIn { intent: EntryId, new_parent: EntryId, new_name: Vec<u8>, id: EntryId, kind: FileKind, owner: NodeId },
+    /// Drops one link of file `id` (its dentry on the coordinator goes),
+    /// once per `intent`; the last link removes the inode and queues its chunks.
+    DropLink { intent: EntryId, id: EntryId },
+    /// File `id` moved here by a rename while `count` handles were open on
+    /// the node it left: they count here now (their requests are forwarded).
+    Opened { id: EntryId, count: u32 },
+    /// The other half of a `RENAME_EXCHANGE` coordinated by another node,
+    /// applied once per `intent`: `new_parent/new_name`, still naming
+    /// `expect`, names `id` of `kind` on `owner` instead.
+    ExchangeIn {
+        intent: EntryId,
+        new_parent: EntryId,
+        new_name: Vec<u8>,
+        expect: EntryId,
+        id: EntryId,
+        kind: FileKind,
+        owner: NodeId,
+    },
 }
 
 /// Lock spaces: locks of different kinds never conflict with each other.
