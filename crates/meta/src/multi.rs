@@ -1084,19 +1084,13 @@ impl Namespace {
         }
         let intent = self.next_intent();
         // Pending before the intent exists: a retry of `op` waits for this attempt.
-        self.set_pending(op, true);
-        if let Err(e) =
-            self.submit_multi(None, MultiMut::MkdirIntent { intent, parent, name, mode, uid, gid, owner, op }).await
-        {
-            self.set_pending(op, false);
-            return Err(e);
-        }
-        let r = match self.crash("mkdir", "intent") {
-            Ok(()) => self.drive(intent).await,
-            Err(e) => Err(e),
-        };
-        self.set_pending(op, false);
-        r
+        self.start_protocol(
+            "mkdir",
+            intent,
+            op,
+            MultiMut::MkdirIntent { intent, parent, name, mode, uid, gid, owner, op },
+        )
+        .await
     }
 
     /// Rmdir; a directory owned elsewhere goes through the protocol.
@@ -1110,17 +1104,7 @@ impl Namespace {
         }
         let intent = self.next_intent();
         // Pending before the intent exists: a retry of `op` waits for this attempt.
-        self.set_pending(op, true);
-        if let Err(e) = self.submit_multi(None, MultiMut::RmdirIntent { intent, parent, name, op }).await {
-            self.set_pending(op, false);
-            return Err(e);
-        }
-        let r = match self.crash("rmdir", "intent") {
-            Ok(()) => self.drive(intent).await,
-            Err(e) => Err(e),
-        };
-        self.set_pending(op, false);
-        r
+        self.start_protocol("rmdir", intent, op, MultiMut::RmdirIntent { intent, parent, name, op }).await
     }
 
     /// Rename; `new_owner` is the node owning `new_parent` (`None`: this node).
@@ -1167,17 +1151,7 @@ impl Namespace {
         }
         let intent = self.next_intent();
         let m = MultiMut::RenameIntent { intent, parent, name, new_parent, new_owner, new_name, flags, op };
-        self.set_pending(op, true);
-        if let Err(e) = self.submit_multi(None, m).await {
-            self.set_pending(op, false);
-            return Err(e);
-        }
-        let r = match self.crash("rename", "intent") {
-            Ok(()) => self.drive(intent).await,
-            Err(e) => Err(e),
-        };
-        self.set_pending(op, false);
-        r
+        self.start_protocol("rename", intent, op, m).await
     }
 
     /// Sets the ctime of inode `id` on metadata node `owner` to now.
@@ -1238,14 +1212,7 @@ impl Namespace {
         }
         let intent = self.next_intent();
         let m = MultiMut::ExchangeIntent { intent, parent, name, new_parent, new_owner, new_name, b, op };
-        self.set_pending(op, true);
-        if let Err(e) = self.submit_multi(None, m).await {
-            self.set_pending(op, false);
-            return Err(e);
-        }
-        let r = self.drive(intent).await;
-        self.set_pending(op, false);
-        r
+        self.start_protocol("exchange", intent, op, m).await
     }
 
     /// After a rename moved file `id` to `new_owner`: its open handles count
@@ -1335,18 +1302,8 @@ impl Namespace {
             return self.submit_op(op, Mutation::Link { id, new_parent, new_name }).await;
         }
         let intent = self.next_intent();
-        self.set_pending(op, true);
         let m = MultiMut::LinkIntent { intent, id, new_parent, new_owner, new_name, op };
-        if let Err(e) = self.submit_multi(None, m).await {
-            self.set_pending(op, false);
-            return Err(e);
-        }
-        let r = match self.crash("link", "intent") {
-            Ok(()) => self.drive(intent).await,
-            Err(e) => Err(e),
-        };
-        self.set_pending(op, false);
-        r
+        self.start_protocol("link", intent, op, m).await
     }
 
     /// Unlink; a dentry naming a file on another node goes through the protocol.
@@ -1359,17 +1316,7 @@ impl Namespace {
             r => return r,
         }
         let intent = self.next_intent();
-        self.set_pending(op, true);
-        if let Err(e) = self.submit_multi(None, MultiMut::UnlinkIntent { intent, parent, name, op }).await {
-            self.set_pending(op, false);
-            return Err(e);
-        }
-        let r = match self.crash("unlink", "intent") {
-            Ok(()) => self.drive(intent).await,
-            Err(e) => Err(e),
-        };
-        self.set_pending(op, false);
-        r
+        self.start_protocol("unlink", intent, op, MultiMut::UnlinkIntent { intent, parent, name, op }).await
     }
 
     /// True if `dir` (owned by `owner`) is `ancestor` or below it, walking
@@ -1389,6 +1336,22 @@ impl Namespace {
             }
         }
         Err(fs_err!(Io, "parent chain of {dir} is longer than 65536 directories: corrupt parent pointers"))
+    }
+
+    /// Starts a cross-node operation: records its intent (from then on a retry
+    /// of `op` waits for this attempt instead of starting another), then drives
+    /// it. `what` names the operation for the crash hook.
+    async fn start_protocol(&self, what: &str, intent: EntryId, op: Option<OpId>, m: MultiMut) -> Response {
+        self.set_pending(op, true);
+        let r = match self.submit_multi(None, m).await {
+            Err(e) => Err(e),
+            Ok(_) => match self.crash(what, "intent") {
+                Ok(()) => self.drive(intent).await,
+                Err(e) => Err(e),
+            },
+        };
+        self.set_pending(op, false);
+        r
     }
 
     /// Carries an intent from its remote step to its commit (or undo).
