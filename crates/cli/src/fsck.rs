@@ -699,28 +699,7 @@ fn start_offline(dir: &Path, mgmtd: &str, cfg: &ClientConfig) -> Result<OfflineS
             bail!("{name} of {} runs although mgmtd does not answer; stop it with `hivefs down`", dir.display());
         }
         let listen = format!("{}:{port}", layout.host);
-        let mut args: Vec<String> = vec![
-            role.into(),
-            "--dir".into(),
-            sdir.display().to_string(),
-            "--listen".into(),
-            listen.clone(),
-            "--secret-file".into(),
-            secret.display().to_string(),
-        ];
-        if role != "mgmtd" {
-            args.extend(["--mgmtd".into(), mgmtd.to_string()]);
-        }
-        let cfg_file = sdir.join(format!("{role}.toml"));
-        if cfg_file.exists() {
-            args.extend(["--config".into(), cfg_file.display().to_string()]);
-        }
-        if role == "storage" {
-            args.extend(["--fs-uuid".into(), layout.fs_uuid.clone()]);
-            for t in 1..=layout.targets_per_storage {
-                args.extend(["--target".into(), sdir.join(format!("target{t}")).display().to_string()]);
-            }
-        }
+        let args = layout.service_args(role, port, &sdir, &secret);
         let log_path = sdir.join(format!("{name}.log"));
         let log = std::fs::OpenOptions::new()
             .create(true)

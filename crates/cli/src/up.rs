@@ -106,6 +106,35 @@ impl Layout {
         format!("{}:{}", self.host, self.mgmtd_port)
     }
 
+    /// Command-line arguments of one service of this file system: its role, data dir,
+    /// address, the shared secret, mgmtd, its config file when an administrator wrote
+    /// one (e.g. mgmtd's capacity limits), and a storage service's targets.
+    pub fn service_args(&self, role: &str, port: u16, sdir: &Path, secret: &Path) -> Vec<String> {
+        let mut args: Vec<String> = vec![
+            role.into(),
+            "--dir".into(),
+            sdir.display().to_string(),
+            "--listen".into(),
+            format!("{}:{port}", self.host),
+            "--secret-file".into(),
+            secret.display().to_string(),
+        ];
+        if role != "mgmtd" {
+            args.extend(["--mgmtd".into(), self.mgmtd_addr()]);
+        }
+        let cfg_file = sdir.join(format!("{role}.toml"));
+        if cfg_file.exists() {
+            args.extend(["--config".into(), cfg_file.display().to_string()]);
+        }
+        if role == "storage" {
+            args.extend(["--fs-uuid".into(), self.fs_uuid.clone()]);
+            for t in 1..=self.targets_per_storage {
+                args.extend(["--target".into(), sdir.join(format!("target{t}")).display().to_string()]);
+            }
+        }
+        args
+    }
+
     /// (name, role, port, service dir)
     pub fn services(&self, dir: &Path) -> Vec<(String, &'static str, u16, PathBuf)> {
         let mut v = vec![("mgmtd".to_string(), "mgmtd", self.mgmtd_port, dir.join("mgmtd"))];
@@ -296,27 +325,14 @@ pub fn up(a: UpArgs) -> Result<()> {
         if service_running(&sdir, &name).is_some() {
             continue;
         }
-        let listen = format!("{}:{port}", layout.host);
-        let d = sdir.display().to_string();
-        let mut args: Vec<String> =
-            vec![role.into(), "--dir".into(), d, "--listen".into(), listen, "--secret-file".into(), secret_s.clone()];
-        if role != "mgmtd" {
-            args.extend(["--mgmtd".into(), mgmtd.clone()]);
-        }
-        // An administrator's settings for this service (e.g. mgmtd's capacity limits).
-        let cfg_file = sdir.join(format!("{role}.toml"));
-        if cfg_file.exists() {
-            args.extend(["--config".into(), cfg_file.display().to_string()]);
-        }
         if role == "storage" {
-            args.extend(["--fs-uuid".into(), layout.fs_uuid.clone()]);
             for t in 1..=layout.targets_per_storage {
                 let tdir = sdir.join(format!("target{t}"));
                 std::fs::create_dir_all(&tdir)?;
                 hivefs_storage::init_target(&tdir, &layout.fs_uuid).map_err(|e| anyhow!("{e}"))?;
-                args.extend(["--target".into(), tdir.display().to_string()]);
             }
         }
+        let args = layout.service_args(role, port, &sdir, &secret);
         spawn_service(&name, &args, &sdir)?;
         started.push((name.clone(), format!("{}:{port}", layout.host), sdir.clone()));
         if role == "mgmtd" {
