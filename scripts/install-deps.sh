@@ -10,6 +10,8 @@ command -v setpriv >/dev/null || need+=(util-linux)
 command -v setfacl >/dev/null || need+=(acl)
 command -v getfattr >/dev/null || need+=(attr)
 command -v rsvg-convert >/dev/null || need+=(librsvg2-bin)
+command -v python3 >/dev/null || need+=(python3)
+command -v tc >/dev/null || need+=(iproute2)
 if ((${#need[@]})); then
   echo "installing: ${need[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

@@ -9,7 +9,9 @@
 //! own offset (8 bytes, little-endian), which the read phase checks.
 //!
 //! Each phase is timed from open to close (fsync included when asked) per
-//! rank; the aggregate is Equation 1 over the ranks. Files live in a fresh
+//! rank; the aggregate is Equation 1 over the ranks. Each phase also carries
+//! its first start and last end as Unix times, so that runs on several client
+//! hosts can be combined into one aggregate (see [`crate::combine`]). Files live in a fresh
 //! directory `hivefs-bench-io.<pid>` under the backend's base and are removed
 //! at the end unless `keep` is set.
 
@@ -106,6 +108,10 @@ pub struct PhaseResult {
     pub aggregate_mib_s: f64,
     pub min_rank_mib_s: f64,
     pub max_rank_mib_s: f64,
+    /// First start over the ranks, seconds since the Unix epoch (wall clock).
+    pub start_unix_s: f64,
+    /// Last end over the ranks, seconds since the Unix epoch.
+    pub end_unix_s: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -114,6 +120,8 @@ pub struct IoReport {
     /// "mount", "native" or "plain".
     pub api: &'static str,
     pub path: String,
+    /// The run's own directory (`hivefs-bench-io.<pid>` under `path`).
+    pub dir: String,
     pub mode: &'static str,
     pub ranks: u32,
     pub transfer_bytes: u64,
@@ -128,7 +136,8 @@ pub struct IoReport {
     pub per_rank: Vec<RankResult>,
 }
 
-fn phase_result(spans: &[Span]) -> PhaseResult {
+/// `unix0`: the wall-clock time of the spans' origin.
+fn phase_result(spans: &[Span], unix0: f64) -> PhaseResult {
     let rates: Vec<f64> = spans.iter().map(Span::mib_per_s).collect();
     let first = spans.iter().map(|s| s.start_s).fold(f64::INFINITY, f64::min);
     let last = spans.iter().map(|s| s.end_s).fold(f64::NEG_INFINITY, f64::max);
@@ -138,6 +147,8 @@ fn phase_result(spans: &[Span]) -> PhaseResult {
         aggregate_mib_s: aggregate_mib_per_s(spans),
         min_rank_mib_s: rates.iter().copied().fold(f64::INFINITY, f64::min),
         max_rank_mib_s: rates.iter().copied().fold(0.0, f64::max),
+        start_unix_s: unix0 + if first.is_finite() { first } else { 0.0 },
+        end_unix_s: unix0 + if last.is_finite() { last } else { 0.0 },
     }
 }
 
@@ -196,6 +207,8 @@ pub fn run(backend: Arc<dyn Backend>, p: &IoParams, progress: bool) -> Result<Io
     let verify_errors = AtomicU64::new(0);
     let progress_bar: RefCell<Option<Progress>> = RefCell::new(None);
     let phases = ["write", "read"];
+    // The ranks' clock starts right after this (within microseconds).
+    let unix0 = crate::unix_now_s();
     let spans = ranks::run(
         p.ranks,
         2,
@@ -264,6 +277,7 @@ pub fn run(backend: Arc<dyn Backend>, p: &IoParams, progress: bool) -> Result<Io
         benchmark: "io",
         api: b.kind(),
         path: b.describe(""),
+        dir: b.describe(&dir),
         mode: p.mode(),
         ranks: p.ranks,
         transfer_bytes: p.transfer_bytes,
@@ -273,8 +287,8 @@ pub fn run(backend: Arc<dyn Backend>, p: &IoParams, progress: bool) -> Result<Io
         drop_caches: p.drop_caches,
         reorder: p.reorder,
         files: nfiles,
-        write: phase_result(&spans[0]),
-        read: phase_result(&spans[1]),
+        write: phase_result(&spans[0], unix0),
+        read: phase_result(&spans[1], unix0),
         per_rank: (0..p.ranks as usize)
             .map(|r| RankResult {
                 rank: r as u32,
@@ -339,6 +353,10 @@ mod tests {
             assert_eq!(r.read.bytes, r.write.bytes);
             assert!(r.per_rank.iter().all(|x| x.write_bytes == 32768 && x.read_bytes == 32768));
             assert!(r.write.aggregate_mib_s > 0.0 && r.read.aggregate_mib_s > 0.0);
+            // Absolute times: read follows write, and each phase spans its `seconds`.
+            assert!(r.write.start_unix_s > 1.0e9 && r.write.end_unix_s >= r.write.start_unix_s);
+            assert!(r.read.start_unix_s >= r.write.end_unix_s);
+            assert!((r.write.end_unix_s - r.write.start_unix_s - r.write.seconds).abs() < 1e-6);
             assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0, "files left behind");
         }
     }

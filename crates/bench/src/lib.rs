@@ -18,6 +18,7 @@
 //! asserts anything about speed.
 
 pub mod backend;
+pub mod combine;
 pub mod cpu;
 pub mod io;
 pub mod md;

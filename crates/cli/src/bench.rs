@@ -47,6 +47,21 @@ pub enum BenchCmd {
     /// neighbours (x2, /2) of the best, and recommends the chunk size with the lowest median wall
     /// time. Afterwards DIR keeps its pattern with the recommended chunk size.
     TuneChunk(TuneArgs),
+    /// One aggregate bandwidth from `bench io --json` runs made at the same time on several client
+    /// hosts (concurrent applications): per phase, total volume / (last end - first start) over all
+    /// runs (the seed study's Equation 1), from each report's start_unix_s and end_unix_s (the
+    /// hosts' clocks must agree). Also prints each run's own bandwidth and their sum.
+    Combine(CombineArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CombineArgs {
+    /// Files holding the output of `hivefs bench io --json` (one or more reports each).
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -274,6 +289,7 @@ pub fn bench(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Sweep(a) => crate::bench_sweep::sweep(a),
         BenchCmd::Report(a) => crate::bench_sweep::report(a),
         BenchCmd::TuneChunk(a) => crate::bench_sweep::tune_chunk(a),
+        BenchCmd::Combine(a) => bench_combine(a),
     }
 }
 
@@ -484,6 +500,38 @@ fn bench_io(a: IoArgs) -> Result<()> {
         })
         .collect();
     print_table(&["PHASE", "VOLUME", "SECONDS", "AGGREGATE MiB/s", "MIN RANK MiB/s", "MAX RANK MiB/s"], &rows);
+    Ok(())
+}
+
+fn bench_combine(a: CombineArgs) -> Result<()> {
+    let c = hivefs_bench::combine::combine_files(&a.files)?;
+    if a.json {
+        return print_json(&c);
+    }
+    println!("io bench combined: {} run(s)", c.apps.len());
+    let rows: Vec<Vec<String>> = c
+        .apps
+        .iter()
+        .map(|x| {
+            vec![
+                x.file.display().to_string(),
+                x.dir.clone().unwrap_or_else(|| x.path.clone()),
+                human(x.write.bytes),
+                format!("{:.1}", x.write.mib_s),
+                format!("{:.1}", x.read.mib_s),
+            ]
+        })
+        .collect();
+    print_table(&["FILE", "DIRECTORY", "VOLUME", "WRITE MiB/s", "READ MiB/s"], &rows);
+    for (n, ph) in [("write", &c.write), ("read", &c.read)] {
+        println!(
+            "{n}: {} in {:.3} s, aggregate {:.1} MiB/s (Equation 1), sum of runs {:.1} MiB/s",
+            human(ph.bytes),
+            ph.seconds,
+            ph.aggregate_mib_s,
+            ph.sum_of_apps_mib_s
+        );
+    }
     Ok(())
 }
 

@@ -106,6 +106,13 @@ pub struct MountArgs {
     /// across all clients).
     #[arg(long)]
     pub local_locks: bool,
+    /// How long the kernel may use a directory's attributes (mode, owner, times) without
+    /// asking the metadata node, in milliseconds. Saves the round trips of the kernel's
+    /// permission checks on every directory of a path. Changes through this mount are seen
+    /// at once, changes by other clients after at most this long. Files' attributes are
+    /// never cached (cache mode native). 0: directories' are not cached either.
+    #[arg(long, default_value_t = hivefs_fuse::DIR_ATTR_TTL.as_millis() as u64)]
+    pub dir_attr_ttl_ms: u64,
     /// Log level.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -245,6 +252,7 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
         allow_other: !a.private,
         fuse_threads: a.fuse_threads,
         global_file_locks: !a.local_locks,
+        dir_attr_ttl: std::time::Duration::from_millis(a.dir_attr_ttl_ms),
     };
     info!("mounting HiveFS (mgmtd {}) on {}", a.mgmtd, mnt.display());
     let r = hivefs_fuse::mount(client, rt.handle().clone(), &mnt, &opts, stop_rx);

@@ -26,9 +26,12 @@ use tracing::{debug, info, warn};
 
 /// How long the kernel may trust a name → inode mapping.
 const ENTRY_TTL: Duration = Duration::from_secs(1);
-/// Attributes are not cached by the kernel: with cache mode `native` every
-/// `stat` sees the size and times other clients left on close.
+/// Attributes of files are not cached by the kernel: with cache mode `native`
+/// every `stat` sees the size and times other clients left on close.
+/// Directories' attributes are cached for `MountOptions::dir_attr_ttl`.
 const ATTR_TTL: Duration = Duration::ZERO;
+/// Default of `MountOptions::dir_attr_ttl`.
+pub const DIR_ATTR_TTL: Duration = Duration::from_secs(1);
 const READDIR_PAGE: u32 = 512;
 const MAX_IO: u32 = 1 << 20;
 
@@ -42,11 +45,20 @@ pub struct MountOptions {
     /// metadata nodes across all clients (`global_file_locks`); `false` leaves
     /// locks to the kernel of this machine and appends at the offset it passes.
     pub global_file_locks: bool,
+    /// How long the kernel may use a directory's attributes (mode, owner,
+    /// times) without asking again. With `default_permissions` the kernel
+    /// checks search permission on every directory of a path and write
+    /// permission on the parent of every create and unlink from these
+    /// attributes; caching them saves those round trips. Changes made through
+    /// this mount are seen at once (the kernel drops a parent's attributes
+    /// when it changes an entry in it); changes by other clients after at
+    /// most this long. Zero: never cached.
+    pub dir_attr_ttl: Duration,
 }
 
 impl Default for MountOptions {
     fn default() -> Self {
-        MountOptions { allow_other: true, fuse_threads: 2, global_file_locks: true }
+        MountOptions { allow_other: true, fuse_threads: 2, global_file_locks: true, dir_attr_ttl: DIR_ATTR_TTL }
     }
 }
 
@@ -89,6 +101,7 @@ struct Inner {
     local_sizes: Mutex<HashMap<EntryId, LocalSize>>,
     next_fh: AtomicU64,
     global_locks: bool,
+    dir_attr_ttl: Duration,
     /// Files this mount has set global locks on: closing them drops the
     /// closing owner's locks at the metadata node.
     locked: Mutex<HashSet<EntryId>>,
@@ -321,11 +334,26 @@ macro_rules! run {
     }};
 }
 
-/// Answers with a new entry: the name is cached for `ENTRY_TTL`, its
-/// attributes not at all (`ReplyEntry::entry` would cache both as long),
-/// so a `stat` after a lookup still asks the metadata node.
-fn send_entry(reply: ReplyEntry, attr: &FileAttr) {
-    reply.entry_with_ttls(&ATTR_TTL, &ENTRY_TTL, attr, Generation(0));
+impl Inner {
+    /// How long the kernel may keep these attributes: files' not at all.
+    fn attr_ttl(&self, attr: &FileAttr) -> Duration {
+        if attr.kind == FileType::Directory {
+            self.dir_attr_ttl
+        } else {
+            ATTR_TTL
+        }
+    }
+
+    /// Answers with a new entry: the name is cached for `ENTRY_TTL`, a
+    /// file's attributes not at all (`ReplyEntry::entry` would cache both as
+    /// long), so a `stat` after a lookup still asks the metadata node.
+    fn send_entry(&self, reply: ReplyEntry, attr: &FileAttr) {
+        reply.entry_with_ttls(&self.attr_ttl(attr), &ENTRY_TTL, attr, Generation(0));
+    }
+
+    fn send_attr(&self, reply: ReplyAttr, attr: &FileAttr) {
+        reply.attr(&self.attr_ttl(attr), attr);
+    }
 }
 
 fn name_bytes(n: &OsStr) -> Vec<u8> {
@@ -372,7 +400,7 @@ impl Filesystem for HiveFs {
         run!(self, reply, |inner| {
             let p = inner.ent(parent)?;
             let a = inner.client.lookup(p, &name).await?;
-            Ok(move |reply: ReplyEntry| send_entry(reply, &inner.entry_reply(&a)))
+            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &inner.entry_reply(&a)))
         })
     }
 
@@ -384,7 +412,7 @@ impl Filesystem for HiveFs {
         run!(self, reply, |inner| {
             let e = inner.ent(ino)?;
             let a = inner.client.getattr(e).await?;
-            Ok(move |reply: ReplyAttr| reply.attr(&ATTR_TTL, &inner.to_attr(ino.0, &a)))
+            Ok(move |reply: ReplyAttr| inner.send_attr(reply, &inner.to_attr(ino.0, &a)))
         })
     }
 
@@ -415,7 +443,7 @@ impl Filesystem for HiveFs {
             if let Some(s) = size {
                 inner.set_local_size(e.id, s);
             }
-            Ok(move |reply: ReplyAttr| reply.attr(&ATTR_TTL, &inner.to_attr(ino.0, &a)))
+            Ok(move |reply: ReplyAttr| inner.send_attr(reply, &inner.to_attr(ino.0, &a)))
         })
     }
 
@@ -435,7 +463,7 @@ impl Filesystem for HiveFs {
             })?;
             let p = inner.ent(parent)?;
             let a = inner.client.create(p, &name, kind, mode & !umask & 0o7777, rdev, true, c).await?;
-            Ok(move |reply: ReplyEntry| send_entry(reply, &inner.entry_reply(&a)))
+            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &inner.entry_reply(&a)))
         })
     }
 
@@ -445,7 +473,7 @@ impl Filesystem for HiveFs {
         run!(self, reply, |inner| {
             let p = inner.ent(parent)?;
             let a = inner.client.mkdir(p, &name, mode & !umask & 0o7777, c).await?;
-            Ok(move |reply: ReplyEntry| send_entry(reply, &inner.entry_reply(&a)))
+            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &inner.entry_reply(&a)))
         })
     }
 
@@ -471,7 +499,7 @@ impl Filesystem for HiveFs {
         let c = caller(req);
         run!(self, reply, |inner| {
             let a = inner.client.symlink(inner.ent(parent)?, &name, &target, c).await?;
-            Ok(move |reply: ReplyEntry| send_entry(reply, &inner.entry_reply(&a)))
+            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &inner.entry_reply(&a)))
         })
     }
 
@@ -503,7 +531,7 @@ impl Filesystem for HiveFs {
         let newname = name_bytes(newname);
         run!(self, reply, |inner| {
             let a = inner.client.link(inner.ent(ino)?, inner.ent(newparent)?, &newname).await?;
-            Ok(move |reply: ReplyEntry| send_entry(reply, &inner.entry_reply(&a)))
+            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &inner.entry_reply(&a)))
         })
     }
 
@@ -873,6 +901,7 @@ pub fn mount(
             local_sizes: Mutex::default(),
             next_fh: AtomicU64::new(1),
             global_locks: opts.global_file_locks,
+            dir_attr_ttl: opts.dir_attr_ttl,
             locked: Mutex::default(),
         }),
         rt,

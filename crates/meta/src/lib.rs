@@ -81,6 +81,9 @@ pub struct Config {
     /// File locks of a client (mount) not heard from for this long are
     /// released; clients send keep-alives every third of it.
     pub lock_lease_ms: u64,
+    /// Size of the metadata store's page cache in bytes (memory bound of the
+    /// node; the kernel's page cache holds the store file as well).
+    pub store_cache_bytes: u64,
 }
 
 impl Default for Config {
@@ -96,6 +99,7 @@ impl Default for Config {
             target_refresh_ms: 2000,
             min_free_bytes: 64 << 20,
             lock_lease_ms: locks::DEFAULT_LEASE.as_millis() as u64,
+            store_cache_bytes: store::DEFAULT_CACHE_BYTES,
         }
     }
 }
@@ -280,7 +284,7 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
     let mut identity =
         NodeIdentity::load_or_create(&dir).map_err(|source| MetaError::DataDir { path: dir.clone(), source })?;
     // Opened before binding: a second service on the same data dir fails here.
-    let store = store::Store::open(&dir.join(DB_FILE), cfg.sync)?;
+    let store = store::Store::open_with_cache(&dir.join(DB_FILE), cfg.sync, cfg.store_cache_bytes)?;
     let pools = Pools::new(ClientConfig::new(secret.clone()));
     let cluster = Cluster::new(&cfg.mgmtd, pools);
     let handler =

@@ -1450,6 +1450,7 @@ impl Namespace {
                 if let Err(err) = self.peer_call(new_owner, req).await {
                     return self.submit_multi(op, MultiMut::Abort { intent, err }).await;
                 }
+                self.crash("exchange", "remote")?;
                 for (d, to, to_owner) in [(&a, new_parent, new_owner), (&b, parent, self.node())] {
                     let r = if d.kind == FileKind::Dir && parent != new_parent {
                         self.peer_call(d.owner, PeerOp::SetParent { id: d.id, parent: to, parent_owner: to_owner })
@@ -1465,6 +1466,7 @@ impl Namespace {
                     }
                 }
                 let r = self.submit_multi(op, MultiMut::ExchangeCommit { intent }).await;
+                self.crash("exchange", "commit")?;
                 if new_owner != self.node() {
                     let _ = self.peer_call(new_owner, PeerOp::Forget { intent }).await;
                 }
@@ -1642,7 +1644,9 @@ impl Namespace {
             PeerOp::ExchangeIn { intent, new_parent, new_name, expect, id, kind, owner } => {
                 let put = Dentry { id, kind, owner };
                 let m = MultiMut::PeerExchangeIn { intent, new_parent, new_name, expect, put };
-                self.submit_multi(None, m).await
+                let r = self.submit_multi(None, m).await;
+                self.crash("exchange", "peer")?;
+                r
             }
             PeerOp::Opened { id, count } => {
                 if count > 0 {

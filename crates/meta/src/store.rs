@@ -253,6 +253,12 @@ impl StorageBackend for SwitchableSyncBackend {
     }
 }
 
+/// Default size of the store's page cache. The store file is read through the
+/// kernel's page cache as well, so a small cache costs little (see
+/// docs/decisions.md) and keeps the node's memory bounded whatever the
+/// namespace's size.
+pub const DEFAULT_CACHE_BYTES: u64 = 64 << 20;
+
 /// An opened store: the database and the epoch of this boot.
 pub struct Store {
     pub db: Database,
@@ -265,6 +271,12 @@ impl Store {
     /// tables and increments the boot epoch durably (so EntryIds minted in
     /// this boot cannot collide with any earlier boot's).
     pub fn open(path: &Path, sync: bool) -> Result<Store, StoreError> {
+        Self::open_with_cache(path, sync, DEFAULT_CACHE_BYTES)
+    }
+
+    /// [`Store::open`] with a page cache of at most `cache_bytes` (redb's own
+    /// default, 1 GiB, would let a large namespace fill the node's memory).
+    pub fn open_with_cache(path: &Path, sync: bool, cache_bytes: u64) -> Result<Store, StoreError> {
         let p = path.to_path_buf();
         let db_err = |e: &dyn std::fmt::Display| StoreError::Db { path: p.clone(), message: e.to_string() };
         let file = OpenOptions::new()
@@ -276,8 +288,10 @@ impl Store {
             .map_err(|source| StoreError::Io { path: p.clone(), source })?;
         #[allow(deprecated)] // FileBackend::new's signature changes in redb 5; both forms are fine here.
         let inner = FileBackend::new(file).map_err(|e| db_err(&e))?;
-        let db =
-            redb::Builder::new().create_with_backend(SwitchableSyncBackend { inner, sync }).map_err(|e| match e {
+        let db = redb::Builder::new()
+            .set_cache_size(cache_bytes as usize)
+            .create_with_backend(SwitchableSyncBackend { inner, sync })
+            .map_err(|e| match e {
                 redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse { path: p.clone() },
                 e => db_err(&e),
             })?;

@@ -18,10 +18,12 @@
 pub mod bench;
 pub mod chunks;
 pub mod error;
+pub mod ratelimit;
 pub mod target;
 
 pub use chunks::{chunk_rel_path, ChunkStore};
 pub use error::StorageError;
+pub use ratelimit::{RateLimit, RateSetting};
 pub use target::{init_target, open_target, TargetFile, CHUNKS_DIR, TARGET_FILE};
 
 use hivefs_cluster::NodeIdentity;
@@ -61,6 +63,12 @@ pub struct Config {
     pub heartbeat_interval_ms: u64,
     /// When set, targets formatted for another file system are refused.
     pub fs_uuid: Option<String>,
+    /// For experiments: limit every target to this many bytes per second of chunk reads
+    /// and writes together (a token bucket per target, so the cluster behaves as if its
+    /// disks had that speed). Bytes per second as a number, or with a binary unit:
+    /// `target_rate_limit = "40MiB"` (also `"512k"`, `"1g"`); absent or 0: no limit.
+    /// StorageBench (`hivefs bench storage`) and NetBench are not limited.
+    pub target_rate_limit: Option<RateSetting>,
 }
 
 impl Default for Config {
@@ -74,6 +82,7 @@ impl Default for Config {
             secret_file: None,
             heartbeat_interval_ms: 1000,
             fs_uuid: None,
+            target_rate_limit: None,
         }
     }
 }
@@ -108,6 +117,8 @@ impl Drop for StorageService {
 struct Ready {
     node: NodeId,
     stores: HashMap<TargetId, Arc<ChunkStore>>,
+    /// Per-target rate limits (`target_rate_limit`); empty when unlimited.
+    limits: HashMap<TargetId, Arc<RateLimit>>,
 }
 
 struct StorageHandler {
@@ -129,6 +140,13 @@ impl Ready {
             .ok_or_else(|| fs_err!(NotFound, "storage target {target} is not served by storage node {}", self.node))
     }
 
+    /// Waits for `target`'s rate limit, if it has one, to admit `bytes`.
+    async fn throttle(&self, target: TargetId, bytes: u64) {
+        if let Some(l) = self.limits.get(&target) {
+            l.acquire(bytes).await;
+        }
+    }
+
     /// The stores a `StorageBench` names (all of this node's when `targets` is empty), sorted by id then.
     fn bench_stores(&self, targets: &[TargetId]) -> FsResult<Vec<Arc<ChunkStore>>> {
         if targets.is_empty() {
@@ -143,7 +161,10 @@ impl Ready {
         let r = match req {
             Request::Ping => Ok(Reply::Pong { node_type: NodeType::Storage, node: self.node }),
             Request::WriteChunk { target, entry, offset } => match self.store(target) {
-                Ok(s) => blocking(move || s.write(entry, offset, &payload)).await.map(Reply::Written),
+                Ok(s) => {
+                    self.throttle(target, payload.len() as u64).await;
+                    blocking(move || s.write(entry, offset, &payload)).await.map(Reply::Written)
+                }
                 Err(e) => Err(e),
             },
             Request::ReadChunk { target, entry, offset, len } => {
@@ -155,7 +176,10 @@ impl Ready {
                 } else {
                     match self.store(target) {
                         Ok(s) => match blocking(move || s.read(entry, offset, len)).await {
-                            Ok(data) => return (Ok(Reply::Data), data),
+                            Ok(data) => {
+                                self.throttle(target, data.len() as u64).await;
+                                return (Ok(Reply::Data), data);
+                            }
                             Err(e) => Err(e),
                         },
                         Err(e) => Err(e),
@@ -304,6 +328,10 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
     if cfg.heartbeat_interval_ms == 0 {
         return Err(StorageError::Config("heartbeat_interval_ms must be at least 1".into()));
     }
+    let rate_limit = match &cfg.target_rate_limit {
+        Some(r) => r.bytes_per_s()?,
+        None => None,
+    };
     let secret = match &cfg.secret_file {
         Some(p) => Some(hivefs_net::load_secret(p).map_err(StorageError::Secret)?),
         None => None,
@@ -345,7 +373,14 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
     let ids = register_targets(&mgmt, node, &mut opened).await?;
 
     let stores = ids.iter().zip(&opened).map(|(&id, o)| (id, Arc::new(ChunkStore::new(id, &o.dir)))).collect();
-    if handler.ready.set(Ready { node, stores }).is_err() {
+    let limits = match rate_limit {
+        Some(r) => {
+            info!(bytes_per_s = r, targets = ?ids, "target rate limit (target_rate_limit) in force");
+            ids.iter().map(|&id| (id, Arc::new(RateLimit::new(r)))).collect()
+        }
+        None => HashMap::new(),
+    };
+    if handler.ready.set(Ready { node, stores, limits }).is_err() {
         unreachable!("the handler is made ready once");
     }
     let hb = Heartbeat {
@@ -478,6 +513,11 @@ mod tests {
         assert_eq!(c.heartbeat_interval_ms, 1000);
         assert_eq!(c.targets, vec![PathBuf::from("/a")]);
         assert!(toml::from_str::<Config>("target = []").is_err());
+        assert_eq!(c.target_rate_limit, None);
+        let c: Config = toml::from_str("target_rate_limit = \"40MiB\"").unwrap();
+        assert_eq!(c.target_rate_limit.unwrap().bytes_per_s().unwrap(), Some(40 << 20));
+        let c: Config = toml::from_str("target_rate_limit = 0").unwrap();
+        assert_eq!(c.target_rate_limit.unwrap().bytes_per_s().unwrap(), None);
     }
 
     #[test]
@@ -509,6 +549,10 @@ mod tests {
 
         let e = start(Config { targets: vec![t.clone(), t.clone()], ..cfg.clone() }).await.err().unwrap();
         assert!(matches!(e, StorageError::DuplicateTarget { .. }), "{e}");
+
+        let bad_rate = Some(RateSetting::Text("quick".into()));
+        let e = start(Config { target_rate_limit: bad_rate, ..cfg.clone() }).await.err().unwrap().to_string();
+        assert!(e.contains("target_rate_limit") && e.contains("quick"), "{e}");
 
         let e = start(Config { targets: vec![], ..cfg.clone() }).await.err().unwrap();
         assert!(matches!(e, StorageError::Config(_)), "{e}");
