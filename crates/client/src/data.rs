@@ -2,6 +2,7 @@
 //! pieces, and the pieces go to their targets concurrently.
 
 use crate::Client;
+use bytes::Bytes;
 use hivefs_proto::{Reply, Request};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::ids::{EntryId, TargetId};
@@ -41,6 +42,12 @@ impl Client {
     /// Writes `data` at `offset`; all pieces go out at once. Returns once every
     /// target acknowledged its piece.
     pub async fn write(&self, pattern: &Pattern, entry: EntryId, offset: u64, data: &[u8]) -> FsResult<usize> {
+        self.write_bytes(pattern, entry, offset, Bytes::copy_from_slice(data)).await
+    }
+
+    /// [`Client::write`] of a buffer the caller gives away: the pieces sent to
+    /// the targets are slices of it, not copies.
+    pub async fn write_bytes(&self, pattern: &Pattern, entry: EntryId, offset: u64, data: Bytes) -> FsResult<usize> {
         if pattern.targets.is_empty() {
             return Err(FsError::new(ErrorCode::Invalid, format!("file {entry} has an empty stripe pattern")));
         }
@@ -48,7 +55,7 @@ impl Client {
         for p in split_large(pattern.pieces(offset, data.len())) {
             let target = pattern.targets[p.stripe_index];
             let pool = self.cluster.target_pool(target).await?;
-            let payload = data[p.buf_offset..p.buf_offset + p.len].to_vec();
+            let payload = data.slice(p.buf_offset..p.buf_offset + p.len);
             set.spawn(async move {
                 let req = Request::WriteChunk { target, entry, offset: p.local_offset };
                 match pool.call(&req, payload).await {

@@ -610,7 +610,9 @@ impl Filesystem for HiveFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let data = data.to_vec();
+        // The one copy of the data: out of fuser's buffer; what goes to the
+        // targets are slices of it.
+        let data = bytes::Bytes::from(data.to_vec());
         let c = caller(req);
         run!(self, reply, |inner| {
             let f = inner.file(fh)?;
@@ -628,7 +630,7 @@ impl Filesystem for HiveFs {
             let (offset, n) = if inner.global_locks && flags.0 & libc::O_APPEND != 0 {
                 (inner.client.append(f.ent, &f.pattern, &data).await?, data.len())
             } else {
-                (offset, inner.client.write(&f.pattern, f.ent.id, offset, &data).await?)
+                (offset, inner.client.write_bytes(&f.pattern, f.ent.id, offset, data).await?)
             };
             inner.note_write(f.ent.id, offset + n as u64);
             Ok(move |reply: ReplyWrite| reply.written(n as u32))

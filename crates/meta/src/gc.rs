@@ -18,8 +18,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-/// Entries whose chunks are deleted concurrently in one round.
-pub const ROUND_MAX: usize = 32;
+/// Entries whose chunks are deleted in one round: one `UnlinkChunks` per
+/// target (all targets concurrently), so at most this many ids per request.
+pub const ROUND_MAX: usize = 512;
+const _: () = assert!(ROUND_MAX <= hivefs_proto::UNLINK_CHUNKS_MAX);
 /// Records read per scan page (bounded memory for a long table).
 const SCAN_PAGE: usize = 256;
 const BACKOFF_MIN: Duration = Duration::from_millis(200);
@@ -30,12 +32,25 @@ const IDLE_RESCAN: Duration = Duration::from_secs(30);
 struct Backoff {
     attempts: u32,
     next: Instant,
+    /// Targets that already acknowledged the unlink: a retry skips them.
+    done: Vec<TargetId>,
 }
 
 /// Retry state of the disposal loop (in memory: a restart retries at once).
 #[derive(Default)]
 pub struct RetryState {
     backoff: HashMap<EntryId, Backoff>,
+}
+
+#[cfg(test)]
+impl RetryState {
+    /// Makes every backed-off entry due now (tests need not wait out the backoff).
+    pub(crate) fn make_all_due(&mut self) {
+        let now = Instant::now();
+        for b in self.backoff.values_mut() {
+            b.next = now;
+        }
+    }
 }
 
 /// What one round did.
@@ -96,22 +111,46 @@ impl Namespace {
             out.more = true;
         }
 
-        let mut set = tokio::task::JoinSet::new();
+        // One batch per target; an entry retried after a failure skips the
+        // targets that already acknowledged it.
+        let mut batches: HashMap<TargetId, Vec<EntryId>> = HashMap::new();
         for (id, targets) in &due {
+            let done = st.backoff.get(id).map_or(&[][..], |b| &b.done[..]);
             for &t in targets {
-                let fut = self.targets.unlink_chunk(t, *id);
-                let id = *id;
-                set.spawn(async move { (id, t, fut.await) });
+                if !done.contains(&t) {
+                    batches.entry(t).or_default().push(*id);
+                }
             }
         }
+        let mut set = tokio::task::JoinSet::new();
+        for (t, ids) in batches {
+            let fut = self.targets.unlink_chunks(t, ids.clone());
+            set.spawn(async move { (t, ids, fut.await) });
+        }
+        // Per entry: the first failure, and the targets that acknowledged.
         let mut failed: HashMap<EntryId, String> = HashMap::new();
+        let mut acked: HashMap<EntryId, Vec<TargetId>> = HashMap::new();
         while let Some(r) = set.join_next().await {
             match r {
-                Ok((_, _, Ok(()))) => {}
-                Ok((id, t, Err(e))) => {
-                    failed.entry(id).or_insert_with(|| format!("target {t}: {e}"));
+                Ok((t, ids, Ok(()))) => {
+                    for id in ids {
+                        acked.entry(id).or_default().push(t);
+                    }
                 }
-                Err(e) => warn!("chunk unlink task failed: {e}"),
+                Ok((t, ids, Err(e))) => {
+                    warn!("deleting the chunk files of {} removed entries on target {t} failed: {e}", ids.len());
+                    for id in ids {
+                        failed.entry(id).or_insert_with(|| format!("target {t}: {e}"));
+                    }
+                }
+                Err(e) => {
+                    // Cannot say which entries it held: every entry of the
+                    // round counts as failed (retried, skipping acknowledged targets).
+                    warn!("chunk unlink task failed: {e}");
+                    for (id, _) in &due {
+                        failed.entry(*id).or_insert_with(|| format!("chunk unlink task failed: {e}"));
+                    }
+                }
             }
         }
         let done: Vec<EntryId> = due.iter().map(|d| d.0).filter(|id| !failed.contains_key(id)).collect();
@@ -125,12 +164,13 @@ impl Namespace {
         out.deleted = done.len();
         out.failed = failed.len();
         for (id, why) in failed {
-            let b = st.backoff.entry(id).or_insert(Backoff { attempts: 0, next: now });
+            let b = st.backoff.entry(id).or_insert(Backoff { attempts: 0, next: now, done: Vec::new() });
             b.attempts = b.attempts.saturating_add(1);
             let delay = BACKOFF_MIN.saturating_mul(1 << b.attempts.min(16)).min(BACKOFF_MAX);
             b.next = now + delay;
+            b.done.extend(acked.remove(&id).unwrap_or_default());
             out.next_due = Some(out.next_due.map_or(b.next, |n| n.min(b.next)));
-            warn!("deleting chunk files of {id} failed (attempt {}, retry in {delay:?}): {why}", b.attempts);
+            debug!("deleting chunk files of {id} failed (attempt {}, retry in {delay:?}): {why}", b.attempts);
         }
         Ok(out)
     }

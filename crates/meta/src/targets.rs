@@ -6,8 +6,8 @@
 //! decide policy: reachability comes from mgmtd, choice from `chooser`.
 
 use hivefs_cluster::Cluster;
-use hivefs_proto::{Capacity, CapacityPool, Reachability, Request};
-use hivefs_types::error::FsResult;
+use hivefs_proto::{Capacity, CapacityPool, Reachability, Request, UNLINK_CHUNKS_MAX};
+use hivefs_types::error::{ErrorCode, FsResult};
 use hivefs_types::ids::{EntryId, NodeId, PoolId, TargetId};
 use std::future::Future;
 use std::path::Path;
@@ -36,6 +36,19 @@ pub trait DataTargets: Send + Sync + 'static {
     fn truncate_chunk(&self, target: TargetId, entry: EntryId, len: u64) -> BoxFut<FsResult<()>>;
     /// Deletes `entry`'s chunk file on `target`; a missing file is success.
     fn unlink_chunk(&self, target: TargetId, entry: EntryId) -> BoxFut<FsResult<()>>;
+    /// Deletes the chunk files of all `entries` on `target`; missing files are
+    /// success. Fails as a whole (the caller retries the whole batch, which is
+    /// safe since unlink is idempotent). The default sends one
+    /// [`DataTargets::unlink_chunk`] per entry, one after the other.
+    fn unlink_chunks(&self, target: TargetId, entries: Vec<EntryId>) -> BoxFut<FsResult<()>> {
+        let futs: Vec<_> = entries.into_iter().map(|e| self.unlink_chunk(target, e)).collect();
+        Box::pin(async move {
+            for f in futs {
+                f.await?;
+            }
+            Ok(())
+        })
+    }
     /// Makes sure the view of targets is current when it offers no usable one,
     /// or when some target was unusable at the last look (right after start,
     /// before the periodic refresh has seen new targets or their first
@@ -130,6 +143,29 @@ impl DataTargets for ClusterTargets {
             // Storage answers Ok for a missing chunk file (unlink is idempotent);
             // NotFound means the target itself is unknown there, so it is a failure.
             pool.rpc(&Request::UnlinkChunk { target, entry }).await.map(|_| ())
+        })
+    }
+
+    fn unlink_chunks(&self, target: TargetId, entries: Vec<EntryId>) -> BoxFut<FsResult<()>> {
+        let cluster = self.cluster.clone();
+        Box::pin(async move {
+            let pool = cluster.target_pool(target).await?;
+            for batch in entries.chunks(UNLINK_CHUNKS_MAX) {
+                let req = Request::UnlinkChunks { target, entries: batch.to_vec() };
+                match pool.rpc(&req).await {
+                    Ok(_) => {}
+                    // A storage node that predates UnlinkChunks (it cannot
+                    // decode it, or does not serve it): one request per entry.
+                    Err(e) if matches!(e.code, ErrorCode::Protocol | ErrorCode::NotSupported) => {
+                        tracing::debug!("target {target} refused UnlinkChunks ({e}); unlinking one by one");
+                        for &entry in batch {
+                            pool.rpc(&Request::UnlinkChunk { target, entry }).await?;
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
         })
     }
 }

@@ -31,9 +31,13 @@ enum Call {
 struct FakeTargets {
     cands: Mutex<Vec<(TargetId, NodeId, u64)>>,
     calls: Mutex<Vec<Call>>,
-    /// The next this many unlinks fail.
+    /// The next this many unlinks fail (a batch counts as one).
     fail_unlinks: AtomicU32,
     fail_truncates: AtomicBool,
+    /// `unlink_chunks` batches as sent, in call order.
+    batches: Mutex<Vec<(TargetId, Vec<EntryId>)>>,
+    /// The next this many batches to this target fail.
+    fail_target: Mutex<Option<(TargetId, u32)>>,
 }
 
 impl FakeTargets {
@@ -45,6 +49,9 @@ impl FakeTargets {
     }
     fn calls(&self) -> Vec<Call> {
         self.calls.lock().unwrap().clone()
+    }
+    fn batches(&self) -> Vec<(TargetId, Vec<EntryId>)> {
+        self.batches.lock().unwrap().clone()
     }
     fn unlinked(&self, id: EntryId) -> HashSet<TargetId> {
         self.calls()
@@ -82,6 +89,28 @@ impl DataTargets for FakeTargets {
         Box::pin(async move {
             if fail {
                 Err(fs_err!(Unavailable, "storage down"))
+            } else {
+                Ok(())
+            }
+        })
+    }
+    fn unlink_chunks(&self, target: TargetId, entries: Vec<EntryId>) -> BoxFut<FsResult<()>> {
+        let mut calls = self.calls.lock().unwrap();
+        calls.extend(entries.iter().map(|&e| Call::Unlink(target, e)));
+        self.batches.lock().unwrap().push((target, entries));
+        let mut ft = self.fail_target.lock().unwrap();
+        let target_down = match &mut *ft {
+            Some((t, n)) if *t == target && *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        };
+        let fail = target_down
+            || self.fail_unlinks.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+        Box::pin(async move {
+            if fail {
+                Err(fs_err!(Unavailable, "storage target {target} down"))
             } else {
                 Ok(())
             }
@@ -824,6 +853,77 @@ async fn failed_chunk_deletions_are_retried_until_done() {
 }
 
 #[tokio::test]
+async fn chunk_deletions_go_in_one_batch_per_target_and_only_failed_targets_are_retried() {
+    let h = H::new().await;
+    let mut files = Vec::new();
+    for i in 0..6 {
+        let name = format!("f{i}");
+        files.push(h.create(ROOT, &name).await);
+        h.ok(unlink(ROOT, &name)).await;
+    }
+    let targets_of = |f: &EntryAttr| f.pattern.as_ref().unwrap().targets.clone();
+    let sorted = |mut v: Vec<EntryId>| {
+        v.sort();
+        v
+    };
+    let on = |t: TargetId| sorted(files.iter().filter(|f| targets_of(f).contains(&t)).map(|f| f.id).collect());
+    let down = TargetId(2);
+    assert!(!on(down).is_empty());
+    *h.t.fail_target.lock().unwrap() = Some((down, 1));
+
+    let mut st = RetryState::default();
+    let r = h.ns().disposal_round(&mut st).await.unwrap();
+    // One request per target, carrying every entry striped over it.
+    let mut sent: Vec<(TargetId, Vec<EntryId>)> = h.t.batches().into_iter().map(|(t, ids)| (t, sorted(ids))).collect();
+    sent.sort();
+    let want: Vec<(TargetId, Vec<EntryId>)> =
+        (1..=4).map(TargetId).map(|t| (t, on(t))).filter(|b| !b.1.is_empty()).collect();
+    assert_eq!(sent, want);
+    assert_eq!((r.deleted, r.failed), (files.len() - on(down).len(), on(down).len()));
+    for f in &files {
+        let kept = targets_of(f).contains(&down);
+        assert_eq!(h.disposal(f.id).is_some(), kept, "{}: kept only while a target failed", f.id);
+    }
+    // Backed off: nothing is sent until the entries are due again.
+    assert_eq!(
+        h.ns().disposal_round(&mut st).await.unwrap(),
+        RoundOutcome { next_due: r.next_due, ..Default::default() }
+    );
+    assert_eq!(h.t.batches().len(), want.len());
+
+    // The retry goes only to the target that failed, and finishes the rest.
+    st.make_all_due();
+    let r = h.ns().disposal_round(&mut st).await.unwrap();
+    assert_eq!((r.deleted, r.failed), (on(down).len(), 0));
+    let retried: Vec<(TargetId, Vec<EntryId>)> =
+        h.t.batches()[want.len()..].iter().map(|(t, ids)| (*t, sorted(ids.clone()))).collect();
+    assert_eq!(retried, vec![(down, on(down))]);
+    for f in &files {
+        assert_eq!(h.disposal(f.id), None);
+        assert_eq!(h.t.unlinked(f.id), targets_of(f).into_iter().collect::<HashSet<_>>());
+    }
+    assert_eq!(h.gc().await, RoundOutcome::default());
+}
+
+#[tokio::test]
+async fn a_disposal_round_takes_at_most_round_max_entries() {
+    let h = H::with(FakeTargets::with_targets(2), false).await;
+    let n = crate::gc::ROUND_MAX + 10;
+    for i in 0..n {
+        let name = format!("f{i}");
+        h.create(ROOT, &name).await;
+        h.ok(unlink(ROOT, &name)).await;
+    }
+    let r = h.gc().await;
+    assert_eq!(r.deleted, crate::gc::ROUND_MAX);
+    assert!(r.more);
+    assert!(h.t.batches().iter().all(|(_, ids)| ids.len() <= crate::gc::ROUND_MAX));
+    let r = h.gc().await;
+    assert_eq!((r.deleted, r.more), (10, false));
+    assert_eq!(h.t.batches().len(), 4, "one batch per target per round");
+}
+
+#[tokio::test]
 async fn open_unlinked_file_keeps_its_chunks_until_the_last_release() {
     let h = H::new().await;
     let f = h.create(ROOT, "f").await;
@@ -1063,6 +1163,10 @@ mod service {
                 }])),
                 Request::UnlinkChunk { target, entry } => {
                     self.unlinked.lock().unwrap().push((target, entry));
+                    Ok(Reply::Ok)
+                }
+                Request::UnlinkChunks { target, entries } => {
+                    self.unlinked.lock().unwrap().extend(entries.into_iter().map(|e| (target, e)));
                     Ok(Reply::Ok)
                 }
                 other => Err(fs_err!(NotSupported, "fake cluster: {other:?}")),

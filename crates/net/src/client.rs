@@ -3,6 +3,7 @@
 use crate::auth::{nonce, Secret};
 use crate::io::{read_frame, write_frame};
 use crate::unavailable;
+use bytes::Bytes;
 use hivefs_proto::{decode_body, encode_body, FrameKind, Hello, Reply, Request, Response, PROTOCOL_VERSION};
 use hivefs_types::error::{ErrorCode, FsError};
 use std::collections::HashMap;
@@ -65,7 +66,8 @@ type Waiter = oneshot::Sender<Result<(Response, Vec<u8>), FsError>>;
 struct Outgoing {
     request_id: u64,
     body: Vec<u8>,
-    payload: Vec<u8>,
+    /// Shared, not copied, between the attempts of a retried request.
+    payload: Bytes,
 }
 
 /// One authenticated connection with many requests in flight.
@@ -224,7 +226,7 @@ impl Conn {
         &self,
         addr: &str,
         body: Vec<u8>,
-        payload: Vec<u8>,
+        payload: Bytes,
         timeout: Duration,
     ) -> Result<(Response, Vec<u8>), FsError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -303,11 +305,12 @@ impl Pool {
     /// Sends a request and waits for its reply. Idempotent requests are
     /// retried after a timeout or a lost connection, with backoff, at most
     /// `retries` times; the whole call never takes longer than `deadline`.
-    pub async fn call(&self, req: &Request, payload: Vec<u8>) -> Result<(Reply, Vec<u8>), FsError> {
+    /// The payload (a `Vec<u8>` or `Bytes`) is not copied, also not for retries.
+    pub async fn call(&self, req: &Request, payload: impl Into<Bytes>) -> Result<(Reply, Vec<u8>), FsError> {
         let body = encode_body(req);
         let attempts = if req.is_idempotent() { self.cfg.retries + 1 } else { 1 };
         let deadline = tokio::time::Instant::now() + self.cfg.deadline;
-        let mut payload = Some(payload);
+        let payload: Bytes = payload.into();
         let mut last = None;
         for attempt in 0..attempts {
             if attempt > 0 {
@@ -323,14 +326,8 @@ impl Pool {
             }
             let r = match tokio::time::timeout(left, self.conn()).await {
                 Ok(Ok(c)) => {
-                    // Only the last attempt takes the payload; earlier ones send a copy.
-                    let p = if attempt + 1 == attempts {
-                        payload.take().unwrap_or_default()
-                    } else {
-                        payload.clone().unwrap_or_default()
-                    };
                     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                    c.call(&self.addr, body.clone(), p, self.cfg.request_timeout.min(left)).await
+                    c.call(&self.addr, body.clone(), payload.clone(), self.cfg.request_timeout.min(left)).await
                 }
                 Ok(Err(e)) => Err(e),
                 Err(_) => Err(FsError::new(
@@ -361,7 +358,7 @@ impl Pool {
 
     /// Like [`Pool::call`] for requests without payload.
     pub async fn rpc(&self, req: &Request) -> Result<Reply, FsError> {
-        self.call(req, Vec::new()).await.map(|(r, _)| r)
+        self.call(req, Bytes::new()).await.map(|(r, _)| r)
     }
 }
 

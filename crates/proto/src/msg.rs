@@ -471,7 +471,19 @@ pub enum Request {
         excl: bool,
         caller: Caller,
     },
+    /// Deletes the chunk files of `entries` on `target` (storage), in one
+    /// go; a missing chunk file is success. At most [`UNLINK_CHUNKS_MAX`]
+    /// entries: a longer batch is refused with `Invalid`. On failure the
+    /// error names the target and the first entry that failed; repeating
+    /// the whole batch is safe.
+    UnlinkChunks {
+        target: TargetId,
+        entries: Vec<EntryId>,
+    },
 }
+
+/// Most entries one `UnlinkChunks` request may carry.
+pub const UNLINK_CHUNKS_MAX: usize = 1024;
 
 /// A dentry as `hivefs fsck` sees it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -550,6 +562,7 @@ impl Request {
                 | Request::ReadChunk { .. }
                 | Request::TruncateChunk { .. }
                 | Request::UnlinkChunk { .. }
+                | Request::UnlinkChunks { .. }
                 | Request::StatChunk { .. }
                 | Request::FsyncChunk { .. }
                 | Request::MoveTargetToPool { .. }
@@ -794,6 +807,16 @@ mod tests {
         assert_eq!(body_type_id(&b), 7);
         let resp: Response = Err(FsError::new(hivefs_types::ErrorCode::NotFound, "x"));
         assert_eq!(decode_body::<Response>(&encode_body(&resp)).unwrap(), resp);
+    }
+
+    #[test]
+    fn a_full_unlink_chunks_batch_fits_in_one_body() {
+        let worst = EntryId { node: u32::MAX, epoch: u32::MAX, counter: u64::MAX };
+        let r = Request::UnlinkChunks { target: TargetId(u32::MAX), entries: vec![worst; UNLINK_CHUNKS_MAX] };
+        let b = encode_body(&r);
+        assert!(b.len() <= crate::MAX_BODY_LEN as usize, "{} bytes", b.len());
+        assert_eq!(decode_body::<Request>(&b).unwrap(), r);
+        assert!(r.is_idempotent());
     }
 
     #[test]

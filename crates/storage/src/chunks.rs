@@ -21,6 +21,7 @@
 //! write streams with and without a cache showed no difference beyond
 //! run-to-run noise. A cache would also add invalidation races with unlink.
 
+use hivefs_proto::UNLINK_CHUNKS_MAX;
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, TargetId};
@@ -179,6 +180,37 @@ impl ChunkStore {
         }
     }
 
+    /// Removes the chunk files of `entries` (a missing one is not an error).
+    /// Goes on past a failure and reports the first one, naming its entry,
+    /// so a retry of the whole batch has less left to do. More than
+    /// [`UNLINK_CHUNKS_MAX`] entries are refused before anything is removed.
+    pub fn unlink_batch(&self, entries: &[EntryId]) -> FsResult<()> {
+        if entries.len() > UNLINK_CHUNKS_MAX {
+            return Err(fs_err!(
+                Invalid,
+                "target {}: a batch of {} chunk unlinks exceeds the limit of {UNLINK_CHUNKS_MAX}",
+                self.target,
+                entries.len()
+            ));
+        }
+        let mut first: Option<FsError> = None;
+        let mut failed = 0usize;
+        for &entry in entries {
+            if let Err(e) = self.unlink(entry) {
+                failed += 1;
+                first.get_or_insert(e);
+            }
+        }
+        match first {
+            None => Ok(()),
+            Some(e) if failed == 1 => Err(e),
+            Some(mut e) => {
+                e.message = format!("{} (and {} more of {} in the batch)", e.message, failed - 1, entries.len());
+                Err(e)
+            }
+        }
+    }
+
     /// The chunk file's length; 0 if it does not exist.
     pub fn stat(&self, entry: EntryId) -> FsResult<u64> {
         match std::fs::metadata(self.chunk_path(entry)) {
@@ -327,6 +359,54 @@ mod tests {
         assert_eq!(s.read(f, 0, 100).unwrap(), b"");
         s.write(f, 1, b"x").unwrap();
         assert_eq!(s.read(f, 0, 100).unwrap(), b"\0x", "a new file after unlink");
+    }
+
+    #[test]
+    fn unlink_batch_removes_existing_and_ignores_missing_chunk_files() {
+        let (_d, s) = store();
+        let ids: Vec<EntryId> = (1..=10).map(|c| EntryId { counter: c, ..E }).collect();
+        // Every other entry has a chunk file; the rest never had one.
+        for id in ids.iter().step_by(2) {
+            s.write(*id, 0, b"data").unwrap();
+        }
+        let keep = EntryId { counter: 99, ..E };
+        s.write(keep, 0, b"stays").unwrap();
+        s.unlink_batch(&ids).unwrap();
+        for id in &ids {
+            assert!(!s.chunk_path(*id).exists(), "{id}");
+        }
+        assert_eq!(s.read(keep, 0, 10).unwrap(), b"stays", "entries outside the batch are untouched");
+        // Idempotent: the same batch again, and an empty one.
+        s.unlink_batch(&ids).unwrap();
+        s.unlink_batch(&[]).unwrap();
+    }
+
+    #[test]
+    fn unlink_batch_refuses_an_over_long_batch_and_names_the_first_failure() {
+        let (_d, s) = store();
+        s.write(E, 0, b"x").unwrap();
+        let mut long = vec![E; UNLINK_CHUNKS_MAX + 1];
+        let e = s.unlink_batch(&long).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Invalid);
+        assert!(e.message.contains("target 3") && e.message.contains("1025") && e.message.contains("1024"), "{e}");
+        assert!(s.chunk_path(E).exists(), "a refused batch removes nothing");
+        long.truncate(UNLINK_CHUNKS_MAX);
+        s.unlink_batch(&long).unwrap();
+        assert!(!s.chunk_path(E).exists());
+
+        // A chunk path that cannot be removed (a non-empty directory in its
+        // place): the others still go, and the error names the failed entry.
+        let (a, bad, b) = (EntryId { counter: 1, ..E }, EntryId { counter: 2, ..E }, EntryId { counter: 3, ..E });
+        s.write(a, 0, b"a").unwrap();
+        s.write(b, 0, b"b").unwrap();
+        let p = s.chunk_path(bad);
+        std::fs::create_dir_all(p.join("sub")).unwrap();
+        let e = s.unlink_batch(&[a, bad, b]).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Io);
+        assert!(e.message.starts_with("target 3, chunk 1-2-2: "), "{e}");
+        assert!(!s.chunk_path(a).exists() && !s.chunk_path(b).exists());
+        std::fs::remove_dir_all(&p).unwrap();
+        s.unlink_batch(&[a, bad, b]).unwrap();
     }
 
     #[test]

@@ -194,6 +194,11 @@ impl Ready {
                 Ok(s) => blocking(move || s.unlink(entry)).await.map(|()| Reply::Ok),
                 Err(e) => Err(e),
             },
+            // One blocking task for the whole batch (ChunkStore::unlink_batch bounds its length).
+            Request::UnlinkChunks { target, entries } => match self.store(target) {
+                Ok(s) => blocking(move || s.unlink_batch(&entries)).await.map(|()| Reply::Ok),
+                Err(e) => Err(e),
+            },
             Request::StatChunk { target, entry } => match self.store(target) {
                 Ok(s) => blocking(move || s.stat(entry)).await.map(Reply::ChunkLen),
                 Err(e) => Err(e),
@@ -526,6 +531,38 @@ mod tests {
         let c = statvfs(d.path()).unwrap();
         assert!(c.total_bytes > 0 && c.free_bytes <= c.total_bytes, "{c:?}");
         assert!(statvfs(&d.path().join("missing")).is_err());
+    }
+
+    #[tokio::test]
+    async fn unlink_chunks_request_deletes_a_batch_in_one_go() {
+        use hivefs_types::ids::EntryId;
+        let d = tempfile::tempdir().unwrap();
+        init_target(d.path(), "fs").unwrap();
+        let store = Arc::new(ChunkStore::new(TargetId(5), d.path()));
+        let ready =
+            Ready { node: NodeId(2), stores: HashMap::from([(TargetId(5), store.clone())]), limits: HashMap::new() };
+        let ids: Vec<EntryId> = (1..=6).map(|c| EntryId { node: 1, epoch: 1, counter: c }).collect();
+        for id in &ids[..3] {
+            store.write(*id, 0, b"chunk").unwrap();
+        }
+        // Existing and missing chunk files together: Ok, and all are gone.
+        let req = Request::UnlinkChunks { target: TargetId(5), entries: ids.clone() };
+        assert_eq!(ready.handle(req.clone(), Vec::new()).await.0, Ok(Reply::Ok));
+        assert!(ids.iter().all(|id| !store.chunk_path(*id).exists()));
+        assert_eq!(ready.handle(req, Vec::new()).await.0, Ok(Reply::Ok), "idempotent");
+        // Over-long: refused, naming the target; nothing removed.
+        store.write(ids[0], 0, b"chunk").unwrap();
+        let long = vec![ids[0]; hivefs_proto::UNLINK_CHUNKS_MAX + 1];
+        let e = ready.handle(Request::UnlinkChunks { target: TargetId(5), entries: long }, Vec::new()).await.0;
+        let e = e.unwrap_err();
+        assert_eq!(e.code, ErrorCode::Invalid);
+        assert!(e.message.contains("target 5"), "{e}");
+        assert!(store.chunk_path(ids[0]).exists());
+        // A target this node does not serve.
+        let e = ready.handle(Request::UnlinkChunks { target: TargetId(6), entries: ids }, Vec::new()).await.0;
+        let e = e.unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotFound);
+        assert!(e.message.contains("storage target 6"), "{e}");
     }
 
     #[tokio::test]
