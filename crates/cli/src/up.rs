@@ -411,7 +411,7 @@ pub fn up(a: UpArgs) -> Result<()> {
     if !(mount_alive && is_mounted(&mnt)) {
         if is_mounted(&mnt) {
             // A mount whose process is gone: detach it before mounting again.
-            let _ = Command::new("fusermount3").arg("-uz").arg(&mnt).status();
+            let _ = unmount(&mnt, true);
         }
         if let Some(pid) = service_running(&cdir, "mount") {
             // SAFETY: signalling a process we started.
@@ -545,22 +545,44 @@ pub fn status(a: StatusArgs) -> Result<()> {
 }
 
 /// Runs a command with a time limit; true if it exited successfully.
-fn run_with_timeout(cmd: &mut Command, limit: Duration) -> bool {
-    let Ok(mut child) = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn() else {
-        return false;
-    };
+/// Runs `cmd` for at most `limit`: Ok(true) if it succeeded, Ok(false) if
+/// it failed or ran too long (then it is killed), Err if it is not installed.
+fn run_with_timeout(cmd: &mut Command, limit: Duration) -> std::io::Result<bool> {
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?;
     let start = Instant::now();
     loop {
         match child.try_wait() {
-            Ok(Some(s)) => return s.success(),
+            Ok(Some(s)) => return Ok(s.success()),
             Ok(None) if start.elapsed() < limit => std::thread::sleep(Duration::from_millis(50)),
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return false;
+                return Ok(false);
             }
         }
     }
+}
+
+/// Unmounts the FUSE mount `mnt` (lazily: detaches it even while busy):
+/// with fusermount3, or, where that is missing, umount (root only).
+/// Ok(false) if the mount is busy or its server does not answer.
+fn unmount(mnt: &Path, lazy: bool) -> Result<bool> {
+    let limit = Duration::from_secs(10);
+    let flag = if lazy { "-uz" } else { "-u" };
+    match run_with_timeout(Command::new("fusermount3").arg(flag).arg(mnt), limit) {
+        Ok(ok) => return Ok(ok),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("cannot run fusermount3 to unmount {}", mnt.display()))
+        }
+        Err(_) => {}
+    }
+    let mut umount = Command::new("umount");
+    if lazy {
+        umount.arg("-l");
+    }
+    run_with_timeout(umount.arg(mnt), limit).with_context(|| {
+        format!("cannot unmount {}: neither fusermount3 (Debian package fuse3) nor umount is installed", mnt.display())
+    })
 }
 
 fn stop_pid(name: &str, pid: i32, grace: Duration) {
@@ -581,22 +603,19 @@ pub fn down(a: DownArgs) -> Result<()> {
     let dir = absolute(&a.dir)?;
     let layout = load_layout(&dir)?;
     let mnt = &layout.mountpoint;
-    if is_mounted(mnt) {
-        let ok = run_with_timeout(Command::new("fusermount3").arg("-u").arg(mnt), Duration::from_secs(10));
-        if !ok {
-            if a.force {
-                eprintln!("{} is busy or its server is gone; detaching it lazily", mnt.display());
-                if !run_with_timeout(Command::new("fusermount3").arg("-uz").arg(mnt), Duration::from_secs(10)) {
-                    run_with_timeout(Command::new("umount").arg("-l").arg(mnt), Duration::from_secs(10));
-                }
-            } else {
-                bail!(
-                    "cannot unmount {}: it is busy (processes have files open there) or not responding; \
-                     close them, or run `hivefs down --dir {} --force` to detach it lazily",
-                    mnt.display(),
-                    dir.display()
-                );
+    if is_mounted(mnt) && !unmount(mnt, false)? {
+        if a.force {
+            eprintln!("{} is busy or its server is gone; detaching it lazily", mnt.display());
+            if !unmount(mnt, true)? {
+                eprintln!("cannot detach {}; stopping the services anyway", mnt.display());
             }
+        } else {
+            bail!(
+                "cannot unmount {}: it is busy (processes have files open there) or not responding; \
+                 close them, or run `hivefs down --dir {} --force` to detach it lazily",
+                mnt.display(),
+                dir.display()
+            );
         }
     }
     let cdir = dir.join("client");

@@ -66,7 +66,15 @@ struct OpenFile {
     ent: Ent,
     pattern: Pattern,
     write: bool,
+    /// Writes completed since the size was last published. Set after a
+    /// write returns (so a publish running meanwhile cannot clear it for a
+    /// write it did not see), cleared by the publish that reports it.
     dirty: AtomicBool,
+    /// Held across a publish: a flush that finds another publish running
+    /// (a forked child closing its inherited descriptor flushes the same
+    /// handle) waits for it, so every close returns after the size of the
+    /// writes before it is on the metadata node.
+    publishing: tokio::sync::Mutex<()>,
     /// The file had suid or group-executable sgid when opened: the first
     /// write by an unprivileged caller clears them (the kernel leaves this
     /// to the file system for direct I/O).
@@ -241,6 +249,7 @@ impl Inner {
 
     /// After writes: compute the size from the chunk files and tell the metadata node.
     async fn publish_size(&self, f: &OpenFile) -> FsResult<()> {
+        let _one_at_a_time = f.publishing.lock().await;
         if !f.dirty.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
@@ -290,7 +299,14 @@ impl Inner {
             self.add_writer(ent.id, attr.size);
         }
         let kill_privs = AtomicBool::new(write && kills_privs(attr.mode));
-        let f = Arc::new(OpenFile { ent, pattern, write, dirty: AtomicBool::new(false), kill_privs });
+        let f = Arc::new(OpenFile {
+            ent,
+            pattern,
+            write,
+            dirty: AtomicBool::new(false),
+            publishing: tokio::sync::Mutex::new(()),
+            kill_privs,
+        });
         let fh = self.new_fh();
         self.files.lock().expect("files").insert(fh, f.clone());
         Ok((fh, f))
@@ -624,14 +640,16 @@ impl Filesystem for HiveFs {
                     inner.client.setattr(f.ent, set, c).await?;
                 }
             }
-            f.dirty.store(true, Ordering::Release);
             // O_APPEND: the kernel's offset is its idea of the end of file,
             // stale when another client appended; append at the real end.
-            let (offset, n) = if inner.global_locks && flags.0 & libc::O_APPEND != 0 {
-                (inner.client.append(f.ent, &f.pattern, &data).await?, data.len())
+            let written = if inner.global_locks && flags.0 & libc::O_APPEND != 0 {
+                inner.client.append(f.ent, &f.pattern, &data).await.map(|o| (o, data.len()))
             } else {
-                (offset, inner.client.write_bytes(&f.pattern, f.ent.id, offset, data).await?)
+                inner.client.write_bytes(&f.pattern, f.ent.id, offset, data).await.map(|n| (offset, n))
             };
+            // Even a failed write may have grown a chunk file: publish.
+            f.dirty.store(true, Ordering::Release);
+            let (offset, n) = written?;
             inner.note_write(f.ent.id, offset + n as u64);
             Ok(move |reply: ReplyWrite| reply.written(n as u32))
         })
