@@ -1,6 +1,7 @@
 //! CPU time of this process (`getrusage`) and of the HiveFS services of a
 //! file system started by `hivefs up --dir DIR` (their pid files, then
-//! `/proc/<pid>/stat`), so that a benchmark can report CPU time per operation.
+//! `/proc/<pid>/stat`), so that a benchmark can report CPU time per
+//! operation; and the services' resident memory (`/proc/<pid>/status`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -43,6 +44,20 @@ pub fn parse_stat_cpu_ticks(stat: &str) -> Option<u64> {
     let utime: u64 = f.get(11)?.parse().ok()?;
     let stime: u64 = f.get(12)?.parse().ok()?;
     Some(utime + stime)
+}
+
+/// Resident memory of process `pid` now and at its peak, in KiB
+/// (`VmRSS` and `VmHWM` of `/proc/<pid>/status`).
+pub fn pid_memory_kib(pid: i32) -> Option<(u64, u64)> {
+    parse_status_memory(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+}
+
+/// (`VmRSS`, `VmHWM`) in KiB of a `/proc/<pid>/status` text.
+pub fn parse_status_memory(status: &str) -> Option<(u64, u64)> {
+    let field = |name: &str| {
+        status.lines().find_map(|l| l.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
 /// The services of a `hivefs up` directory: name → pid, from
@@ -99,6 +114,15 @@ mod tests {
         let line = "1234 (hivefs (x) y) S 1 2 3 4 5 6 7 8 9 10 250 75 0 0 20 0 4 0";
         assert_eq!(parse_stat_cpu_ticks(line), Some(325));
         assert_eq!(parse_stat_cpu_ticks("garbage"), None);
+    }
+
+    #[test]
+    fn memory_fields_of_a_status_file() {
+        let status = "Name:\thivefs\nVmPeak:\t  900 kB\nVmHWM:\t   5120 kB\nVmRSS:\t   4096 kB\n";
+        assert_eq!(parse_status_memory(status), Some((4096, 5120)));
+        assert_eq!(parse_status_memory("Name:\tkthread\n"), None);
+        let (rss, peak) = pid_memory_kib(std::process::id() as i32).unwrap();
+        assert!(rss > 0 && peak >= rss, "rss {rss} peak {peak}");
     }
 
     #[test]

@@ -465,6 +465,26 @@ struct ServiceStatus {
     pid: Option<i32>,
     running: bool,
     log: PathBuf,
+    /// Resident memory now and at its peak (KiB), while it runs.
+    rss_kib: Option<u64>,
+    peak_rss_kib: Option<u64>,
+}
+
+impl ServiceStatus {
+    fn new(name: String, role: &str, address: Option<String>, pid: Option<i32>, log: PathBuf) -> ServiceStatus {
+        let running = pid.is_some_and(pid_alive);
+        let mem = pid.filter(|_| running).and_then(hivefs_bench::cpu::pid_memory_kib);
+        ServiceStatus {
+            name,
+            role: role.into(),
+            address,
+            pid,
+            running,
+            log,
+            rss_kib: mem.map(|m| m.0),
+            peak_rss_kib: mem.map(|m| m.1),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -474,38 +494,38 @@ struct Status {
     mountpoint: PathBuf,
     mounted: bool,
     services: Vec<ServiceStatus>,
+    /// Sums over the running services (peaks summed: an upper bound of
+    /// their peak together).
+    total_rss_kib: u64,
+    total_peak_rss_kib: u64,
 }
 
 fn collect_status(dir: &Path, layout: &Layout) -> Status {
     let mut services = Vec::new();
     for (name, role, port, sdir) in layout.services(dir) {
         let pid = read_pid(&sdir.join(format!("{name}.pid")));
-        services.push(ServiceStatus {
-            running: pid.is_some_and(pid_alive),
-            pid,
-            address: Some(format!("{}:{port}", layout.host)),
-            role: role.into(),
-            log: sdir.join(format!("{name}.log")),
-            name,
-        });
+        let log = sdir.join(format!("{name}.log"));
+        services.push(ServiceStatus::new(name, role, Some(format!("{}:{port}", layout.host)), pid, log));
     }
     let cdir = dir.join("client");
     let pid = read_pid(&cdir.join("mount.pid"));
-    services.push(ServiceStatus {
-        name: "mount".into(),
-        role: "client".into(),
-        address: None,
-        running: pid.is_some_and(pid_alive),
-        pid,
-        log: cdir.join("mount.log"),
-    });
+    services.push(ServiceStatus::new("mount".into(), "client", None, pid, cdir.join("mount.log")));
+    let running = services.iter().filter(|s| s.running);
+    let total_rss_kib = running.clone().filter_map(|s| s.rss_kib).sum();
+    let total_peak_rss_kib = running.filter_map(|s| s.peak_rss_kib).sum();
     Status {
         dir: dir.to_path_buf(),
         fs_uuid: layout.fs_uuid.clone(),
         mounted: is_mounted(&layout.mountpoint),
         mountpoint: layout.mountpoint.clone(),
         services,
+        total_rss_kib,
+        total_peak_rss_kib,
     }
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1}", kib as f64 / 1024.0)
 }
 
 fn print_status(dir: &Path, layout: &Layout) -> Result<()> {
@@ -519,11 +539,18 @@ fn print_status(dir: &Path, layout: &Layout) -> Result<()> {
                 s.address.clone().unwrap_or_else(|| layout.mountpoint.display().to_string()),
                 s.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
                 if s.running { "running".into() } else { "stopped".into() },
+                s.rss_kib.map(mib).unwrap_or_else(|| "-".into()),
+                s.peak_rss_kib.map(mib).unwrap_or_else(|| "-".into()),
                 s.log.display().to_string(),
             ]
         })
         .collect();
-    print_table(&["SERVICE", "ADDRESS", "PID", "STATE", "LOG"], &rows);
+    print_table(&["SERVICE", "ADDRESS", "PID", "STATE", "RSS MiB", "PEAK RSS MiB", "LOG"], &rows);
+    println!(
+        "all running services: {} MiB resident, peaks summed {} MiB",
+        mib(st.total_rss_kib),
+        mib(st.total_peak_rss_kib)
+    );
     Ok(())
 }
 
@@ -544,7 +571,6 @@ pub fn status(a: StatusArgs) -> Result<()> {
     Ok(())
 }
 
-/// Runs a command with a time limit; true if it exited successfully.
 /// Runs `cmd` for at most `limit`: Ok(true) if it succeeded, Ok(false) if
 /// it failed or ran too long (then it is killed), Err if it is not installed.
 fn run_with_timeout(cmd: &mut Command, limit: Duration) -> std::io::Result<bool> {
