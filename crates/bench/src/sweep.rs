@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 /// Runs per block, as in the seed study.
 pub const BLOCK_RUNS: usize = 10;
 
-/// The cache modes HiveFS has (the axis exists so sweeps can name it).
+/// The cache modes a sweep can run (a mount's mode is fixed when it is
+/// mounted, and sweeps do not remount yet).
 pub const CACHE_MODES: [&str; 1] = ["native"];
 
 /// A small deterministic generator (SplitMix64): the block order and the
@@ -230,7 +231,10 @@ impl SweepParams {
             return bad("every axis needs at least one value".into());
         }
         if let Some(c) = a.caches.iter().find(|c| !CACHE_MODES.contains(&c.as_str())) {
-            return bad(format!("cache mode {c:?} does not exist: HiveFS has only {:?}", CACHE_MODES));
+            return bad(format!(
+                "cache mode {c:?} cannot be swept: only {:?} (mount with --cache-mode for another)",
+                CACHE_MODES
+            ));
         }
         if a.stripe_counts.contains(&0) {
             return bad("stripe counts must be positive".into());

@@ -83,7 +83,8 @@ pub struct SweepArgs {
     /// Target choosers (comma-separated): random, roundrobin, randomized-roundrobin, balanced.
     #[arg(long, value_delimiter = ',', default_value = "balanced")]
     pub chooser: Vec<String>,
-    /// Client cache modes (comma-separated); only `native` exists.
+    /// Client cache modes (comma-separated); only `native` can be swept yet (a mount's
+    /// mode is fixed when it is mounted; `paged` needs a mount of its own).
     #[arg(long, value_delimiter = ',', default_value = "native")]
     pub cache: Vec<String>,
     /// Transfer sizes (comma-separated).

@@ -110,9 +110,18 @@ pub struct MountArgs {
     /// asking the metadata node, in milliseconds. Saves the round trips of the kernel's
     /// permission checks on every directory of a path. Changes through this mount are seen
     /// at once, changes by other clients after at most this long. Files' attributes are
-    /// never cached (cache mode native). 0: directories' are not cached either.
+    /// never cached. 0: directories' are not cached either.
     #[arg(long, default_value_t = hivefs_fuse::DIR_ATTR_TTL.as_millis() as u64)]
     pub dir_attr_ttl_ms: u64,
+    /// What the kernel may cache of files' contents. `native`: nothing, every read and
+    /// write goes to the storage targets (direct I/O), and clients see each other's
+    /// writes as soon as they return. `paged`: the kernel's page cache serves reads and
+    /// reads ahead, writes go through to the targets before they return, and a file's
+    /// cache is dropped when it is opened: a client sees what others left on close
+    /// (close-to-open), not what they write while it keeps the file open. O_APPEND writes
+    /// bypass the cache in both modes (the metadata node picks their offset).
+    #[arg(long, default_value = "native", value_parser = ["native", "paged"])]
+    pub cache_mode: String,
     /// Log level.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -253,6 +262,7 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
         fuse_threads: a.fuse_threads,
         global_file_locks: !a.local_locks,
         dir_attr_ttl: std::time::Duration::from_millis(a.dir_attr_ttl_ms),
+        cache_mode: a.cache_mode.parse().map_err(|e: String| anyhow::anyhow!(e))?,
     };
     info!("mounting HiveFS (mgmtd {}) on {}", a.mgmtd, mnt.display());
     let r = hivefs_fuse::mount(client, rt.handle().clone(), &mnt, &opts, stop_rx);

@@ -26,7 +26,7 @@ use tracing::{debug, info, warn};
 
 /// How long the kernel may trust a name → inode mapping.
 const ENTRY_TTL: Duration = Duration::from_secs(1);
-/// Attributes of files are not cached by the kernel: with cache mode `native`
+/// Attributes of files are not cached by the kernel (in either cache mode):
 /// every `stat` sees the size and times other clients left on close.
 /// Directories' attributes are cached for `MountOptions::dir_attr_ttl`.
 const ATTR_TTL: Duration = Duration::ZERO;
@@ -34,6 +34,52 @@ const ATTR_TTL: Duration = Duration::ZERO;
 pub const DIR_ATTR_TTL: Duration = Duration::from_secs(1);
 const READDIR_PAGE: u32 = 512;
 const MAX_IO: u32 = 1 << 20;
+/// Files whose version at open cache mode `paged` remembers.
+const OPENED_VERSIONS_MAX: usize = 100_000;
+
+/// What the kernel may keep of files' contents (BeeGFS's `tuneFileCacheType`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CacheMode {
+    /// Direct I/O: every read and write goes to the storage targets, so
+    /// clients see each other's writes as soon as they return.
+    #[default]
+    Native,
+    /// The kernel's page cache: reads are served from it and read ahead,
+    /// writes go through to the targets before they return (write-through).
+    /// A file's cached pages are dropped whenever it is opened, so a client
+    /// sees what another left on close (close-to-open, as NFS); a file kept
+    /// open may show data older than other clients' writes.
+    Paged,
+}
+
+impl std::str::FromStr for CacheMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<CacheMode, String> {
+        match s {
+            "native" => Ok(CacheMode::Native),
+            "paged" => Ok(CacheMode::Paged),
+            _ => Err(format!("unknown cache mode {s:?}: native or paged")),
+        }
+    }
+}
+
+impl CacheMode {
+    /// How a file opened with `flags` is opened for the kernel; `unchanged`:
+    /// its ctime, mtime and size are those of its previous open through this mount.
+    fn open_flags(self, flags: i32, global_locks: bool, unchanged: bool) -> FopenFlags {
+        // An append's offset is chosen by the metadata node (global append
+        // lock), not by the kernel's idea of the end of file: its data
+        // must not go through the page cache at the kernel's offset.
+        let append = global_locks && flags & libc::O_APPEND != 0;
+        match self {
+            // Pages cached before are still valid when no one changed the
+            // file since (every closed write, truncation or utime sets its ctime).
+            CacheMode::Paged if !append && unchanged => FopenFlags::FOPEN_KEEP_CACHE,
+            CacheMode::Paged if !append => FopenFlags::empty(),
+            _ => FopenFlags::FOPEN_DIRECT_IO,
+        }
+    }
+}
 
 #[derive(Clone, Debug)]
 pub struct MountOptions {
@@ -54,11 +100,19 @@ pub struct MountOptions {
     /// when it changes an entry in it); changes by other clients after at
     /// most this long. Zero: never cached.
     pub dir_attr_ttl: Duration,
+    /// What the kernel may keep of files' contents.
+    pub cache_mode: CacheMode,
 }
 
 impl Default for MountOptions {
     fn default() -> Self {
-        MountOptions { allow_other: true, fuse_threads: 2, global_file_locks: true, dir_attr_ttl: DIR_ATTR_TTL }
+        MountOptions {
+            allow_other: true,
+            fuse_threads: 2,
+            global_file_locks: true,
+            dir_attr_ttl: DIR_ATTR_TTL,
+            cache_mode: CacheMode::Native,
+        }
     }
 }
 
@@ -66,6 +120,9 @@ struct OpenFile {
     ent: Ent,
     pattern: Pattern,
     write: bool,
+    /// ctime, mtime and size at this open equal those at the file's previous open
+    /// through this mount (its cached pages may be kept).
+    unchanged: bool,
     /// Writes completed since the size was last published. Set after a
     /// write returns (so a publish running meanwhile cannot clear it for a
     /// write it did not see), cleared by the publish that reports it.
@@ -110,6 +167,10 @@ struct Inner {
     next_fh: AtomicU64,
     global_locks: bool,
     dir_attr_ttl: Duration,
+    cache_mode: CacheMode,
+    /// Cache mode paged: (ctime, mtime, size) of each file at its last open
+    /// (a closed write, a truncation or a utime by anyone changes ctime).
+    opened_versions: Mutex<HashMap<EntryId, (Timespec, Timespec, u64)>>,
     /// Files this mount has set global locks on: closing them drops the
     /// closing owner's locks at the metadata node.
     locked: Mutex<HashSet<EntryId>>,
@@ -299,12 +360,22 @@ impl Inner {
             self.add_writer(ent.id, attr.size);
         }
         let kill_privs = AtomicBool::new(write && kills_privs(attr.mode));
+        let unchanged = self.cache_mode == CacheMode::Paged && {
+            let mut v = self.opened_versions.lock().expect("versions");
+            if v.len() >= OPENED_VERSIONS_MAX {
+                // Bounded memory: forgetting only costs re-reading.
+                v.clear();
+            }
+            let now = (attr.ctime, attr.mtime, attr.size);
+            v.insert(ent.id, now) == Some(now)
+        };
         let f = Arc::new(OpenFile {
             ent,
             pattern,
             write,
             dirty: AtomicBool::new(false),
             publishing: tokio::sync::Mutex::new(()),
+            unchanged,
             kill_privs,
         });
         let fh = self.new_fh();
@@ -554,8 +625,9 @@ impl Filesystem for HiveFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let c = caller(req);
         run!(self, reply, |inner| {
-            let (fh, _) = inner.open_file(inner.ent(ino)?, flags.0, c).await?;
-            Ok(move |reply: ReplyOpen| reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO))
+            let (fh, f) = inner.open_file(inner.ent(ino)?, flags.0, c).await?;
+            let open_flags = inner.cache_mode.open_flags(flags.0, inner.global_locks, f.unchanged);
+            Ok(move |reply: ReplyOpen| reply.opened(FileHandle(fh), open_flags))
         })
     }
 
@@ -579,18 +651,13 @@ impl Filesystem for HiveFs {
             let ent = Ent::from(&a);
             // A file this call created needs no truncation (nor the time update of O_TRUNC).
             let flags = if a.size == 0 { flags & !libc::O_TRUNC } else { flags };
-            let (fh, _) = inner.opened(ent, a.clone(), flags, c).await?;
+            let (fh, f) = inner.opened(ent, a.clone(), flags, c).await?;
+            let open_flags = inner.cache_mode.open_flags(flags, inner.global_locks, f.unchanged);
             Ok(move |reply: ReplyCreate| {
                 // The creator keeps no name in the cache either: `created`
                 // has one TTL for the name and the attributes, and the
                 // attributes must not be cached (see `send_entry`).
-                reply.created(
-                    &ATTR_TTL,
-                    &inner.entry_reply(&a),
-                    Generation(0),
-                    FileHandle(fh),
-                    FopenFlags::FOPEN_DIRECT_IO,
-                )
+                reply.created(&ATTR_TTL, &inner.entry_reply(&a), Generation(0), FileHandle(fh), open_flags)
             })
         })
     }
@@ -922,6 +989,8 @@ pub fn mount(
             next_fh: AtomicU64::new(1),
             global_locks: opts.global_file_locks,
             dir_attr_ttl: opts.dir_attr_ttl,
+            cache_mode: opts.cache_mode,
+            opened_versions: Mutex::default(),
             locked: Mutex::default(),
         }),
         rt,
