@@ -25,8 +25,8 @@ peaks() { # label
   "$HIVEFS" status --dir "$D" --json | python3 -c '
 import json, sys
 s = json.load(sys.stdin)
-per = " ".join(f"{x[\"name\"]} {x[\"peak_rss_kib\"] / 1024:.0f}" for x in s["services"] if x["peak_rss_kib"])
-print(f"%-22s peak RSS MiB: {per}; sum {s[\"total_peak_rss_kib\"] / 1024:.0f}" % sys.argv[1])' "$1"
+per = " ".join("%s %.0f" % (x["name"], x["peak_rss_kib"] / 1024) for x in s["services"] if x["peak_rss_kib"])
+print("%-18s peak RSS MiB: %s; sum %.0f" % (sys.argv[1], per, s["total_peak_rss_kib"] / 1024))' "$1"
 }
 peaks "after start"
 fio_run() { # name rw bs [extra...]
