@@ -46,9 +46,10 @@ pub enum CacheMode {
     Native,
     /// The kernel's page cache: reads are served from it and read ahead,
     /// writes go through to the targets before they return (write-through).
-    /// A file's cached pages are dropped whenever it is opened, so a client
-    /// sees what another left on close (close-to-open, as NFS); a file kept
-    /// open may show data older than other clients' writes.
+    /// An open drops a file's cached pages unless its ctime, mtime and size
+    /// are those of its previous open here, so a client sees what another
+    /// left on close (close-to-open, as NFS); a file kept open may show data
+    /// older than other clients' writes.
     Paged,
 }
 
