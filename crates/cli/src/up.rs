@@ -54,6 +54,11 @@ pub struct UpArgs {
     /// balanced, random, roundrobin. Applies at the first `up`.
     #[arg(long)]
     pub meta_chooser: Option<String>,
+    /// Cache mode of the mount (`hivefs mount --cache-mode`): native (direct I/O) or
+    /// paged (page cache, close-to-open). Kept for later `up`s; a change applies when the
+    /// mount is started again (after `hivefs down`).
+    #[arg(long, value_parser = ["native", "paged"])]
+    pub cache_mode: Option<String>,
     /// Address the services bind to.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -96,9 +101,16 @@ pub struct Layout {
     pub stripe: u32,
     #[serde(default)]
     pub chooser: Chooser,
+    /// The mount's cache mode (file systems from before it existed: native).
+    #[serde(default = "native_cache_mode")]
+    pub cache_mode: String,
     pub mgmtd_port: u16,
     pub meta_ports: Vec<u16>,
     pub storage_ports: Vec<u16>,
+}
+
+fn native_cache_mode() -> String {
+    "native".into()
 }
 
 impl Layout {
@@ -185,7 +197,10 @@ pub fn load_layout(dir: &Path) -> Result<Layout> {
 
 fn layout_for(a: &UpArgs, dir: &Path) -> Result<Layout> {
     if dir.join("fs.toml").exists() {
-        let l = load_layout(dir)?;
+        let mut l = load_layout(dir)?;
+        if let Some(c) = &a.cache_mode {
+            l.cache_mode = c.clone();
+        }
         let check = |name: &str, given: Option<u32>, have: u32| -> Result<()> {
             if let Some(g) = given {
                 if g != have {
@@ -236,6 +251,7 @@ fn layout_for(a: &UpArgs, dir: &Path) -> Result<Layout> {
         chunk_size,
         stripe: a.stripe.unwrap_or(0),
         chooser,
+        cache_mode: a.cache_mode.clone().unwrap_or_else(native_cache_mode),
         mgmtd_port: ports[0],
         meta_ports: ports[1..=meta as usize].to_vec(),
         storage_ports: ports[1 + meta as usize..].to_vec(),
@@ -310,7 +326,7 @@ pub fn up(a: UpArgs) -> Result<()> {
                 .ok_or_else(|| anyhow!("unknown metadata chooser {s:?}: use balanced, random or roundrobin"))
         })
         .transpose()?;
-    if first_up {
+    if first_up || a.cache_mode.is_some() {
         hivefs_cluster::write_atomic(&dir.join("fs.toml"), toml::to_string(&layout)?.as_bytes())?;
     }
     let secret = dir.join("secret");
@@ -425,6 +441,8 @@ pub fn up(a: UpArgs) -> Result<()> {
             mgmtd.clone(),
             "--secret-file".into(),
             secret_s.clone(),
+            "--cache-mode".into(),
+            layout.cache_mode.clone(),
             mnt.display().to_string(),
         ];
         spawn_service("mount", &args, &cdir)?;
@@ -444,14 +462,15 @@ pub fn up(a: UpArgs) -> Result<()> {
         println!("started: {}", started.join(", "));
     }
     println!(
-        "HiveFS is mounted on {}: {} storage targets, {} free of {}; root stripe: chunk {}, {}, chooser {}.",
+        "HiveFS is mounted on {}: {} storage targets, {} free of {}; root stripe: chunk {}, {}, chooser {}; cache mode {}.",
         mnt.display(),
         want_targets,
         crate::util::human(st.storage.free_bytes),
         crate::util::human(st.storage.total_bytes),
         crate::util::human(u64::from(layout.chunk_size)),
         if layout.stripe == 0 { "all targets".to_string() } else { format!("{} targets", layout.stripe) },
-        layout.chooser
+        layout.chooser,
+        layout.cache_mode
     );
     println!("Stop it with: hivefs down --dir {}", dir.display());
     Ok(())

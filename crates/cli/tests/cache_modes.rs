@@ -111,3 +111,21 @@ fn appends_from_a_paged_and_a_native_mount_never_overwrite() {
         assert_eq!(lines.len(), 400, "{}: no record twice", path.display());
     }
 }
+
+/// `hivefs up --cache-mode paged` mounts with it, and a later `up` keeps it.
+#[test]
+fn up_mounts_with_the_cache_mode_it_was_given_and_keeps_it() {
+    let fs = TestFs::up(&["--storage", "1", "--cache-mode", "paged"]);
+    let f = fs.path("f");
+    let data = pattern(1 << 20, 3);
+    for round in ["first up", "after down and up"] {
+        if round != "first up" {
+            fs.down();
+            fs.reup();
+        }
+        std::fs::write(&f, &data).unwrap();
+        assert_eq!(std::fs::read(&f).unwrap(), data);
+        let share = resident_share(&f);
+        assert!(share > 0.9, "{round}: {:.0}% cached after a read", share * 100.0);
+    }
+}
