@@ -38,7 +38,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
@@ -430,7 +430,9 @@ where
         }
     };
 
-    let (mut rd, wr) = tokio::io::split(stream);
+    let (rd, wr) = tokio::io::split(stream);
+    // Header, body and a small payload usually arrive in one read.
+    let mut rd = BufReader::with_capacity(16 << 10, rd);
     let (tx, mut rx) = mpsc::channel::<Outgoing>(cfg.max_inflight_per_conn.max(1));
     let writer = tokio::spawn(async move {
         let mut w = BufWriter::with_capacity(64 << 10, wr);

@@ -132,6 +132,21 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> FsResult<T> + Send + 's
     tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(fs_err!(Internal, "chunk I/O task failed: {e}")))
 }
 
+/// Reads and writes of at most this many bytes run on the async worker that
+/// received them instead of a blocking thread: the hop to the blocking pool and
+/// back (two wake-ups) costs more than a small `pread`/`pwrite`, which usually
+/// only touches the page cache (see docs/decisions.md, "Small chunk I/O inline").
+pub const INLINE_IO_MAX: usize = 64 << 10;
+
+/// Runs chunk I/O of `bytes` bytes inline when it is small, else on a blocking thread.
+async fn chunk_io<T: Send + 'static>(bytes: usize, f: impl FnOnce() -> FsResult<T> + Send + 'static) -> FsResult<T> {
+    if bytes <= INLINE_IO_MAX {
+        f()
+    } else {
+        blocking(f).await
+    }
+}
+
 impl Ready {
     fn store(&self, target: TargetId) -> FsResult<Arc<ChunkStore>> {
         self.stores
@@ -163,7 +178,7 @@ impl Ready {
             Request::WriteChunk { target, entry, offset } => match self.store(target) {
                 Ok(s) => {
                     self.throttle(target, payload.len() as u64).await;
-                    blocking(move || s.write(entry, offset, &payload)).await.map(Reply::Written)
+                    chunk_io(payload.len(), move || s.write(entry, offset, &payload)).await.map(Reply::Written)
                 }
                 Err(e) => Err(e),
             },
@@ -175,7 +190,7 @@ impl Ready {
                     ))
                 } else {
                     match self.store(target) {
-                        Ok(s) => match blocking(move || s.read(entry, offset, len)).await {
+                        Ok(s) => match chunk_io(len as usize, move || s.read(entry, offset, len)).await {
                             Ok(data) => {
                                 self.throttle(target, data.len() as u64).await;
                                 return (Ok(Reply::Data), data);
