@@ -2,8 +2,9 @@
 //!
 //! For write and read bandwidth: by stripe count (dots coloured by chunk
 //! size; the analogue of the seed study's Figure 6) and by `(min,max)`
-//! allocation (dots coloured by stripe count; Figures 8 and 10). Every run
-//! is a dot, every group a box plot. SVGs are converted to PNG when
+//! allocation (dots coloured by stripe count; Figures 8 and 10), and by
+//! client cache mode when the runs hold more than one. Every run is a dot,
+//! every group a box plot. SVGs are converted to PNG when
 //! `rsvg-convert` is installed.
 
 use crate::svg::{box_chart, Group};
@@ -143,6 +144,25 @@ pub fn figures(runs: &[RunRecord]) -> Vec<(String, String)> {
                 &s,
             ),
         ));
+        let caches: std::collections::BTreeSet<&str> = runs.iter().map(|r| r.config.cache.as_str()).collect();
+        if caches.len() > 1 {
+            let (g, s) = groups(
+                runs,
+                |r| (r.config.cache.clone(), r.config.cache.clone()),
+                |r| (r.config.stripe_count, format!("stripe {}", r.config.stripe_count)),
+                value,
+            );
+            out.push((
+                format!("bandwidth_by_cache_{phase}.svg"),
+                box_chart(
+                    &format!("{} bandwidth by client cache mode ({} runs)", cap(phase), runs.len()),
+                    "cache mode",
+                    "aggregate bandwidth (MiB/s)",
+                    &g,
+                    &s,
+                ),
+            ));
+        }
     }
     out
 }

@@ -28,9 +28,10 @@ use std::time::{Duration, Instant};
 /// Runs per block, as in the seed study.
 pub const BLOCK_RUNS: usize = 10;
 
-/// The cache modes a sweep can run (a mount's mode is fixed when it is
-/// mounted, and sweeps do not remount yet).
-pub const CACHE_MODES: [&str; 1] = ["native"];
+/// The cache modes a sweep can run through a mount (`hivefs mount
+/// --cache-mode`). The native client has no kernel cache: its runs are
+/// `native` only.
+pub const CACHE_MODES: [&str; 2] = ["native", "paged"];
 
 /// A small deterministic generator (SplitMix64): the block order and the
 /// pauses depend on the seed only.
@@ -197,9 +198,31 @@ pub struct Place {
     pub secret: Option<Secret>,
     /// The directory, as a path from the file system's root.
     pub inside: String,
-    /// The same directory through a mount (runs use plain file I/O there);
-    /// `None`: runs use the native client.
-    pub mount_dir: Option<PathBuf>,
+    /// The same directory through a mount, per cache mode (runs use plain
+    /// file I/O there); empty: runs use the native client.
+    pub mount_dirs: BTreeMap<String, PathBuf>,
+}
+
+impl Place {
+    /// Where runs of cache mode `cache` do their I/O: a mount's directory, or
+    /// `None` for the native client.
+    pub fn mount_dir(&self, cache: &str) -> Result<Option<&PathBuf>> {
+        if self.mount_dirs.is_empty() {
+            return if cache == "native" {
+                Ok(None)
+            } else {
+                Err(BenchError::Invalid(format!(
+                    "cache mode {cache:?}: the native client has no kernel cache; sweep cache modes through a mount"
+                )))
+            };
+        }
+        self.mount_dirs.get(cache).map(Some).ok_or_else(|| {
+            BenchError::Invalid(format!(
+                "no mount with cache mode {cache:?} to run in (mounts: {:?})",
+                self.mount_dirs.keys().collect::<Vec<_>>()
+            ))
+        })
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -231,10 +254,7 @@ impl SweepParams {
             return bad("every axis needs at least one value".into());
         }
         if let Some(c) = a.caches.iter().find(|c| !CACHE_MODES.contains(&c.as_str())) {
-            return bad(format!(
-                "cache mode {c:?} cannot be swept: only {:?} (mount with --cache-mode for another)",
-                CACHE_MODES
-            ));
+            return bad(format!("unknown cache mode {c:?}: use {}", CACHE_MODES.join(" or ")));
         }
         if a.stripe_counts.contains(&0) {
             return bad("stripe counts must be positive".into());
@@ -363,6 +383,8 @@ pub struct SweepSummary {
 struct RunCleanup<'a> {
     ctl: &'a Control,
     place: &'a Place,
+    /// The mount directory the run used (`None`: native client).
+    mount_dir: Option<&'a PathBuf>,
     name: String,
     backend: Option<Arc<dyn Backend>>,
     io_dir: String,
@@ -378,7 +400,7 @@ impl Drop for RunCleanup<'_> {
             let _ = b.rmdir(&self.io_dir);
         }
         self.backend = None;
-        let r = match &self.place.mount_dir {
+        let r = match self.mount_dir {
             Some(d) => std::fs::remove_dir(d.join(&self.name))
                 .map_err(|e| BenchError::io(format!("removing {}", d.join(&self.name).display()), e)),
             None => self.ctl.rmdir(&self.place.inside, &self.name),
@@ -392,6 +414,9 @@ impl Drop for RunCleanup<'_> {
 /// Runs the sweep, appending one JSON line per run to `p.out`.
 pub fn run(place: &Place, p: &SweepParams, progress: bool) -> Result<SweepSummary> {
     p.validate()?;
+    for c in &p.axes.caches {
+        place.mount_dir(c)?;
+    }
     let configs = p.axes.configs();
     let blocks = plan(configs.len(), p.repeat, BLOCK_RUNS, p.seed);
     let total: usize = blocks.iter().map(Vec::len).sum();
@@ -418,11 +443,12 @@ pub fn run(place: &Place, p: &SweepParams, progress: bool) -> Result<SweepSummar
                     format!("{:.0}s", started.elapsed().as_secs_f64() / k as f64 * (total - k) as f64)
                 };
                 eprintln!(
-                    "sweep: run {} of {total} (block {}, stripe {}, chunk {}, {} ranks, repetition {}), ETA {eta}",
+                    "sweep: run {} of {total} (block {}, stripe {}, chunk {}, cache {}, {} ranks, repetition {}), ETA {eta}",
                     k + 1,
                     planned.block,
                     c.stripe_count,
                     c.chunk_size,
+                    c.cache,
                     c.ranks,
                     planned.repetition + 1
                 );
@@ -449,7 +475,8 @@ fn one_run(
 ) -> Result<RunRecord> {
     let name = format!("sweep.{}.{}.{k}", std::process::id(), p.seed);
     let rel = join(&place.inside, &name);
-    match &place.mount_dir {
+    let mount_dir = place.mount_dir(&c.cache)?;
+    match mount_dir {
         Some(d) => std::fs::create_dir(d.join(&name))
             .map_err(|e| BenchError::io(format!("creating {}", d.join(&name).display()), e))?,
         None => ctl.mkdir(&place.inside, &name)?,
@@ -459,13 +486,14 @@ fn one_run(
     let files: Vec<String> = (0..nfiles)
         .map(|r| if p.file_per_rank { format!("{io_dir}/data.{r}") } else { format!("{io_dir}/data") })
         .collect();
-    let mut guard = RunCleanup { ctl, place, name: name.clone(), backend: None, io_dir, files: files.clone() };
+    let mut guard =
+        RunCleanup { ctl, place, mount_dir, name: name.clone(), backend: None, io_dir, files: files.clone() };
     let chooser = Chooser::parse(&c.chooser).ok_or_else(|| BenchError::Invalid(format!("chooser {}", c.chooser)))?;
     ctl.set_dir_pattern(
         &rel,
         DirPattern { chunk_size: c.chunk_size, stripe_count: c.stripe_count, chooser, pool: base.pool },
     )?;
-    let backend: Arc<dyn Backend> = match &place.mount_dir {
+    let backend: Arc<dyn Backend> = match mount_dir {
         Some(d) => Arc::new(Posix::new(d.join(&name), "mount")),
         None => Arc::new(
             Native::connect(Options::new(place.mgmtd.clone(), place.secret.clone()), &rel)
@@ -536,6 +564,24 @@ mod tests {
     }
 
     #[test]
+    fn runs_go_to_the_mount_of_their_cache_mode() {
+        let native_client =
+            Place { mgmtd: "m".into(), secret: None, inside: String::new(), mount_dirs: BTreeMap::new() };
+        assert_eq!(native_client.mount_dir("native").unwrap(), None);
+        let e = native_client.mount_dir("paged").unwrap_err().to_string();
+        assert!(e.contains("native client"), "{e}");
+        let mounts = Place {
+            mount_dirs: [("native".to_string(), PathBuf::from("/a")), ("paged".to_string(), PathBuf::from("/b"))]
+                .into(),
+            ..native_client
+        };
+        assert_eq!(mounts.mount_dir("paged").unwrap(), Some(&PathBuf::from("/b")));
+        assert_eq!(mounts.mount_dir("native").unwrap(), Some(&PathBuf::from("/a")));
+        let one = Place { mount_dirs: [("native".to_string(), PathBuf::from("/a"))].into(), ..mounts };
+        assert!(one.mount_dir("paged").unwrap_err().to_string().contains("no mount with cache mode"));
+    }
+
+    #[test]
     fn rng_range_stays_in_bounds() {
         let mut r = Rng::new(7);
         for _ in 0..1000 {
@@ -573,8 +619,10 @@ mod tests {
             out: "x".into(),
         };
         assert!(p.validate().is_ok());
+        p.axes.caches.push("paged".into());
+        assert!(p.validate().is_ok());
         p.axes.caches.push("writeback".into());
         let e = p.validate().unwrap_err().to_string();
-        assert!(e.contains("writeback") && e.contains("native"), "{e}");
+        assert!(e.contains("writeback") && e.contains("paged"), "{e}");
     }
 }

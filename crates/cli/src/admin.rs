@@ -2,7 +2,7 @@
 //! They talk to a running file system found through a mount point
 //! (`--mount`) or directly through mgmtd (`--mgmtd`, `--secret-file`).
 
-use crate::services::{mount_record_path, MountRecord};
+use crate::services::mount_record;
 use crate::util::{absolute, hivefs_mounts, human, parse_size, print_table};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -88,10 +88,7 @@ fn load_secret_opt(p: Option<&Path>) -> Result<Option<Secret>> {
 
 fn from_mount(mnt: &Path) -> Result<Resolved> {
     let mnt = std::fs::canonicalize(mnt).with_context(|| format!("{}", mnt.display()))?;
-    let rec = mount_record_path(&mnt);
-    let s = std::fs::read_to_string(&rec)
-        .with_context(|| format!("{} is not a HiveFS mount of this machine (no {})", mnt.display(), rec.display()))?;
-    let r: MountRecord = toml::from_str(&s).map_err(|e| anyhow!("{}: {e}", rec.display()))?;
+    let r = mount_record(&mnt)?;
     Ok(Resolved { mgmtd: r.mgmtd, secret: load_secret_opt(r.secret_file.as_deref())? })
 }
 

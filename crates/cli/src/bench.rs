@@ -83,9 +83,11 @@ pub struct SweepArgs {
     /// Target choosers (comma-separated): random, roundrobin, randomized-roundrobin, balanced.
     #[arg(long, value_delimiter = ',', default_value = "balanced")]
     pub chooser: Vec<String>,
-    /// Client cache modes (comma-separated); only `native` can be swept yet (a mount's
-    /// mode is fixed when it is mounted; `paged` needs a mount of its own).
-    #[arg(long, value_delimiter = ',', default_value = "native")]
+    /// Client cache modes (comma-separated): native, paged. Runs of the mount's own mode use
+    /// PATH's mount; for each other mode the sweep mounts the file system once more
+    /// (`hivefs mount --cache-mode`, private, under the temporary directory) and unmounts it
+    /// at the end. Default: the mount's mode (native with --native, which has no other).
+    #[arg(long, value_delimiter = ',')]
     pub cache: Vec<String>,
     /// Transfer sizes (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "1m")]
@@ -550,8 +552,7 @@ pub(crate) fn md_params(a: &MdArgs) -> Result<md::MdParams> {
 
 /// The `hivefs up` directory behind a mount: its secret file sits at `<dir>/secret` beside `fs.toml`.
 fn up_dir_of(mnt: &Path) -> Option<PathBuf> {
-    let rec = crate::services::mount_record_path(&std::fs::canonicalize(mnt).ok()?);
-    let r: crate::services::MountRecord = toml::from_str(&std::fs::read_to_string(rec).ok()?).ok()?;
+    let r = crate::services::mount_record(&std::fs::canonicalize(mnt).ok()?).ok()?;
     let dir = r.secret_file?.parent()?.to_path_buf();
     dir.join("fs.toml").exists().then_some(dir)
 }

@@ -219,6 +219,21 @@ pub struct MountRecord {
     pub mgmtd: String,
     pub secret_file: Option<PathBuf>,
     pub pid: u32,
+    /// The mount's `--cache-mode` (records from before it existed: native).
+    #[serde(default = "native")]
+    pub cache_mode: String,
+}
+
+fn native() -> String {
+    "native".into()
+}
+
+/// The record of the HiveFS mount `mnt` (a canonical path), if it has one.
+pub fn mount_record(mnt: &Path) -> Result<MountRecord> {
+    let rec = mount_record_path(mnt);
+    let s = std::fs::read_to_string(&rec)
+        .map_err(|e| anyhow!("{} is not a HiveFS mount of this machine ({}: {e})", mnt.display(), rec.display()))?;
+    toml::from_str(&s).map_err(|e| anyhow!("{}: {e}", rec.display()))
 }
 
 pub fn run_mount(a: MountArgs) -> Result<()> {
@@ -250,7 +265,12 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
     if let Some(d) = record.parent() {
         let _ = std::fs::create_dir_all(d);
     }
-    let rec = MountRecord { mgmtd: a.mgmtd.clone(), secret_file: a.secret_file.clone(), pid: std::process::id() };
+    let rec = MountRecord {
+        mgmtd: a.mgmtd.clone(),
+        secret_file: a.secret_file.clone(),
+        pid: std::process::id(),
+        cache_mode: a.cache_mode.clone(),
+    };
     let _ = std::fs::write(&record, toml::to_string(&rec)?);
     let (stop_tx, stop_rx) = std::sync::mpsc::channel();
     rt.spawn(async move {

@@ -611,7 +611,7 @@ fn run_with_timeout(cmd: &mut Command, limit: Duration) -> std::io::Result<bool>
 /// Unmounts the FUSE mount `mnt` (lazily: detaches it even while busy):
 /// with fusermount3, or, where that is missing, umount (root only).
 /// Ok(false) if the mount is busy or its server does not answer.
-fn unmount(mnt: &Path, lazy: bool) -> Result<bool> {
+pub(crate) fn unmount(mnt: &Path, lazy: bool) -> Result<bool> {
     let limit = Duration::from_secs(10);
     let flag = if lazy { "-uz" } else { "-u" };
     match run_with_timeout(Command::new("fusermount3").arg(flag).arg(mnt), limit) {

@@ -138,6 +138,79 @@ fn sweep_report_and_tune_chunk() {
     assert_eq!(pat["chooser"], "balanced", "{pat}");
 }
 
+/// `--cache native,paged` through a native mount: the paged runs go through a mount the
+/// sweep makes for them, which is gone afterwards.
+#[test]
+fn sweep_over_cache_modes_mounts_and_unmounts_the_other_mode() {
+    let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "2"]);
+    let dir = fs.path("sweep");
+    std::fs::create_dir(&dir).unwrap();
+    let out = fs.tmp.path().join("runs.jsonl");
+    let o = common::hivefs(&[
+        "bench",
+        "sweep",
+        dir.to_str().unwrap(),
+        "--cache",
+        "native,paged",
+        "--stripe",
+        "2",
+        "--repeat",
+        "2",
+        "--ranks",
+        "2",
+        "--transfer-size",
+        "64k",
+        "--block-size",
+        "256k",
+        "--pause-max-ms",
+        "0",
+        "--no-progress",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let paged_mnt = err
+        .lines()
+        .find_map(|l| l.strip_prefix("sweep: mounted the file system with cache mode paged on "))
+        .unwrap_or_else(|| panic!("no paged mount reported: {err}"))
+        .to_string();
+    let lines: Vec<Value> =
+        std::fs::read_to_string(&out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let caches: Vec<&str> = lines.iter().map(|r| r["cache"].as_str().unwrap()).collect();
+    assert_eq!(caches.iter().filter(|c| **c == "native").count(), 2, "{caches:?}");
+    assert_eq!(caches.iter().filter(|c| **c == "paged").count(), 2, "{caches:?}");
+    for r in &lines {
+        assert_eq!(r["api"], "mount", "{r}");
+        assert_eq!(r["bytes"], 2 * (256 << 10), "{r}");
+        assert!(r["read_mib_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&paged_mnt), "{paged_mnt} still mounted");
+    assert!(!std::path::Path::new(&paged_mnt).exists(), "{paged_mnt} left behind");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "sweep left files in {}", dir.display());
+
+    // A figure per cache mode, and the native client refuses paged.
+    let figs = fs.tmp.path().join("figs");
+    hivefs_ok(&["bench", "report", out.to_str().unwrap(), "--out", figs.to_str().unwrap()]);
+    let svg = std::fs::read_to_string(figs.join("bandwidth_by_cache_write.svg")).unwrap();
+    assert_eq!(svg.matches("<rect class=\"box\"").count(), 2);
+    assert!(svg.contains("paged") && svg.contains("native"));
+    let o = common::hivefs(&[
+        "bench",
+        "sweep",
+        "--native",
+        "--mount",
+        fs.mnt_s(),
+        "--cache",
+        "paged",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("native client has no kernel cache"));
+}
+
 #[test]
 fn refuses_other_cache_modes_and_hosts() {
     let d = tempfile::tempdir().unwrap();
