@@ -77,9 +77,27 @@ fn limit_malloc_arenas() {
     }
 }
 
+/// Commands that only report let a closed stdout end them quietly, as other
+/// Unix tools do (`hivefs targets | head -1`), instead of panicking in
+/// `println!`. Services, `up`, `down` and `fsck` keep ignoring SIGPIPE: they
+/// must not die half-way through their work because a reader went away.
+fn quiet_broken_pipe(cmd: &Cmd) {
+    let reports_only = !matches!(
+        cmd,
+        Cmd::Up(_) | Cmd::Down(_) | Cmd::Mgmtd(_) | Cmd::Meta(_) | Cmd::Storage(_) | Cmd::Mount(_) | Cmd::Fsck(_)
+    );
+    if reports_only {
+        // SAFETY: restores the default disposition before any other thread exists.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
+}
+
 fn main() {
     limit_malloc_arenas();
     let cli = Cli::parse();
+    quiet_broken_pipe(&cli.cmd);
     let r = match cli.cmd {
         Cmd::Up(a) => up::up(a),
         Cmd::Down(a) => up::down(a),

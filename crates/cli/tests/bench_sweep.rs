@@ -193,6 +193,17 @@ fn sweep_over_cache_modes_mounts_and_unmounts_the_other_mode() {
     // A figure per cache mode, and the native client refuses paged.
     let figs = fs.tmp.path().join("figs");
     hivefs_ok(&["bench", "report", out.to_str().unwrap(), "--out", figs.to_str().unwrap()]);
+    // A reader that went away ends a report quietly (no panic about a broken pipe).
+    let mut child = std::process::Command::new(common::hivefs_bin())
+        .args(["bench", "report", out.to_str().unwrap(), "--out", figs.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
     let svg = std::fs::read_to_string(figs.join("bandwidth_by_cache_write.svg")).unwrap();
     assert_eq!(svg.matches("<rect class=\"box\"").count(), 2);
     assert!(svg.contains("paged") && svg.contains("native"));

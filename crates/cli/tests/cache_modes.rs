@@ -34,6 +34,14 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u32).wrapping_mul(2654435761).to_le_bytes()[1] ^ seed).collect()
 }
 
+/// The kernel's read-ahead of the mount on `mnt`, in KiB.
+fn read_ahead_kib(mnt: &Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(mnt).unwrap().dev();
+    let knob = format!("/sys/class/bdi/{}:{}/read_ahead_kb", libc::major(dev), libc::minor(dev));
+    std::fs::read_to_string(&knob).unwrap_or_else(|e| panic!("{knob}: {e}")).trim().parse().unwrap()
+}
+
 #[test]
 fn paged_mount_caches_reads_writes_through_and_is_close_to_open() {
     let fs = TestFs::up(&["--storage", "1"]);
@@ -42,6 +50,9 @@ fn paged_mount_caches_reads_writes_through_and_is_close_to_open() {
     let mut want = pattern(4 << 20, 7);
     std::fs::write(&p, &want).unwrap();
     assert_eq!(std::fs::read(&n).unwrap(), want, "written through the paged mount, read through the native one");
+
+    // The paged mount reads ahead 1 MiB (the kernel's default for FUSE is 128 KiB).
+    assert_eq!(read_ahead_kib(&paged.mnt), 1024);
 
     // Reads through the paged mount fill the page cache; the native mount's do not.
     assert_eq!(std::fs::read(&p).unwrap(), want);
