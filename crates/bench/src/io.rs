@@ -9,7 +9,10 @@
 //! own offset (8 bytes, little-endian), which the read phase checks.
 //!
 //! Each phase is timed from open to close (fsync included when asked) per
-//! rank; the aggregate is Equation 1 over the ranks. Each phase also carries
+//! rank; the aggregate is Equation 1 over the ranks. Ranks are threads of one
+//! process, or spread over several processes ([`run_part`], one [`Part`] per
+//! process, phases kept in lock step through a [`PhaseSync`]): the command
+//! line's `--processes` starts them. Each phase also carries
 //! its first start and last end as Unix times, so that runs on several client
 //! hosts can be combined into one aggregate (see [`crate::combine`]). Files live in a fresh
 //! directory `hivefs-bench-io.<pid>` under the backend's base and are removed
@@ -18,7 +21,7 @@
 use crate::backend::{Backend, BenchFile};
 use crate::progress::{Counter, Progress};
 use crate::{aggregate_mib_per_s, ranks, BenchError, Result, Span};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -93,6 +96,8 @@ impl IoParams {
 #[derive(Clone, Debug, Serialize)]
 pub struct RankResult {
     pub rank: u32,
+    /// The process that ran the rank.
+    pub pid: u32,
     pub write_bytes: u64,
     pub write_mib_s: f64,
     pub read_bytes: u64,
@@ -124,6 +129,8 @@ pub struct IoReport {
     pub dir: String,
     pub mode: &'static str,
     pub ranks: u32,
+    /// Processes the ranks ran in (threads of each: ranks / processes, rounded).
+    pub processes: u32,
     pub transfer_bytes: u64,
     pub block_bytes: u64,
     pub segments: u32,
@@ -152,8 +159,8 @@ fn phase_result(spans: &[Span], unix0: f64) -> PhaseResult {
     }
 }
 
-/// Removes the benchmark's files and directory when dropped (unless kept).
-struct Cleanup<'a> {
+/// The benchmark's directory and files, removed when dropped (unless kept).
+pub struct Cleanup<'a> {
     backend: &'a dyn Backend,
     dir: String,
     files: Vec<String>,
@@ -181,28 +188,110 @@ pub fn drop_caches() -> Result<()> {
         .map_err(|e| BenchError::io("dropping the page cache (/proc/sys/vm/drop_caches; needs root)", e))
 }
 
-pub fn run(backend: Arc<dyn Backend>, p: &IoParams, progress: bool) -> Result<IoReport> {
+/// The ranks one process runs: `count` ranks from global rank `first`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Part {
+    pub first: u32,
+    pub count: u32,
+}
+
+impl Part {
+    /// Part `i` of `n` of `ranks` ranks, as even as possible (earlier parts take one more).
+    pub fn of(ranks: u32, i: u32, n: u32) -> Part {
+        let (base, extra) = (ranks / n, ranks % n);
+        Part { first: i * base + i.min(extra), count: base + u32::from(i < extra) }
+    }
+}
+
+/// Keeps the phases of processes that each run a [`Part`] in lock step.
+pub trait PhaseSync {
+    /// Before phase `phase`: returns when every process may start it.
+    fn ready(&mut self, phase: usize) -> Result<()>;
+    /// After this process's ranks have finished phase `phase`.
+    fn done(&mut self, phase: usize) -> Result<()>;
+}
+
+/// What one process's ranks did: per phase (write, read) one span per rank,
+/// in seconds since the Unix epoch, and how many transfers read back wrong.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PartResult {
+    pub part_first: u32,
+    pub pid: u32,
+    pub spans: [Vec<Span>; 2],
+    pub verify_errors: u64,
+}
+
+/// The run's own directory name (`hivefs-bench-io.<pid>` of the process that prepares it).
+pub fn run_dir() -> String {
+    format!("hivefs-bench-io.{}", std::process::id())
+}
+
+fn file_of(p: &IoParams, dir: &str, rank: u32) -> String {
+    if p.file_per_rank {
+        format!("{dir}/data.{rank}")
+    } else {
+        format!("{dir}/data")
+    }
+}
+
+/// Creates the run's directory `dir` and its (empty) files.
+pub fn prepare<'a>(b: &'a dyn Backend, p: &IoParams, dir: &str) -> Result<Cleanup<'a>> {
     p.validate()?;
-    let b: &dyn Backend = &*backend;
-    let dir = format!("hivefs-bench-io.{}", std::process::id());
-    b.mkdir(&dir).map_err(|e| BenchError::io(format!("cannot create {}", b.describe(&dir)), e))?;
-    let file_of = |rank: u32| {
-        if p.file_per_rank {
-            format!("{dir}/data.{rank}")
-        } else {
-            format!("{dir}/data")
-        }
-    };
+    b.mkdir(dir).map_err(|e| BenchError::io(format!("cannot create {}", b.describe(dir)), e))?;
     let nfiles = if p.file_per_rank { p.ranks } else { 1 };
-    let mut cleanup = Cleanup { backend: b, dir: dir.clone(), files: Vec::new(), keep: p.keep };
+    let mut cleanup = Cleanup { backend: b, dir: dir.to_string(), files: Vec::new(), keep: p.keep };
     for r in 0..nfiles {
-        let f = file_of(r);
+        let f = file_of(p, dir, r);
         let h = b.open(&f, true, true).map_err(|e| BenchError::io(format!("cannot create {}", b.describe(&f)), e))?;
         cleanup.files.push(f.clone());
         h.close().map_err(|e| BenchError::io(format!("closing {}", b.describe(&f)), e))?;
     }
+    Ok(cleanup)
+}
 
-    let total = p.bytes_per_rank() * u64::from(p.ranks);
+pub fn run(backend: Arc<dyn Backend>, p: &IoParams, progress: bool) -> Result<IoReport> {
+    let b: &dyn Backend = &*backend;
+    let dir = run_dir();
+    let cleanup = prepare(b, p, &dir)?;
+    let part = run_part(b, p, &dir, Part { first: 0, count: p.ranks }, None, progress)?;
+    check_verified(b, &dir, part.verify_errors)?;
+    drop(cleanup);
+    Ok(report(b, p, &dir, &part.spans, &vec![part.pid; p.ranks as usize]))
+}
+
+/// Fails the run if any transfer read back wrong.
+pub fn check_verified(b: &dyn Backend, dir: &str, bad: u64) -> Result<()> {
+    if bad > 0 {
+        return Err(BenchError::Invalid(format!(
+            "{bad} transfers read back from {} did not hold the data written",
+            b.describe(dir)
+        )));
+    }
+    Ok(())
+}
+
+/// Runs the ranks of `part` through both phases in the prepared directory
+/// `dir`. With `sync`, each phase starts when it says so (and caches are
+/// dropped by whoever drives it); without, this process is the whole run.
+pub fn run_part(
+    b: &dyn Backend,
+    p: &IoParams,
+    dir: &str,
+    part: Part,
+    sync: Option<&mut dyn PhaseSync>,
+    progress: bool,
+) -> Result<PartResult> {
+    p.validate()?;
+    if part.count == 0 || part.first + part.count > p.ranks {
+        return Err(BenchError::Invalid(format!(
+            "ranks {}..{} are not within the run's {} ranks",
+            part.first,
+            part.first + part.count,
+            p.ranks
+        )));
+    }
+    let sync = RefCell::new(sync);
+    let total = p.bytes_per_rank() * u64::from(part.count);
     let counter = Counter::default();
     let verify_errors = AtomicU64::new(0);
     let progress_bar: RefCell<Option<Progress>> = RefCell::new(None);
@@ -210,11 +299,13 @@ pub fn run(backend: Arc<dyn Backend>, p: &IoParams, progress: bool) -> Result<Io
     // The ranks' clock starts right after this (within microseconds).
     let unix0 = crate::unix_now_s();
     let spans = ranks::run(
-        p.ranks,
+        part.count,
         2,
         |ph| {
-            if ph == 1 && p.drop_caches {
-                drop_caches()?;
+            match sync.borrow_mut().as_mut() {
+                Some(s) => s.ready(ph)?,
+                None if ph == 1 && p.drop_caches => drop_caches()?,
+                None => {}
             }
             counter.reset();
             *progress_bar.borrow_mut() = Some(Progress::start(
@@ -226,13 +317,17 @@ pub fn run(backend: Arc<dyn Backend>, p: &IoParams, progress: bool) -> Result<Io
             ));
             Ok(())
         },
-        |_, _| {
+        |ph, _| {
             progress_bar.borrow_mut().take();
-            Ok(())
+            match sync.borrow_mut().as_mut() {
+                Some(s) => s.done(ph),
+                None => Ok(()),
+            }
         },
-        |rank, ph, failed| {
+        |local, ph, failed| {
+            let rank = part.first + local;
             let data_rank = if ph == 1 && p.reorder { (rank + 1) % p.ranks } else { rank };
-            let path = file_of(data_rank);
+            let path = file_of(p, dir, data_rank);
             let what = |doing: &str| format!("rank {rank} {doing} {}", b.describe(&path));
             let write = ph == 0;
             let mut f: Box<dyn BenchFile> =
@@ -265,40 +360,48 @@ pub fn run(backend: Arc<dyn Backend>, p: &IoParams, progress: bool) -> Result<Io
             Ok(moved)
         },
     )?;
-    let bad = verify_errors.load(Ordering::Relaxed);
-    if bad > 0 {
-        return Err(BenchError::Invalid(format!(
-            "{bad} transfers read back from {} did not hold the data written",
-            b.describe(&dir)
-        )));
-    }
-    drop(cleanup);
-    Ok(IoReport {
+    let unix = |v: &Vec<Span>| -> Vec<Span> {
+        v.iter().map(|s| Span { start_s: unix0 + s.start_s, end_s: unix0 + s.end_s, bytes: s.bytes }).collect()
+    };
+    Ok(PartResult {
+        part_first: part.first,
+        pid: std::process::id(),
+        spans: [unix(&spans[0]), unix(&spans[1])],
+        verify_errors: verify_errors.load(Ordering::Relaxed),
+    })
+}
+
+/// The report of a whole run from every rank's spans (Unix seconds, ranks in
+/// order) and the process that ran each rank.
+pub fn report(b: &dyn Backend, p: &IoParams, dir: &str, spans: &[Vec<Span>; 2], pids: &[u32]) -> IoReport {
+    IoReport {
         benchmark: "io",
         api: b.kind(),
         path: b.describe(""),
-        dir: b.describe(&dir),
+        dir: b.describe(dir),
         mode: p.mode(),
         ranks: p.ranks,
+        processes: 1,
         transfer_bytes: p.transfer_bytes,
         block_bytes: p.block_bytes,
         segments: p.segments,
         fsync: p.fsync,
         drop_caches: p.drop_caches,
         reorder: p.reorder,
-        files: nfiles,
-        write: phase_result(&spans[0], unix0),
-        read: phase_result(&spans[1], unix0),
-        per_rank: (0..p.ranks as usize)
+        files: if p.file_per_rank { p.ranks } else { 1 },
+        write: phase_result(&spans[0], 0.0),
+        read: phase_result(&spans[1], 0.0),
+        per_rank: (0..spans[0].len().min(spans[1].len()))
             .map(|r| RankResult {
                 rank: r as u32,
+                pid: pids.get(r).copied().unwrap_or(0),
                 write_bytes: spans[0][r].bytes,
                 write_mib_s: spans[0][r].mib_per_s(),
                 read_bytes: spans[1][r].bytes,
                 read_mib_s: spans[1][r].mib_per_s(),
             })
             .collect(),
-    })
+    }
 }
 
 #[cfg(test)]
@@ -339,6 +442,73 @@ mod tests {
         assert!(IoParams { segments: 0, ..params() }.validate().is_err());
         assert!(IoParams { transfer_bytes: 4, block_bytes: 8, ..params() }.validate().is_err());
         assert!(IoParams { transfer_bytes: 128 << 20, block_bytes: 128 << 20, ..params() }.validate().is_err());
+    }
+
+    #[test]
+    fn parts_cover_the_ranks_once() {
+        for (ranks, n) in [(8, 3), (3, 3), (7, 2), (5, 1)] {
+            let parts: Vec<Part> = (0..n).map(|i| Part::of(ranks, i, n)).collect();
+            let mut next = 0;
+            for pt in &parts {
+                assert_eq!(pt.first, next, "{ranks} over {n}: {parts:?}");
+                assert!(pt.count >= ranks / n && pt.count <= ranks / n + 1);
+                next += pt.count;
+            }
+            assert_eq!(next, ranks);
+        }
+    }
+
+    /// Two parts driven in lock step (as two processes would be): every
+    /// write ends before any read starts, and the reads check the data.
+    #[test]
+    fn two_parts_in_lock_step() {
+        use std::sync::{Barrier, Mutex};
+        struct Step<'a>(&'a Barrier, &'a Mutex<Vec<String>>, u32);
+        impl PhaseSync for Step<'_> {
+            fn ready(&mut self, ph: usize) -> Result<()> {
+                self.1.lock().unwrap().push(format!("ready {ph} {}", self.2));
+                self.0.wait();
+                Ok(())
+            }
+            fn done(&mut self, ph: usize) -> Result<()> {
+                self.1.lock().unwrap().push(format!("done {ph} {}", self.2));
+                self.0.wait();
+                Ok(())
+            }
+        }
+        let d = tempfile::tempdir().unwrap();
+        let b = Posix::new(d.path().to_path_buf(), "plain");
+        let p = IoParams { ranks: 3, reorder: true, ..params() };
+        let cleanup = prepare(&b, &p, "run").unwrap();
+        let (barrier, log) = (Barrier::new(2), Mutex::new(Vec::new()));
+        let results: Vec<PartResult> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|i| {
+                    let (b, p, barrier, log) = (&b, &p, &barrier, &log);
+                    s.spawn(move || {
+                        let mut st = Step(barrier, log, i);
+                        run_part(b, p, "run", Part::of(3, i, 2), Some(&mut st), false).unwrap()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(results.iter().all(|r| r.verify_errors == 0));
+        let mut spans: [Vec<Span>; 2] = [Vec::new(), Vec::new()];
+        for r in &results {
+            for (all, part) in spans.iter_mut().zip(&r.spans) {
+                all.extend(part);
+            }
+        }
+        let rep = report(&b, &p, "run", &spans, &[1, 1, 2]);
+        assert_eq!(rep.per_rank.len(), 3);
+        assert_eq!(rep.write.bytes, 3 * 32768);
+        let last_write = spans[0].iter().map(|s| s.end_s).fold(0.0, f64::max);
+        assert!(spans[1].iter().all(|s| s.start_s >= last_write), "a read started before every write ended");
+        let log = log.into_inner().unwrap();
+        assert_eq!(log.iter().filter(|l| l.starts_with("ready 1")).count(), 2, "{log:?}");
+        drop(cleanup);
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! - [`net`]: NetBench — streams from this client to every storage node whose
 //!   service discards what it receives and answers reads with zeros, so the
 //!   disks are out of the picture.
-//! - [`io`]: IOR-like — ranks (threads) write then read one shared file (N-1)
+//! - [`io`]: IOR-like — ranks (threads, optionally spread over processes) write then read one shared file (N-1)
 //!   or a file each (N-N), through a mount (plain file I/O on a path) or
 //!   through the native client library.
 //! - [`md`]: mdtest-like — create / stat / read / remove phases of many small
@@ -82,7 +82,7 @@ impl FsConn {
 
 /// The interval during which one participant (rank, target, stream) moved
 /// `bytes`, in seconds since a common origin.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct Span {
     pub start_s: f64,
     pub end_s: f64,

@@ -257,6 +257,17 @@ pub struct IoArgs {
     /// Each rank reads back what the next rank wrote.
     #[arg(long)]
     pub reorder: bool,
+    /// Spread the ranks over this many processes, each running its share as threads
+    /// (--ranks 8 --processes 4: 4 processes of 2 threads); every phase starts in all of them
+    /// together.
+    #[arg(long, default_value_t = 1)]
+    pub processes: u32,
+    /// Internal: run part I/N of the ranks for a parent `--processes` run.
+    #[arg(long, hide = true, requires = "run_dir")]
+    pub part: Option<String>,
+    /// Internal: the prepared run directory of a `--part` run.
+    #[arg(long, hide = true)]
+    pub run_dir: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -473,15 +484,23 @@ pub(crate) fn io_params(a: &IoArgs) -> Result<io::IoParams> {
 fn bench_io(a: IoArgs) -> Result<()> {
     let p = io_params(&a)?;
     let (b, _, _) = backend(&a.target, &a.common.conn)?;
-    let r = io::run(b, &p, !a.common.no_progress)?;
+    if let (Some(part), Some(dir)) = (&a.part, &a.run_dir) {
+        return crate::bench_procs::run_child(&*b, &p, dir, crate::bench_procs::parse_part(part, p.ranks)?);
+    }
+    let r = match a.processes {
+        0 => bail!("--processes must be at least 1"),
+        1 => io::run(b, &p, !a.common.no_progress)?,
+        n => crate::bench_procs::run(&*b, &p, n, !a.common.no_progress)?,
+    };
     if a.common.conn.json {
         return print_json(&r);
     }
     println!(
-        "io bench ({}, {}): {} ranks, transfer {}, block {}, {} segment(s), {} file(s){}{}",
+        "io bench ({}, {}): {} ranks{}, transfer {}, block {}, {} segment(s), {} file(s){}{}",
         r.api,
         r.mode,
         r.ranks,
+        if r.processes > 1 { format!(" in {} processes", r.processes) } else { String::new() },
         human(r.transfer_bytes),
         human(r.block_bytes),
         r.segments,

@@ -166,6 +166,24 @@ fn io_and_md_bench_through_the_mount_and_the_native_client() {
         "--reorder",
     ]);
     check_io(&r, "native", "N-N", 2, 2, 1 << 20);
+    // Ranks as processes: 5 ranks over 2 processes (3 + 2 threads), through the mount and
+    // through the native client; each rank reads its neighbour's data, across processes.
+    for native in [false, true] {
+        let mut args = vec!["bench", "io", w, "--json", "--ranks", "5", "--processes", "2", "--reorder"];
+        args.extend(["--transfer-size", "64k", "--block-size", "256k", "--drop-caches"]);
+        if native {
+            args.extend(["--native", "--mount", m]);
+        }
+        let r = json(&args);
+        check_io(&r, if native { "native" } else { "mount" }, "N-1", 5, 1, 256 << 10);
+        assert_eq!(r["processes"], 2);
+        let pids: Vec<u64> = r["per_rank"].as_array().unwrap().iter().map(|x| x["pid"].as_u64().unwrap()).collect();
+        assert!(pids[0] == pids[2] && pids[3] == pids[4] && pids[0] != pids[3], "ranks per process: {pids:?}");
+        assert!(!pids.contains(&u64::from(std::process::id())));
+    }
+    let o = common::hivefs(&["bench", "io", w, "--ranks", "2", "--processes", "3"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("every process runs at least one rank"));
     assert_eq!(std::fs::read_dir(&work).unwrap().count(), 0, "io bench left files in {w}");
 
     // mdtest-like through the mount, compared with a plain directory.
