@@ -140,3 +140,66 @@ fn up_mounts_with_the_cache_mode_it_was_given_and_keeps_it() {
         assert!(share > 0.9, "{round}: {:.0}% cached after a read", share * 100.0);
     }
 }
+
+/// Requests answered by all metadata nodes so far.
+fn meta_requests(m: &hivefs_bench::md::MetaCounts) -> u64 {
+    m.snapshot().expect("request counts of the metadata nodes").values().sum()
+}
+
+/// A `security.capability` value (revision 2, effective, CAP_NET_RAW permitted).
+const CAPS: [u8; 20] = [1, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+
+fn get_caps(p: &Path) -> Option<Vec<u8>> {
+    let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let mut buf = [0u8; 64];
+    // SAFETY: valid C strings and a buffer of the given length.
+    let n =
+        unsafe { libc::getxattr(path.as_ptr(), c"security.capability".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (n >= 0).then(|| buf[..n as usize].to_vec())
+}
+
+fn set_caps(p: &Path) {
+    let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: valid C strings and a value of the given length.
+    let r =
+        unsafe { libc::setxattr(path.as_ptr(), c"security.capability".as_ptr(), CAPS.as_ptr().cast(), CAPS.len(), 0) };
+    assert_eq!(r, 0, "setxattr security.capability on {}: {}", p.display(), std::io::Error::last_os_error());
+}
+
+/// Writes through a paged mount: the kernel's capability check before each write
+/// is answered by the mount (one metadata request per open, not one per write), and a
+/// file's capabilities are still dropped by a write, also when another client set them.
+#[test]
+fn paged_writes_ask_for_capabilities_once_per_open_and_still_drop_them() {
+    let fs = TestFs::up(&["--storage", "1"]);
+    let paged = fs.extra_mount("paged", &["--cache-mode", "paged"]);
+    let secret = hivefs_net::load_secret(&fs.secret()).expect("secret");
+    let conn = hivefs_bench::FsConn { mgmtd: fs.mgmtd_addr(), secret: Some(secret) };
+    let m = hivefs_bench::md::MetaCounts::connect(&conn).expect("connect");
+    let (p, n) = (paged.mnt.join("f"), fs.path("f"));
+    std::fs::write(&n, pattern(1 << 20, 1)).unwrap();
+
+    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    let before = meta_requests(&m);
+    for i in 0..200u64 {
+        f.write_all_at(&pattern(4096, i as u8), (i * 4096) % (1 << 20)).unwrap();
+    }
+    let used = meta_requests(&m) - before;
+    assert!(used <= 2, "200 writes through one paged handle sent {used} metadata requests");
+    drop(f);
+
+    // Capabilities set by another client are seen at the next open and dropped by a write.
+    set_caps(&n);
+    assert_eq!(get_caps(&p).as_deref(), Some(&CAPS[..]));
+    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    f.write_all_at(b"x", 10).unwrap();
+    drop(f);
+    assert_eq!(get_caps(&n), None, "a write through the paged mount must drop the file's capabilities");
+    // ... and set through the paged mount itself, while the file is open there.
+    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    f.write_all_at(b"y", 11).unwrap();
+    set_caps(&p);
+    f.write_all_at(b"z", 12).unwrap();
+    drop(f);
+    assert_eq!(get_caps(&n), None, "capabilities set through the mount are dropped by its next write");
+}

@@ -36,6 +36,15 @@ const READDIR_PAGE: u32 = 512;
 const MAX_IO: u32 = 1 << 20;
 /// Files whose version at open cache mode `paged` remembers.
 const OPENED_VERSIONS_MAX: usize = 100_000;
+/// The extended attribute holding a file's capabilities. The kernel asks for
+/// it before every write through the page cache (to drop capabilities on
+/// write). While a file is open for writing here, a paged mount answers from
+/// [`LocalSize::caps`], fetched on the first ask after each open for writing
+/// and forgotten on any change through this mount: one metadata request per
+/// open instead of one per write. That fits the mode's close-to-open promise:
+/// capabilities another client sets on a file this client keeps open for
+/// writing are seen at its next open.
+const CAPS_XATTR: &[u8] = b"security.capability";
 
 /// What the kernel may keep of files' contents (BeeGFS's `tuneFileCacheType`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -154,6 +163,9 @@ struct DirHandle {
 struct LocalSize {
     size: u64,
     writers: u32,
+    /// Cache mode paged: the file's `security.capability` (`Some(None)`: it
+    /// has none), once asked for since the last open for writing.
+    caps: Option<Option<Vec<u8>>>,
     /// Time of the last write through this mount, reported as mtime and
     /// ctime until the metadata node hears of the writes.
     mtime: Option<Timespec>,
@@ -291,6 +303,8 @@ impl Inner {
         let l = m.entry(id).or_default();
         l.writers += 1;
         l.size = l.size.max(size);
+        // Each open asks again (close-to-open).
+        l.caps = None;
     }
 
     fn drop_writer(&self, id: EntryId) {
@@ -423,6 +437,24 @@ macro_rules! run {
 }
 
 impl Inner {
+    /// The cached `security.capability` of a file open for writing here: `None` if not known.
+    fn cached_caps(&self, id: EntryId) -> Option<Option<Vec<u8>>> {
+        self.local_sizes.lock().expect("sizes").get(&id).and_then(|l| l.caps.clone())
+    }
+
+    /// Caches a file's `security.capability` if it is open for writing here.
+    fn remember_caps(&self, id: EntryId, v: Option<Vec<u8>>) {
+        if let Some(l) = self.local_sizes.lock().expect("sizes").get_mut(&id) {
+            l.caps = Some(v);
+        }
+    }
+
+    fn forget_caps(&self, id: EntryId) {
+        if let Some(l) = self.local_sizes.lock().expect("sizes").get_mut(&id) {
+            l.caps = None;
+        }
+    }
+
     /// How long the kernel may keep these attributes: files' not at all.
     fn attr_ttl(&self, attr: &FileAttr) -> Duration {
         if attr.kind == FileType::Directory {
@@ -653,6 +685,10 @@ impl Filesystem for HiveFs {
             // A file this call created needs no truncation (nor the time update of O_TRUNC).
             let flags = if a.size == 0 { flags & !libc::O_TRUNC } else { flags };
             let (fh, f) = inner.opened(ent, a.clone(), flags, c).await?;
+            if excl {
+                // A file this call created (O_EXCL) has no capabilities.
+                inner.remember_caps(ent.id, None);
+            }
             let open_flags = inner.cache_mode.open_flags(flags, inner.global_locks, f.unchanged);
             Ok(move |reply: ReplyCreate| {
                 // The creator keeps no name in the cache either: `created`
@@ -901,7 +937,9 @@ impl Filesystem for HiveFs {
     ) {
         let (name, value) = (name_bytes(name), value.to_vec());
         run!(self, reply, |inner| {
-            inner.client.setxattr(inner.ent(ino)?, &name, &value, flags as u32).await?;
+            let ent = inner.ent(ino)?;
+            inner.forget_caps(ent.id);
+            inner.client.setxattr(ent, &name, &value, flags as u32).await?;
             Ok(move |reply: ReplyEmpty| reply.ok())
         })
     }
@@ -909,8 +947,27 @@ impl Filesystem for HiveFs {
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let name = name_bytes(name);
         run!(self, reply, |inner| {
-            let v = inner.client.getxattr(inner.ent(ino)?, &name).await?;
-            Ok(move |reply: ReplyXattr| xattr_reply(reply, &v, size))
+            let ent = inner.ent(ino)?;
+            let cached = inner.cache_mode == CacheMode::Paged && name == CAPS_XATTR;
+            if cached {
+                if let Some(v) = inner.cached_caps(ent.id) {
+                    let v = v.ok_or_else(|| FsError::new(ErrorCode::NoData, "no security.capability"))?;
+                    return Ok(Box::new(move |reply: ReplyXattr| xattr_reply(reply, &v, size))
+                        as Box<dyn FnOnce(ReplyXattr) + Send>);
+                }
+            }
+            let v = match inner.client.getxattr(ent, &name).await {
+                Err(e) if cached && e.code == ErrorCode::NoData => {
+                    inner.remember_caps(ent.id, None);
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+                Ok(v) => v,
+            };
+            if cached {
+                inner.remember_caps(ent.id, Some(v.clone()));
+            }
+            Ok(Box::new(move |reply: ReplyXattr| xattr_reply(reply, &v, size)) as Box<dyn FnOnce(ReplyXattr) + Send>)
         })
     }
 
@@ -932,7 +989,9 @@ impl Filesystem for HiveFs {
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name_bytes(name);
         run!(self, reply, |inner| {
-            inner.client.removexattr(inner.ent(ino)?, &name).await?;
+            let ent = inner.ent(ino)?;
+            inner.forget_caps(ent.id);
+            inner.client.removexattr(ent, &name).await?;
             Ok(move |reply: ReplyEmpty| reply.ok())
         })
     }
