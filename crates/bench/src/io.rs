@@ -10,9 +10,9 @@
 //!
 //! Each phase is timed from open to close (fsync included when asked) per
 //! rank; the aggregate is Equation 1 over the ranks. Ranks are threads of one
-//! process, or spread over several processes ([`run_part`], one [`Part`] per
-//! process, phases kept in lock step through a [`PhaseSync`]): the command
-//! line's `--processes` starts them. Each phase also carries
+//! process, or spread over several processes ([`run_part`], one
+//! [`ranks::Part`] per process, phases kept in lock step through a
+//! [`ranks::PhaseSync`]): the command line's `--processes` starts them. Each phase also carries
 //! its first start and last end as Unix times, so that runs on several client
 //! hosts can be combined into one aggregate (see [`crate::combine`]). Files live in a fresh
 //! directory `hivefs-bench-io.<pid>` under the backend's base and are removed
@@ -20,8 +20,9 @@
 
 use crate::backend::{Backend, BenchFile};
 use crate::progress::{Counter, Progress};
-use crate::{aggregate_mib_per_s, ranks, BenchError, Result, Span};
-use serde::{Deserialize, Serialize};
+use crate::ranks::{self, Part, PartResult, PhaseSync};
+use crate::{aggregate_mib_per_s, BenchError, Result, Span};
+use serde::Serialize;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -188,39 +189,6 @@ pub fn drop_caches() -> Result<()> {
         .map_err(|e| BenchError::io("dropping the page cache (/proc/sys/vm/drop_caches; needs root)", e))
 }
 
-/// The ranks one process runs: `count` ranks from global rank `first`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Part {
-    pub first: u32,
-    pub count: u32,
-}
-
-impl Part {
-    /// Part `i` of `n` of `ranks` ranks, as even as possible (earlier parts take one more).
-    pub fn of(ranks: u32, i: u32, n: u32) -> Part {
-        let (base, extra) = (ranks / n, ranks % n);
-        Part { first: i * base + i.min(extra), count: base + u32::from(i < extra) }
-    }
-}
-
-/// Keeps the phases of processes that each run a [`Part`] in lock step.
-pub trait PhaseSync {
-    /// Before phase `phase`: returns when every process may start it.
-    fn ready(&mut self, phase: usize) -> Result<()>;
-    /// After this process's ranks have finished phase `phase`.
-    fn done(&mut self, phase: usize) -> Result<()>;
-}
-
-/// What one process's ranks did: per phase (write, read) one span per rank,
-/// in seconds since the Unix epoch, and how many transfers read back wrong.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct PartResult {
-    pub part_first: u32,
-    pub pid: u32,
-    pub spans: [Vec<Span>; 2],
-    pub verify_errors: u64,
-}
-
 /// The run's own directory name (`hivefs-bench-io.<pid>` of the process that prepares it).
 pub fn run_dir() -> String {
     format!("hivefs-bench-io.{}", std::process::id())
@@ -253,7 +221,7 @@ pub fn run(backend: Arc<dyn Backend>, p: &IoParams, progress: bool) -> Result<Io
     let b: &dyn Backend = &*backend;
     let dir = run_dir();
     let cleanup = prepare(b, p, &dir)?;
-    let part = run_part(b, p, &dir, Part { first: 0, count: p.ranks }, None, progress)?;
+    let part = run_part(b, p, &dir, Part::all(p.ranks), None, progress)?;
     check_verified(b, &dir, part.verify_errors)?;
     drop(cleanup);
     Ok(report(b, p, &dir, &part.spans, &vec![part.pid; p.ranks as usize]))
@@ -282,14 +250,7 @@ pub fn run_part(
     progress: bool,
 ) -> Result<PartResult> {
     p.validate()?;
-    if part.count == 0 || part.first + part.count > p.ranks {
-        return Err(BenchError::Invalid(format!(
-            "ranks {}..{} are not within the run's {} ranks",
-            part.first,
-            part.first + part.count,
-            p.ranks
-        )));
-    }
+    part.check(p.ranks)?;
     let sync = RefCell::new(sync);
     let total = p.bytes_per_rank() * u64::from(part.count);
     let counter = Counter::default();
@@ -360,20 +321,12 @@ pub fn run_part(
             Ok(moved)
         },
     )?;
-    let unix = |v: &Vec<Span>| -> Vec<Span> {
-        v.iter().map(|s| Span { start_s: unix0 + s.start_s, end_s: unix0 + s.end_s, bytes: s.bytes }).collect()
-    };
-    Ok(PartResult {
-        part_first: part.first,
-        pid: std::process::id(),
-        spans: [unix(&spans[0]), unix(&spans[1])],
-        verify_errors: verify_errors.load(Ordering::Relaxed),
-    })
+    Ok(PartResult::new(part, unix0, spans, verify_errors.load(Ordering::Relaxed)))
 }
 
 /// The report of a whole run from every rank's spans (Unix seconds, ranks in
 /// order) and the process that ran each rank.
-pub fn report(b: &dyn Backend, p: &IoParams, dir: &str, spans: &[Vec<Span>; 2], pids: &[u32]) -> IoReport {
+pub fn report(b: &dyn Backend, p: &IoParams, dir: &str, spans: &[Vec<Span>], pids: &[u32]) -> IoReport {
     IoReport {
         benchmark: "io",
         api: b.kind(),
@@ -444,20 +397,6 @@ mod tests {
         assert!(IoParams { transfer_bytes: 128 << 20, block_bytes: 128 << 20, ..params() }.validate().is_err());
     }
 
-    #[test]
-    fn parts_cover_the_ranks_once() {
-        for (ranks, n) in [(8, 3), (3, 3), (7, 2), (5, 1)] {
-            let parts: Vec<Part> = (0..n).map(|i| Part::of(ranks, i, n)).collect();
-            let mut next = 0;
-            for pt in &parts {
-                assert_eq!(pt.first, next, "{ranks} over {n}: {parts:?}");
-                assert!(pt.count >= ranks / n && pt.count <= ranks / n + 1);
-                next += pt.count;
-            }
-            assert_eq!(next, ranks);
-        }
-    }
-
     /// Two parts driven in lock step (as two processes would be): every
     /// write ends before any read starts, and the reads check the data.
     #[test]
@@ -493,14 +432,10 @@ mod tests {
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        assert!(results.iter().all(|r| r.verify_errors == 0));
-        let mut spans: [Vec<Span>; 2] = [Vec::new(), Vec::new()];
-        for r in &results {
-            for (all, part) in spans.iter_mut().zip(&r.spans) {
-                all.extend(part);
-            }
-        }
-        let rep = report(&b, &p, "run", &spans, &[1, 1, 2]);
+        let (spans, pids, bad) = ranks::merge(results, 2);
+        assert_eq!(bad, 0);
+        let rep = report(&b, &p, "run", &spans, &pids);
+        assert_eq!(rep.per_rank.iter().map(|r| r.pid).collect::<Vec<_>>(), vec![std::process::id(); 3]);
         assert_eq!(rep.per_rank.len(), 3);
         assert_eq!(rep.write.bytes, 3 * 32768);
         let last_write = spans[0].iter().map(|s| s.end_s).fold(0.0, f64::max);

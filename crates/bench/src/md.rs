@@ -1,4 +1,5 @@
-//! mdtest-like metadata rates: `ranks` threads each create, then stat, then
+//! mdtest-like metadata rates: `ranks` ranks (threads, or threads of several
+//! processes, see [`Driver`] and [`run_part`]) each create, then stat, then
 //! read, then remove `files_per_rank` files of `file_bytes` bytes, in a
 //! directory per rank or in one shared directory. Every phase starts on all
 //! ranks at once; its rate is the operations of all ranks over the time from
@@ -16,7 +17,8 @@
 use crate::backend::Backend;
 use crate::cpu::Snapshot;
 use crate::progress::{Counter, Progress};
-use crate::{ranks, BenchError, FsConn, Result, Span};
+use crate::ranks::{self, Part, PartResult, PhaseSync};
+use crate::{BenchError, FsConn, Result, Span};
 use hivefs_cluster::Cluster;
 use hivefs_proto::{Reply, Request};
 use hivefs_types::ids::NodeType;
@@ -159,7 +161,7 @@ pub fn report(p: &MdParams, run: MdRun, compare: Option<MdRun>) -> MdReport {
 }
 
 /// Removes whatever is left of the benchmark's tree when dropped.
-struct Cleanup<'a> {
+pub struct Cleanup<'a> {
     backend: &'a dyn Backend,
     dir: String,
     subdirs: Vec<String>,
@@ -183,123 +185,221 @@ impl Drop for Cleanup<'_> {
     }
 }
 
-pub fn run(backend: Arc<dyn Backend>, p: &MdParams, obs: &Observers, progress: bool) -> Result<MdRun> {
-    p.validate()?;
-    let b: &dyn Backend = &*backend;
-    let dir = format!("hivefs-bench-md.{}", std::process::id());
-    let mkdir = |d: &str| b.mkdir(d).map_err(|e| BenchError::io(format!("cannot create {}", b.describe(d)), e));
-    mkdir(&dir)?;
-    let subdirs: Vec<String> = if p.shared_dir {
+/// Runs the ranks of a whole run somewhere else than in this process's
+/// threads (in child processes, each running a [`Part`] with [`run_part`]).
+pub trait Driver {
+    /// Runs `phases` phases. `before(phase, cpu_s)` and `after(phase, cpu_s)`
+    /// are called while no rank works, with the CPU seconds the ranks'
+    /// processes have used so far. Returns per phase one span per rank, in
+    /// rank order, in Unix seconds.
+    fn run(
+        &mut self,
+        phases: usize,
+        before: &mut dyn FnMut(usize, f64) -> Result<()>,
+        after: &mut dyn FnMut(usize, f64) -> Result<()>,
+    ) -> Result<Vec<Vec<Span>>>;
+}
+
+/// The run's own directory name (`hivefs-bench-md.<pid>` of the process that prepares it).
+pub fn run_dir() -> String {
+    format!("hivefs-bench-md.{}", std::process::id())
+}
+
+fn subdirs(p: &MdParams, dir: &str) -> Vec<String> {
+    if p.shared_dir {
         vec![format!("{dir}/shared")]
     } else {
         (0..p.ranks).map(|r| format!("{dir}/r{r}")).collect()
-    };
-    let mut cleanup = Cleanup { backend: b, dir: dir.clone(), subdirs: Vec::new(), files: Vec::new(), keep: p.keep };
-    for d in &subdirs {
-        mkdir(d)?;
-        cleanup.subdirs.push(d.clone());
     }
-    let path = |rank: u32, i: u32| {
-        let d = &subdirs[if p.shared_dir { 0 } else { rank as usize }];
-        format!("{d}/f.{rank}.{i}")
-    };
-    // Until the remove phase completes, a failure must remove every file.
-    cleanup.files =
-        (0..p.ranks).flat_map(|r| (0..p.files_per_rank).map(move |i| (r, i))).map(|(r, i)| path(r, i)).collect();
+}
 
+fn file_path(p: &MdParams, dir: &str, rank: u32, i: u32) -> String {
+    if p.shared_dir {
+        format!("{dir}/shared/f.{rank}.{i}")
+    } else {
+        format!("{dir}/r{rank}/f.{rank}.{i}")
+    }
+}
+
+/// Creates the run's directory tree; the returned guard removes it, and
+/// every file the ranks may have created, unless the run completes.
+fn prepare<'a>(b: &'a dyn Backend, p: &MdParams, dir: &str) -> Result<Cleanup<'a>> {
+    let mkdir = |d: &str| b.mkdir(d).map_err(|e| BenchError::io(format!("cannot create {}", b.describe(d)), e));
+    mkdir(dir)?;
+    let mut cleanup =
+        Cleanup { backend: b, dir: dir.to_string(), subdirs: Vec::new(), files: Vec::new(), keep: p.keep };
+    for d in subdirs(p, dir) {
+        mkdir(&d)?;
+        cleanup.subdirs.push(d);
+    }
+    // Until the remove phase completes, a failure must remove every file.
+    cleanup.files = (0..p.ranks)
+        .flat_map(|r| (0..p.files_per_rank).map(move |i| (r, i)))
+        .map(|(r, i)| file_path(p, dir, r, i))
+        .collect();
+    Ok(cleanup)
+}
+
+/// One rank's work in one phase: `files_per_rank` operations; returns how many were done.
+fn rank_work(
+    b: &dyn Backend,
+    p: &MdParams,
+    dir: &str,
+    rank: u32,
+    ph: usize,
+    failed: &std::sync::atomic::AtomicBool,
+    counter: &Counter,
+) -> Result<u64> {
+    let content = vec![0x6du8; p.file_bytes as usize];
+    let mut buf = vec![0u8; p.file_bytes as usize];
+    let mut done = 0u64;
+    for i in 0..p.files_per_rank {
+        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+            break;
+        }
+        let f = file_path(p, dir, rank, i);
+        let err = |doing: &str, e| BenchError::io(format!("rank {rank} {doing} {}", b.describe(&f)), e);
+        match PHASES[ph] {
+            "create" => {
+                let mut h = b.open(&f, true, true).map_err(|e| err("creating", e))?;
+                if !content.is_empty() {
+                    h.write_at(0, &content).map_err(|e| err("writing", e))?;
+                }
+                h.close().map_err(|e| err("closing", e))?;
+            }
+            "stat" => {
+                let size = b.stat(&f).map_err(|e| err("stat of", e))?;
+                if size != u64::from(p.file_bytes) {
+                    return Err(BenchError::Invalid(format!(
+                        "rank {rank}: {} has {size} bytes, not {}",
+                        b.describe(&f),
+                        p.file_bytes
+                    )));
+                }
+            }
+            "read" => {
+                let mut h = b.open(&f, false, false).map_err(|e| err("opening", e))?;
+                if !buf.is_empty() {
+                    let n = h.read_at(0, &mut buf).map_err(|e| err("reading", e))?;
+                    if n != buf.len() || buf != content {
+                        return Err(BenchError::Invalid(format!(
+                            "rank {rank}: {} does not hold the data written",
+                            b.describe(&f)
+                        )));
+                    }
+                }
+                h.close().map_err(|e| err("closing", e))?;
+            }
+            _ => b.unlink(&f).map_err(|e| err("removing", e))?,
+        }
+        done += 1;
+        counter.add(1);
+    }
+    Ok(done)
+}
+
+pub fn run(backend: Arc<dyn Backend>, p: &MdParams, obs: &Observers, progress: bool) -> Result<MdRun> {
+    run_with(backend, p, obs, progress, None)
+}
+
+/// A whole run: its ranks in this process's threads, or run by `driver`.
+pub fn run_with(
+    backend: Arc<dyn Backend>,
+    p: &MdParams,
+    obs: &Observers,
+    progress: bool,
+    driver: Option<&mut dyn Driver>,
+) -> Result<MdRun> {
+    p.validate()?;
+    let b: &dyn Backend = &*backend;
+    let dir = run_dir();
+    let mut cleanup = prepare(b, p, &dir)?;
     let ops = p.ops_per_phase();
     let counter = Counter::default();
     let bar: RefCell<Option<Progress>> = RefCell::new(None);
-    let snaps: RefCell<Option<(Snapshot, BTreeMap<String, u64>)>> = RefCell::new(None);
-    let mut phases = Vec::new();
-    let take = || -> Result<(Snapshot, BTreeMap<String, u64>)> {
+    // Per phase: (ranks' CPU seconds, snapshot, requests per metadata node) at its start and end.
+    type Mark = (f64, Snapshot, BTreeMap<String, u64>);
+    let marks: RefCell<Vec<(Mark, Option<Mark>)>> = RefCell::new(Vec::new());
+    let take = |cpu: f64| -> Result<Mark> {
         let meta = match &obs.meta {
             Some(m) => m.snapshot()?,
             None => BTreeMap::new(),
         };
-        Ok((Snapshot::take(&obs.services), meta))
+        Ok((cpu, Snapshot::take(&obs.services), meta))
     };
-    let content = vec![0x6du8; p.file_bytes as usize];
-    ranks::run(
-        p.ranks,
-        PHASES.len(),
-        |ph| {
-            counter.reset();
-            *snaps.borrow_mut() = Some(take()?);
+    let threads = driver.is_none();
+    let mut before = |ph: usize, cpu: f64| -> Result<()> {
+        counter.reset();
+        marks.borrow_mut().push((take(cpu)?, None));
+        if threads {
             *bar.borrow_mut() =
                 Some(Progress::start(progress, format!("md {}", PHASES[ph]), ops, "ops", counter.clone()));
-            Ok(())
-        },
-        |ph, spans: &[Span]| {
-            bar.borrow_mut().take();
-            let (cpu1, meta1) = take()?;
-            let (cpu0, meta0) = snaps.borrow_mut().take().expect("snapshot taken before the phase");
-            let (cpu, svc) = cpu0.per_op_us(&cpu1, ops);
-            let first = spans.iter().map(|s| s.start_s).fold(f64::INFINITY, f64::min);
-            let last = spans.iter().map(|s| s.end_s).fold(f64::NEG_INFINITY, f64::max);
-            let secs = (last - first).max(0.0);
-            phases.push(MdPhase {
-                phase: PHASES[ph],
-                ops: spans.iter().map(|s| s.bytes).sum(),
-                seconds: secs,
-                ops_per_s: if secs > 0.0 { ops as f64 / secs } else { 0.0 },
-                cpu_us_per_op: cpu,
-                service_cpu_us_per_op: svc,
-                meta_requests: meta1.iter().map(|(n, v)| (n.clone(), v - meta0.get(n).copied().unwrap_or(0))).collect(),
-            });
-            Ok(())
-        },
-        |rank, ph, failed| {
-            let mut buf = vec![0u8; p.file_bytes as usize];
-            let mut done = 0u64;
-            for i in 0..p.files_per_rank {
-                if failed.load(std::sync::atomic::Ordering::Relaxed) {
-                    break;
-                }
-                let f = path(rank, i);
-                let err = |doing: &str, e| BenchError::io(format!("rank {rank} {doing} {}", b.describe(&f)), e);
-                match PHASES[ph] {
-                    "create" => {
-                        let mut h = b.open(&f, true, true).map_err(|e| err("creating", e))?;
-                        if !content.is_empty() {
-                            h.write_at(0, &content).map_err(|e| err("writing", e))?;
-                        }
-                        h.close().map_err(|e| err("closing", e))?;
-                    }
-                    "stat" => {
-                        let size = b.stat(&f).map_err(|e| err("stat of", e))?;
-                        if size != u64::from(p.file_bytes) {
-                            return Err(BenchError::Invalid(format!(
-                                "rank {rank}: {} has {size} bytes, not {}",
-                                b.describe(&f),
-                                p.file_bytes
-                            )));
-                        }
-                    }
-                    "read" => {
-                        let mut h = b.open(&f, false, false).map_err(|e| err("opening", e))?;
-                        if !buf.is_empty() {
-                            let n = h.read_at(0, &mut buf).map_err(|e| err("reading", e))?;
-                            if n != buf.len() || buf != content {
-                                return Err(BenchError::Invalid(format!(
-                                    "rank {rank}: {} does not hold the data written",
-                                    b.describe(&f)
-                                )));
-                            }
-                        }
-                        h.close().map_err(|e| err("closing", e))?;
-                    }
-                    _ => b.unlink(&f).map_err(|e| err("removing", e))?,
-                }
-                done += 1;
-                counter.add(1);
-            }
-            Ok(done)
-        },
-    )?;
+        }
+        Ok(())
+    };
+    let mut after = |ph: usize, cpu: f64| -> Result<()> {
+        bar.borrow_mut().take();
+        marks.borrow_mut()[ph].1 = Some(take(cpu)?);
+        Ok(())
+    };
+    let spans = match driver {
+        Some(d) => d.run(PHASES.len(), &mut before, &mut after)?,
+        None => {
+            let unix0 = crate::unix_now_s();
+            let spans = ranks::run(
+                p.ranks,
+                PHASES.len(),
+                |ph| before(ph, crate::cpu::self_cpu_s()),
+                |ph, _| after(ph, crate::cpu::self_cpu_s()),
+                |rank, ph, failed| rank_work(b, p, &dir, rank, ph, failed, &counter),
+            )?;
+            PartResult::new(Part::all(p.ranks), unix0, spans, 0).spans
+        }
+    };
+    let marks = marks.into_inner();
+    if spans.len() != PHASES.len() || marks.len() != PHASES.len() {
+        return Err(BenchError::Invalid(format!("{} of {} phases were run", spans.len(), PHASES.len())));
+    }
+    let mut phases = Vec::new();
+    for (ph, (spans, (m0, m1))) in spans.iter().zip(marks).enumerate() {
+        let (cpu0, snap0, meta0) = m0;
+        let (cpu1, snap1, meta1) =
+            m1.ok_or_else(|| BenchError::Invalid(format!("phase {} did not end", PHASES[ph])))?;
+        let (_, svc) = snap0.per_op_us(&snap1, ops);
+        let first = spans.iter().map(|s| s.start_s).fold(f64::INFINITY, f64::min);
+        let last = spans.iter().map(|s| s.end_s).fold(f64::NEG_INFINITY, f64::max);
+        let secs = (last - first).max(0.0);
+        phases.push(MdPhase {
+            phase: PHASES[ph],
+            ops: spans.iter().map(|s| s.bytes).sum(),
+            seconds: secs,
+            ops_per_s: if secs > 0.0 { ops as f64 / secs } else { 0.0 },
+            cpu_us_per_op: if ops > 0 { (cpu1 - cpu0) * 1e6 / ops as f64 } else { 0.0 },
+            service_cpu_us_per_op: svc,
+            meta_requests: meta1.iter().map(|(n, v)| (n.clone(), v - meta0.get(n).copied().unwrap_or(0))).collect(),
+        });
+    }
     cleanup.files.clear();
     drop(cleanup);
     Ok(MdRun { api: b.kind(), path: b.describe(""), phases })
+}
+
+/// Runs the ranks of `part` through every phase in the run directory `dir`
+/// prepared by the driving process, each phase on `sync`'s word.
+pub fn run_part(b: &dyn Backend, p: &MdParams, dir: &str, part: Part, sync: &mut dyn PhaseSync) -> Result<PartResult> {
+    p.validate()?;
+    part.check(p.ranks)?;
+    let sync = RefCell::new(sync);
+    let counter = Counter::default();
+    let unix0 = crate::unix_now_s();
+    let spans = ranks::run(
+        part.count,
+        PHASES.len(),
+        |ph| sync.borrow_mut().ready(ph),
+        |ph, _| sync.borrow_mut().done(ph),
+        |local, ph, failed| rank_work(b, p, dir, part.first + local, ph, failed, &counter),
+    )?;
+    Ok(PartResult::new(part, unix0, spans, 0))
 }
 
 #[cfg(test)]

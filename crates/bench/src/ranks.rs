@@ -2,11 +2,94 @@
 //! (after a barrier) and the next phase waits for the slowest rank. The
 //! coordinating thread runs a hook before and after each phase (cache drops,
 //! CPU and request-counter snapshots) while no rank is working.
+//!
+//! Ranks can also be spread over processes: each runs a [`Part`] of them
+//! as threads, with its phases started and ended through a [`PhaseSync`]
+//! by whoever drives the processes, and reports a [`PartResult`].
 
 use crate::{BenchError, Result, Span};
+use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::Instant;
+
+/// The ranks one process runs: `count` ranks from global rank `first`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Part {
+    pub first: u32,
+    pub count: u32,
+}
+
+impl Part {
+    /// Part `i` of `n` of `ranks` ranks, as even as possible (earlier parts take one more).
+    pub fn of(ranks: u32, i: u32, n: u32) -> Part {
+        let (base, extra) = (ranks / n, ranks % n);
+        Part { first: i * base + i.min(extra), count: base + u32::from(i < extra) }
+    }
+
+    /// All `ranks` ranks in one process.
+    pub fn all(ranks: u32) -> Part {
+        Part { first: 0, count: ranks }
+    }
+
+    /// Fails unless this part lies within `ranks` ranks.
+    pub fn check(&self, ranks: u32) -> Result<()> {
+        if self.count == 0 || self.first.checked_add(self.count).is_none_or(|end| end > ranks) {
+            return Err(BenchError::Invalid(format!(
+                "ranks {}..{} are not within the run's {ranks} ranks",
+                self.first,
+                self.first.saturating_add(self.count)
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Keeps the phases of processes that each run a [`Part`] in lock step.
+pub trait PhaseSync {
+    /// Before phase `phase`: returns when every process may start it.
+    fn ready(&mut self, phase: usize) -> Result<()>;
+    /// After this process's ranks have finished phase `phase`.
+    fn done(&mut self, phase: usize) -> Result<()>;
+}
+
+/// What one process's ranks did: per phase one span per rank, in seconds
+/// since the Unix epoch, and how many results did not check out.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PartResult {
+    pub part_first: u32,
+    pub pid: u32,
+    pub spans: Vec<Vec<Span>>,
+    pub verify_errors: u64,
+}
+
+impl PartResult {
+    /// Spans relative to a clock started at `unix0` (Unix seconds), as [`run`] returns them.
+    pub fn new(part: Part, unix0: f64, spans: Vec<Vec<Span>>, verify_errors: u64) -> PartResult {
+        let spans = spans
+            .into_iter()
+            .map(|ph| {
+                ph.into_iter().map(|s| Span { start_s: unix0 + s.start_s, end_s: unix0 + s.end_s, ..s }).collect()
+            })
+            .collect();
+        PartResult { part_first: part.first, pid: std::process::id(), spans, verify_errors }
+    }
+}
+
+/// The parts of a run put together: spans per phase of all ranks in rank
+/// order, the process of each rank, and the sum of the verify errors.
+pub fn merge(mut parts: Vec<PartResult>, phases: usize) -> (Vec<Vec<Span>>, Vec<u32>, u64) {
+    parts.sort_by_key(|r| r.part_first);
+    let mut spans = vec![Vec::new(); phases];
+    let mut pids = Vec::new();
+    for r in &parts {
+        for (all, part) in spans.iter_mut().zip(&r.spans) {
+            all.extend(part);
+        }
+        pids.extend(std::iter::repeat_n(r.pid, r.spans.first().map_or(0, Vec::len)));
+    }
+    (spans, pids, parts.iter().map(|r| r.verify_errors).sum())
+}
 
 /// Runs `phases` phases on `ranks` threads. `work(rank, phase, failed)`
 /// returns the units (bytes or operations) the rank moved in that phase; it
@@ -76,6 +159,34 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parts_cover_the_ranks_once() {
+        for (ranks, n) in [(8, 3), (3, 3), (7, 2), (5, 1)] {
+            let parts: Vec<Part> = (0..n).map(|i| Part::of(ranks, i, n)).collect();
+            let mut next = 0;
+            for pt in &parts {
+                assert_eq!(pt.first, next, "{ranks} over {n}: {parts:?}");
+                assert!(pt.count >= ranks / n && pt.count <= ranks / n + 1);
+                assert!(pt.check(ranks).is_ok());
+                next += pt.count;
+            }
+            assert_eq!(next, ranks);
+        }
+        assert!(Part { first: 2, count: 2 }.check(3).is_err());
+        assert!(Part { first: 0, count: 0 }.check(3).is_err());
+        assert!(Part { first: u32::MAX, count: 2 }.check(3).is_err());
+    }
+
+    #[test]
+    fn merged_parts_are_in_rank_order() {
+        let span = |b| Span { start_s: 1.0, end_s: 2.0, bytes: b };
+        let a = PartResult { part_first: 2, pid: 7, spans: vec![vec![span(2)]], verify_errors: 1 };
+        let b = PartResult { part_first: 0, pid: 5, spans: vec![vec![span(0), span(1)]], verify_errors: 0 };
+        let (spans, pids, bad) = merge(vec![a, b], 1);
+        assert_eq!(spans[0].iter().map(|s| s.bytes).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!((pids, bad), (vec![5, 5, 7], 1));
+    }
 
     #[test]
     fn phases_run_in_lock_step_and_errors_do_not_hang() {

@@ -3,6 +3,7 @@
 //! table, or one JSON object with `--json`).
 
 use crate::admin::{resolve, Conn};
+use crate::bench_procs::{run_child, ProcArgs, Procs};
 use crate::util::{absolute, hivefs_mounts, human, parse_size, print_table};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -257,17 +258,8 @@ pub struct IoArgs {
     /// Each rank reads back what the next rank wrote.
     #[arg(long)]
     pub reorder: bool,
-    /// Spread the ranks over this many processes, each running its share as threads
-    /// (--ranks 8 --processes 4: 4 processes of 2 threads); every phase starts in all of them
-    /// together.
-    #[arg(long, default_value_t = 1)]
-    pub processes: u32,
-    /// Internal: run part I/N of the ranks for a parent `--processes` run.
-    #[arg(long, hide = true, requires = "run_dir")]
-    pub part: Option<String>,
-    /// Internal: the prepared run directory of a `--part` run.
-    #[arg(long, hide = true)]
-    pub run_dir: Option<String>,
+    #[command(flatten)]
+    pub procs: ProcArgs,
 }
 
 #[derive(Args, Debug)]
@@ -292,6 +284,8 @@ pub struct MdArgs {
     /// (default: found from the mount when it was started by `hivefs up`).
     #[arg(long)]
     pub up_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub procs: ProcArgs,
 }
 
 pub fn bench(cmd: BenchCmd) -> Result<()> {
@@ -484,13 +478,13 @@ pub(crate) fn io_params(a: &IoArgs) -> Result<io::IoParams> {
 fn bench_io(a: IoArgs) -> Result<()> {
     let p = io_params(&a)?;
     let (b, _, _) = backend(&a.target, &a.common.conn)?;
-    if let (Some(part), Some(dir)) = (&a.part, &a.run_dir) {
-        return crate::bench_procs::run_child(&*b, &p, dir, crate::bench_procs::parse_part(part, p.ranks)?);
+    if let Some((part, dir)) = a.procs.child(p.ranks)? {
+        return run_child(|sync| io::run_part(&*b, &p, dir, part, Some(sync), false));
     }
-    let r = match a.processes {
+    let r = match a.procs.processes {
         0 => bail!("--processes must be at least 1"),
         1 => io::run(b, &p, !a.common.no_progress)?,
-        n => crate::bench_procs::run(&*b, &p, n, !a.common.no_progress)?,
+        n => crate::bench_procs::run_io(&*b, &p, n, !a.common.no_progress)?,
     };
     if a.common.conn.json {
         return print_json(&r);
@@ -576,8 +570,32 @@ fn up_dir_of(mnt: &Path) -> Option<PathBuf> {
     dir.join("fs.toml").exists().then_some(dir)
 }
 
+fn progress_of(a: &MdArgs) -> bool {
+    !a.common.no_progress
+}
+
 fn bench_md(a: MdArgs) -> Result<()> {
     let p = md_params(&a)?;
+    if let Some((part, dir)) = a.procs.child(p.ranks)? {
+        let b: Arc<dyn Backend> = match (&a.compare_dir, a.procs.part_in_compare_dir) {
+            (Some(d), true) => Arc::new(Posix::new(absolute(d)?, "plain")),
+            _ => backend(&a.target, &a.common.conn)?.0,
+        };
+        return run_child(|sync| md::run_part(&*b, &p, dir, part, sync));
+    }
+    if a.procs.processes == 0 {
+        bail!("--processes must be at least 1");
+    }
+    // Each run's ranks: threads of this process, or children started for it.
+    let md_run = |b: Arc<dyn Backend>, obs: &Observers, compare: bool| -> Result<md::MdRun> {
+        let n = a.procs.processes;
+        if n == 1 {
+            return Ok(md::run(b, &p, obs, progress_of(&a))?);
+        }
+        let extra: &[&str] = if compare { &["--part-in-compare-dir"] } else { &[] };
+        let mut procs = Procs::start(n, p.ranks, &md::run_dir(), extra, "md", progress_of(&a))?;
+        Ok(md::run_with(b, &p, obs, false, Some(&mut procs))?)
+    };
     let (b, conn, mnt) = backend(&a.target, &a.common.conn)?;
     let up = a.up_dir.clone().or_else(|| mnt.as_deref().and_then(up_dir_of));
     let meta = match &conn {
@@ -591,16 +609,14 @@ fn bench_md(a: MdArgs) -> Result<()> {
         None => None,
     };
     let obs = Observers { services: up.map(|d| hivefs_bench::cpu::up_service_pids(&d)).unwrap_or_default(), meta };
-    let progress = !a.common.no_progress;
-    let run = md::run(b, &p, &obs, progress)?;
-    let compare = match &a.compare_dir {
-        Some(d) => {
-            if !d.is_dir() {
-                bail!("--compare-dir {} is not a directory", d.display());
-            }
-            let plain: Arc<dyn Backend> = Arc::new(Posix::new(absolute(d)?, "plain"));
-            Some(md::run(plain, &p, &Observers::default(), progress)?)
+    if let Some(d) = &a.compare_dir {
+        if !d.is_dir() {
+            bail!("--compare-dir {} is not a directory", d.display());
         }
+    }
+    let run = md_run(b, &obs, false)?;
+    let compare = match &a.compare_dir {
+        Some(d) => Some(md_run(Arc::new(Posix::new(absolute(d)?, "plain")), &Observers::default(), true)?),
         None => None,
     };
     let r = md::report(&p, run, compare);
@@ -608,8 +624,9 @@ fn bench_md(a: MdArgs) -> Result<()> {
         return print_json(&r);
     }
     println!(
-        "md bench: {} ranks x {} files of {}, {}",
+        "md bench: {} ranks{} x {} files of {}, {}",
         r.ranks,
+        if a.procs.processes > 1 { format!(" in {} processes", a.procs.processes) } else { String::new() },
         r.files_per_rank,
         human(u64::from(r.file_bytes)),
         if r.shared_dir { "one shared directory" } else { "a directory per rank" }

@@ -1,5 +1,6 @@
-//! `hivefs bench io --processes N`: the ranks spread over N processes of this
-//! program, each running its share as threads (`hivefs_bench::io::run_part`).
+//! `hivefs bench io|md --processes N`: the ranks spread over N processes of
+//! this program, each running its share as threads (`io::run_part`,
+//! `md::run_part`).
 //!
 //! The parent prepares the run directory, starts the children with the same
 //! arguments plus `--part I/N --run-dir DIR`, and drives the phases over their
@@ -13,13 +14,44 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use hivefs_bench::backend::Backend;
-use hivefs_bench::io::{self, IoParams, IoReport, Part, PartResult, PhaseSync};
+use hivefs_bench::io::{self, IoParams, IoReport};
+use hivefs_bench::md;
+use hivefs_bench::ranks::{self, Part, PartResult, PhaseSync};
 use hivefs_bench::Span;
 use std::io::{BufRead, BufReader, Lines, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
+/// Where the ranks run: `--processes`, and the internal arguments of a child.
+#[derive(clap::Args, Debug, Default)]
+pub struct ProcArgs {
+    /// Spread the ranks over this many processes, each running its share as threads
+    /// (--ranks 8 --processes 4: 4 processes of 2 threads); every phase starts in all of them
+    /// together.
+    #[arg(long, default_value_t = 1)]
+    pub processes: u32,
+    /// Internal: run part I/N of the ranks for a parent `--processes` run.
+    #[arg(long, hide = true, requires = "run_dir")]
+    pub part: Option<String>,
+    /// Internal: the prepared run directory of a `--part` run.
+    #[arg(long, hide = true)]
+    pub run_dir: Option<String>,
+    /// Internal: the part runs in the `--compare-dir` run.
+    #[arg(long, hide = true)]
+    pub part_in_compare_dir: bool,
+}
+
+impl ProcArgs {
+    /// The part this process runs when it is a child: (part, run directory).
+    pub fn child(&self, ranks: u32) -> Result<Option<(Part, &str)>> {
+        match (&self.part, &self.run_dir) {
+            (Some(part), Some(dir)) => Ok(Some((parse_part(part, ranks)?, dir.as_str()))),
+            _ => Ok(None),
+        }
+    }
+}
+
 /// Parses `--part I/N`.
-pub(crate) fn parse_part(s: &str, ranks: u32) -> Result<Part> {
+fn parse_part(s: &str, ranks: u32) -> Result<Part> {
     let (i, n) = s.split_once('/').ok_or_else(|| anyhow!("--part {s}: expected I/N"))?;
     let (i, n): (u32, u32) = (i.parse()?, n.parse()?);
     if n == 0 || i >= n || n > ranks {
@@ -56,10 +88,11 @@ impl PhaseSync for StdioSync {
     }
 }
 
-/// Runs one part as a child of [`run`]: phases on the parent's word, the result on stdout.
-pub(crate) fn run_child(b: &dyn Backend, p: &IoParams, dir: &str, part: Part) -> Result<()> {
+/// Runs one part as a child of a [`Procs`] parent: `work` runs the phases on the
+/// parent's word; its result goes to stdout.
+pub(crate) fn run_child(work: impl FnOnce(&mut dyn PhaseSync) -> hivefs_bench::Result<PartResult>) -> Result<()> {
     let mut sync = StdioSync { input: std::io::stdin().lock().lines() };
-    let r = io::run_part(b, p, dir, part, Some(&mut sync), false)?;
+    let r = work(&mut sync)?;
     sync.say(&format!("result {}", serde_json::to_string(&r)?))?;
     Ok(())
 }
@@ -70,12 +103,17 @@ struct Kid {
     lines: Lines<BufReader<ChildStdout>>,
 }
 
-/// The children; any still running when this is dropped (after a failure) are killed.
-struct Kids(Vec<Kid>);
+/// The children of a `--processes` run, driven phase by phase. Any child still
+/// running when this is dropped (after a failure) is killed.
+pub(crate) struct Procs {
+    kids: Vec<Kid>,
+    progress: bool,
+    what: String,
+}
 
-impl Drop for Kids {
+impl Drop for Procs {
     fn drop(&mut self) {
-        for k in &mut self.0 {
+        for k in &mut self.kids {
             if matches!(k.child.try_wait(), Ok(None)) {
                 let _ = k.child.kill();
             }
@@ -84,11 +122,37 @@ impl Drop for Kids {
     }
 }
 
-impl Kids {
+impl Procs {
+    /// Starts `n` children of this program with this process's arguments plus
+    /// `--part I/N --run-dir DIR` (and `extra`).
+    pub fn start(n: u32, ranks: u32, dir: &str, extra: &[&str], what: &str, progress: bool) -> Result<Procs> {
+        if n > ranks {
+            bail!("--processes {n} is more than --ranks {ranks}: every process runs at least one rank");
+        }
+        let exe = std::env::current_exe().context("cannot find the hivefs executable")?;
+        let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+        let mut procs = Procs { kids: Vec::new(), progress, what: what.to_string() };
+        for i in 0..n {
+            let mut child = Command::new(&exe)
+                .args(&args)
+                .args(["--part", &format!("{i}/{n}"), "--run-dir", dir])
+                .args(extra)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .with_context(|| format!("cannot start process {} of {n}", i + 1))?;
+            let stdin = child.stdin.take().expect("piped");
+            let lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+            procs.kids.push(Kid { child, stdin, lines });
+        }
+        Ok(procs)
+    }
+
     /// The next line of child `i`, which must start with `want`; returns the rest.
     fn expect(&mut self, i: usize, want: &str) -> Result<String> {
-        let n = self.0.len();
-        let k = &mut self.0[i];
+        let n = self.kids.len();
+        let k = &mut self.kids[i];
         match k.lines.next() {
             Some(Ok(l)) if l.starts_with(want) => Ok(l[want.len()..].trim_start().to_string()),
             Some(Ok(l)) => bail!("process {} of {n}: expected `{want}`, got `{l}`", i + 1),
@@ -99,69 +163,96 @@ impl Kids {
             }
         }
     }
-}
 
-/// The whole run over `n` processes, as a report of all ranks.
-pub(crate) fn run(b: &dyn Backend, p: &IoParams, n: u32, progress: bool) -> Result<IoReport> {
-    if n > p.ranks {
-        bail!("--processes {n} is more than --ranks {}: every process runs at least one rank", p.ranks);
+    /// CPU seconds the children have used so far.
+    pub fn cpu_s(&self) -> f64 {
+        self.kids.iter().filter_map(|k| hivefs_bench::cpu::pid_cpu_s(k.child.id() as i32)).sum()
     }
-    let dir = io::run_dir();
-    let cleanup = io::prepare(b, p, &dir)?;
-    let exe = std::env::current_exe().context("cannot find the hivefs executable")?;
-    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    let mut kids = Kids(Vec::new());
-    for i in 0..n {
-        let mut child = Command::new(&exe)
-            .args(&args)
-            .args(["--part", &format!("{i}/{n}"), "--run-dir", &dir])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("cannot start process {} of {n}", i + 1))?;
-        let stdin = child.stdin.take().expect("piped");
-        let lines = BufReader::new(child.stdout.take().expect("piped")).lines();
-        kids.0.push(Kid { child, stdin, lines });
-    }
-    for (ph, name) in ["write", "read"].into_iter().enumerate() {
-        for i in 0..kids.0.len() {
-            kids.expect(i, &format!("ready {ph}"))?;
+
+    /// Phase `ph`: waits until every child is ready, runs `before`, starts the
+    /// phase in all, waits until all are done, runs `after`.
+    pub fn phase(
+        &mut self,
+        ph: usize,
+        name: &str,
+        before: impl FnOnce(f64) -> Result<()>,
+        after: impl FnOnce(f64) -> Result<()>,
+    ) -> Result<()> {
+        for i in 0..self.kids.len() {
+            self.expect(i, &format!("ready {ph}"))?;
         }
-        if ph == 1 && p.drop_caches {
-            io::drop_caches()?;
+        before(self.cpu_s())?;
+        if self.progress {
+            eprintln!("{} {name}: {} processes", self.what, self.kids.len());
         }
-        if progress {
-            eprintln!("io {} {name}: {} ranks in {n} processes", p.mode(), p.ranks);
-        }
-        for k in &mut kids.0 {
+        for k in &mut self.kids {
             writeln!(k.stdin, "go").and_then(|()| k.stdin.flush()).context("starting a phase")?;
         }
-        for i in 0..kids.0.len() {
-            kids.expect(i, &format!("done {ph}"))?;
+        for i in 0..self.kids.len() {
+            self.expect(i, &format!("done {ph}"))?;
         }
+        after(self.cpu_s())
     }
-    let mut parts: Vec<PartResult> = Vec::new();
-    for i in 0..kids.0.len() {
-        let json = kids.expect(i, "result")?;
-        parts.push(serde_json::from_str(&json).with_context(|| format!("process {} of {n}: its result", i + 1))?);
-    }
-    for (i, k) in kids.0.iter_mut().enumerate() {
-        let st = k.child.wait()?;
-        if !st.success() {
-            bail!("process {} of {n} failed ({st})", i + 1);
+
+    /// The children's results, after the last phase: spans per phase of all
+    /// ranks in rank order, the process of each rank, and the verify errors.
+    pub fn finish(&mut self, phases: usize) -> Result<(Vec<Vec<Span>>, Vec<u32>, u64)> {
+        let n = self.kids.len();
+        let mut parts: Vec<PartResult> = Vec::new();
+        for i in 0..n {
+            let json = self.expect(i, "result")?;
+            parts.push(serde_json::from_str(&json).with_context(|| format!("process {} of {n}: its result", i + 1))?);
         }
-    }
-    parts.sort_by_key(|r| r.part_first);
-    let mut spans: [Vec<Span>; 2] = [Vec::new(), Vec::new()];
-    let mut pids = Vec::new();
-    for r in &parts {
-        for (ph, s) in spans.iter_mut().enumerate() {
-            s.extend(&r.spans[ph]);
+        for (i, k) in self.kids.iter_mut().enumerate() {
+            let st = k.child.wait()?;
+            if !st.success() {
+                bail!("process {} of {n} failed ({st})", i + 1);
+            }
         }
-        pids.extend(std::iter::repeat_n(r.pid, r.spans[0].len()));
+        Ok(ranks::merge(parts, phases))
     }
-    io::check_verified(b, &dir, parts.iter().map(|r| r.verify_errors).sum())?;
+}
+
+impl md::Driver for Procs {
+    fn run(
+        &mut self,
+        phases: usize,
+        before: &mut dyn FnMut(usize, f64) -> hivefs_bench::Result<()>,
+        after: &mut dyn FnMut(usize, f64) -> hivefs_bench::Result<()>,
+    ) -> hivefs_bench::Result<Vec<Vec<Span>>> {
+        let mut run = |p: &mut Procs| -> Result<Vec<Vec<Span>>> {
+            for ph in 0..phases {
+                let name = md::PHASES.get(ph).copied().unwrap_or("phase");
+                p.phase(ph, name, |cpu| Ok(before(ph, cpu)?), |cpu| Ok(after(ph, cpu)?))?;
+            }
+            Ok(p.finish(phases)?.0)
+        };
+        run(self).map_err(|e| hivefs_bench::BenchError::Invalid(format!("{e:#}")))
+    }
+}
+
+/// `bench io` over `n` processes, as a report of all ranks.
+pub(crate) fn run_io(b: &dyn Backend, p: &IoParams, n: u32, progress: bool) -> Result<IoReport> {
+    p.validate()?;
+    let dir = io::run_dir();
+    let cleanup = io::prepare(b, p, &dir)?;
+    let mut procs = Procs::start(n, p.ranks, &dir, &[], &format!("io {}", p.mode()), progress)?;
+    for (ph, name) in ["write", "read"].into_iter().enumerate() {
+        let drop_caches = ph == 1 && p.drop_caches;
+        procs.phase(
+            ph,
+            name,
+            |_| {
+                if drop_caches {
+                    io::drop_caches()?;
+                }
+                Ok(())
+            },
+            |_| Ok(()),
+        )?;
+    }
+    let (spans, pids, bad) = procs.finish(2)?;
+    io::check_verified(b, &dir, bad)?;
     drop(cleanup);
     Ok(IoReport { processes: n, ..io::report(b, p, &dir, &spans, &pids) })
 }

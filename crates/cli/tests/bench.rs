@@ -259,6 +259,41 @@ fn io_and_md_bench_through_the_mount_and_the_native_client() {
     assert_eq!(std::fs::read_dir(&work).unwrap().count(), 0, "md bench left files in {w}");
     assert_eq!(std::fs::read_dir(plain.path()).unwrap().count(), 0);
 
+    // Ranks as processes: 3 ranks in 2 processes, through the mount and on the plain
+    // directory; the requests the metadata nodes answered are counted for all of them.
+    let o = hivefs(&[
+        "bench",
+        "md",
+        w,
+        "--json",
+        "--ranks",
+        "3",
+        "--processes",
+        "2",
+        "--files",
+        "10",
+        "--file-size",
+        "4k",
+        "--compare-dir",
+        plain.path().to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(err.matches("md create: 2 processes").count(), 2, "{err}");
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    for run in [&r["run"], &r["compare"]] {
+        for p in run["phases"].as_array().unwrap() {
+            assert_eq!(p["ops"], 30, "{p}");
+            positive(p, "ops_per_s");
+        }
+    }
+    for p in r["run"]["phases"].as_array().unwrap() {
+        let total: u64 = p["meta_requests"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+        assert!(total >= 30, "{p}");
+    }
+    assert_eq!(std::fs::read_dir(&work).unwrap().count(), 0, "md bench left files in {w}");
+    assert_eq!(std::fs::read_dir(plain.path()).unwrap().count(), 0);
+
     // A bad parameter is refused before anything runs.
     let o = hivefs(&["bench", "io", w, "--transfer-size", "3k", "--block-size", "4k"]);
     assert!(!o.status.success());
