@@ -29,6 +29,7 @@ use hivefs_types::ids::{EntryId, TargetId};
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::target::CHUNKS_DIR;
@@ -159,6 +160,37 @@ impl ChunkStore {
         }
         buf.truncate(done);
         Ok(buf)
+    }
+
+    /// Like [`ChunkStore::read`], but only if the whole range is in the page
+    /// cache: `None` when reading it would wait for the disk (`preadv2` with
+    /// `RWF_NOWAIT`), or when the kernel cannot tell. Lets the service answer
+    /// cached reads on its async workers and send the rest to blocking threads.
+    pub fn read_cached(&self, entry: EntryId, offset: u64, len: u32) -> FsResult<Option<Vec<u8>>> {
+        let Some(f) = self.open(entry, false)? else {
+            return Ok(Some(Vec::new()));
+        };
+        let size = f.metadata().map_err(|e| self.err(entry, &e))?.len();
+        if offset >= size || len == 0 {
+            return Ok(Some(Vec::new()));
+        }
+        let want = usize::try_from(u64::from(len).min(size - offset)).expect("a u32 fits in usize");
+        let Ok(off) = libc::off_t::try_from(offset) else {
+            return Ok(None);
+        };
+        let mut buf = vec![0u8; want];
+        let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: want };
+        // SAFETY: one iovec describing `buf`, which outlives the call; `f` is an open file.
+        let n = unsafe { libc::preadv2(f.as_raw_fd(), &iov, 1, off, libc::RWF_NOWAIT) };
+        if n < 0 {
+            return match std::io::Error::last_os_error().raw_os_error() {
+                // Not cached, or no RWF_NOWAIT here: the caller reads the usual way.
+                Some(libc::EAGAIN | libc::EOPNOTSUPP | libc::EINVAL | libc::EINTR) => Ok(None),
+                _ => Err(self.err(entry, &std::io::Error::last_os_error())),
+            };
+        }
+        // Partly cached (or truncated meanwhile): the usual read sorts it out.
+        Ok((n as usize == want).then_some(buf))
     }
 
     /// Sets the chunk file's length. A missing file is created unless `len` is 0.
@@ -292,6 +324,27 @@ mod tests {
     use super::*;
     use crate::target::init_target;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn cached_reads_come_from_the_page_cache_only() {
+        let (_d, s) = store();
+        assert_eq!(s.read_cached(E, 0, 10).unwrap(), Some(Vec::new()), "a missing file reads as empty");
+        let data: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+        s.write(E, 100, &data).unwrap();
+        // Just written: in the page cache.
+        assert_eq!(s.read_cached(E, 100, 20_000).unwrap().as_deref(), Some(&data[..]));
+        assert_eq!(s.read_cached(E, 20_050, 100).unwrap().as_deref(), Some(&data[19_950..]), "short at the end");
+        assert_eq!(s.read_cached(E, 1 << 20, 10).unwrap(), Some(Vec::new()), "past the end");
+        // Dropped from the cache: either not answered, or answered right.
+        let f = File::open(s.chunk_path(E)).unwrap();
+        f.sync_all().unwrap();
+        // SAFETY: an open file; advice only.
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        if let Some(got) = s.read_cached(E, 100, 20_000).unwrap() {
+            assert_eq!(got, data);
+        }
+        assert_eq!(s.read(E, 100, 20_000).unwrap(), data);
+    }
 
     fn store() -> (tempfile::TempDir, ChunkStore) {
         let d = tempfile::tempdir().unwrap();

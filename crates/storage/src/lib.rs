@@ -132,11 +132,29 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> FsResult<T> + Send + 's
     tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(fs_err!(Internal, "chunk I/O task failed: {e}")))
 }
 
-/// Reads and writes of at most this many bytes run on the async worker that
-/// received them instead of a blocking thread: the hop to the blocking pool and
-/// back (two wake-ups) costs more than a small `pread`/`pwrite`, which usually
-/// only touches the page cache (see docs/decisions.md, "Small chunk I/O inline").
+/// Writes of at most this many bytes, and reads of at most this many that the
+/// page cache holds, run on the async worker that received them instead of a
+/// blocking thread: the hop to the blocking pool and back (two wake-ups) costs
+/// more than a small `pread`/`pwrite` of cached pages (see docs/decisions.md,
+/// "Small chunk I/O inline").
 pub const INLINE_IO_MAX: usize = 64 << 10;
+
+/// A chunk read: answered on this worker when it is small and in the page
+/// cache, else on a blocking thread (a read from the disk must not hold a
+/// worker: reads that miss the cache get the blocking pool's queue depth).
+async fn cached_read(
+    s: Arc<ChunkStore>,
+    entry: hivefs_types::ids::EntryId,
+    offset: u64,
+    len: u32,
+) -> FsResult<Vec<u8>> {
+    if len as usize <= INLINE_IO_MAX {
+        if let Some(data) = s.read_cached(entry, offset, len)? {
+            return Ok(data);
+        }
+    }
+    blocking(move || s.read(entry, offset, len)).await
+}
 
 /// Runs chunk I/O of `bytes` bytes inline when it is small, else on a blocking thread.
 async fn chunk_io<T: Send + 'static>(bytes: usize, f: impl FnOnce() -> FsResult<T> + Send + 'static) -> FsResult<T> {
@@ -190,7 +208,7 @@ impl Ready {
                     ))
                 } else {
                     match self.store(target) {
-                        Ok(s) => match chunk_io(len as usize, move || s.read(entry, offset, len)).await {
+                        Ok(s) => match cached_read(s, entry, offset, len).await {
                             Ok(data) => {
                                 self.throttle(target, data.len() as u64).await;
                                 return (Ok(Reply::Data), data);

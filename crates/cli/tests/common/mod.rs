@@ -188,6 +188,20 @@ impl Drop for TestFs {
         for p in self.tmpfs.drain(..) {
             let _ = Command::new("umount").arg("-l").arg(&p).status();
         }
+        // Anything else the test mounted under its directory (a second mount whose
+        // owner leaked, a mount left by a command under test) goes too.
+        let root = self.tmp.path().to_str().unwrap().to_string();
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut under: Vec<PathBuf> = info
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(&format!("{root}/")))
+            .map(PathBuf::from)
+            .collect();
+        under.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for m in under {
+            detach(&m);
+        }
     }
 }
 
@@ -222,9 +236,20 @@ impl Drop for SecondMount {
         let _ = Command::new("fusermount3").arg("-u").arg(&self.mnt).status();
         let _ = self.child.kill();
         let _ = self.child.wait();
-        if is_mounted(&self.mnt) {
-            let _ = Command::new("fusermount3").arg("-uz").arg(&self.mnt).status();
+        detach(&self.mnt);
+    }
+}
+
+/// Detaches whatever is still mounted on `mnt` (lazily), saying so if it cannot.
+fn detach(mnt: &Path) {
+    for tool in [["fusermount3", "-uz"], ["umount", "-l"]] {
+        if !is_mounted(mnt) {
+            return;
         }
+        let _ = Command::new(tool[0]).arg(tool[1]).arg(mnt).status();
+    }
+    if is_mounted(mnt) {
+        eprintln!("test cleanup: {} is still mounted", mnt.display());
     }
 }
 
