@@ -297,7 +297,7 @@ pub fn run_part(
             let mut moved = 0u64;
             'outer: for seg in 0..p.segments {
                 for i in 0..p.block_bytes / p.transfer_bytes {
-                    if failed.load(Ordering::Relaxed) {
+                    if failed.load(Ordering::Relaxed) || crate::interrupted() {
                         break 'outer;
                     }
                     let off = p.offset(data_rank, seg, i);

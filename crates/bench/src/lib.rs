@@ -48,6 +48,29 @@ pub enum BenchError {
     Fs { what: String, source: FsError },
     #[error("{what}: {source}")]
     Io { what: String, source: std::io::Error },
+    #[error("interrupted (the benchmark's files were removed)")]
+    Interrupted,
+}
+
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Asks running benchmarks to stop at their next operation and clean up.
+/// Only stores a flag, so a signal handler may call it.
+pub fn interrupt() {
+    INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether [`interrupt`] was called.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Fails with [`BenchError::Interrupted`] once [`interrupt`] was called.
+pub fn check_interrupted() -> Result<()> {
+    if interrupted() {
+        return Err(BenchError::Interrupted);
+    }
+    Ok(())
 }
 
 impl BenchError {

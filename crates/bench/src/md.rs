@@ -165,7 +165,13 @@ pub struct Cleanup<'a> {
     backend: &'a dyn Backend,
     dir: String,
     subdirs: Vec<String>,
-    files: Vec<String>,
+    /// Until the remove phase completes: the run's parameters, to remove every
+    /// file a rank may have created (paths are derived, not stored: a run may
+    /// have hundreds of millions).
+    files: Option<MdParams>,
+    /// Whether the remove phase has started: files then exist from some index
+    /// to the end of each rank's list, else from its start up to some index.
+    removing: std::cell::Cell<bool>,
     keep: bool,
 }
 
@@ -174,8 +180,27 @@ impl Drop for Cleanup<'_> {
         if self.keep {
             return;
         }
-        for f in &self.files {
-            let _ = self.backend.unlink(f);
+        if let Some(p) = &self.files {
+            let removing = self.removing.get();
+            for r in 0..p.ranks {
+                // Each rank creates and removes its files in order, so those left are a
+                // prefix of its list (before the remove phase) or a suffix (during it):
+                // find the boundary with a binary search, then remove exactly those.
+                let exists = |i: u32| self.backend.stat(&file_path(p, &self.dir, r, i)).is_ok();
+                let (mut lo, mut hi) = (0u32, p.files_per_rank);
+                while lo < hi {
+                    let mid = lo + (hi - lo) / 2;
+                    if exists(mid) != removing {
+                        lo = mid + 1;
+                    } else {
+                        hi = mid;
+                    }
+                }
+                let left = if removing { lo..p.files_per_rank } else { 0..lo };
+                for i in left {
+                    let _ = self.backend.unlink(&file_path(p, &self.dir, r, i));
+                }
+            }
         }
         for d in self.subdirs.iter().chain(std::iter::once(&self.dir)) {
             if let Err(e) = self.backend.rmdir(d) {
@@ -226,17 +251,20 @@ fn file_path(p: &MdParams, dir: &str, rank: u32, i: u32) -> String {
 fn prepare<'a>(b: &'a dyn Backend, p: &MdParams, dir: &str) -> Result<Cleanup<'a>> {
     let mkdir = |d: &str| b.mkdir(d).map_err(|e| BenchError::io(format!("cannot create {}", b.describe(d)), e));
     mkdir(dir)?;
-    let mut cleanup =
-        Cleanup { backend: b, dir: dir.to_string(), subdirs: Vec::new(), files: Vec::new(), keep: p.keep };
+    let mut cleanup = Cleanup {
+        backend: b,
+        dir: dir.to_string(),
+        subdirs: Vec::new(),
+        files: None,
+        removing: std::cell::Cell::new(false),
+        keep: p.keep,
+    };
     for d in subdirs(p, dir) {
         mkdir(&d)?;
         cleanup.subdirs.push(d);
     }
     // Until the remove phase completes, a failure must remove every file.
-    cleanup.files = (0..p.ranks)
-        .flat_map(|r| (0..p.files_per_rank).map(move |i| (r, i)))
-        .map(|(r, i)| file_path(p, dir, r, i))
-        .collect();
+    cleanup.files = Some(p.clone());
     Ok(cleanup)
 }
 
@@ -254,7 +282,7 @@ fn rank_work(
     let mut buf = vec![0u8; p.file_bytes as usize];
     let mut done = 0u64;
     for i in 0..p.files_per_rank {
-        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+        if failed.load(std::sync::atomic::Ordering::Relaxed) || crate::interrupted() {
             break;
         }
         let f = file_path(p, dir, rank, i);
@@ -328,7 +356,11 @@ pub fn run_with(
         Ok((cpu, Snapshot::take(&obs.services), meta))
     };
     let threads = driver.is_none();
+    let removing = &cleanup.removing;
     let mut before = |ph: usize, cpu: f64| -> Result<()> {
+        if PHASES[ph] == "remove" {
+            removing.set(true);
+        }
         counter.reset();
         marks.borrow_mut().push((take(cpu)?, None));
         if threads {
@@ -379,7 +411,7 @@ pub fn run_with(
             meta_requests: meta1.iter().map(|(n, v)| (n.clone(), v - meta0.get(n).copied().unwrap_or(0))).collect(),
         });
     }
-    cleanup.files.clear();
+    cleanup.files = None;
     drop(cleanup);
     Ok(MdRun { api: b.kind(), path: b.describe(""), phases })
 }
@@ -415,6 +447,27 @@ mod tests {
         assert!(MdParams { files_per_rank: 0, ..p.clone() }.validate().is_err());
         assert!(MdParams { ranks: 0, ..p.clone() }.validate().is_err());
         assert!(MdParams { file_bytes: FILE_BYTES_MAX + 1, ..p }.validate().is_err());
+    }
+
+    /// A run that stops half-way leaves a prefix (creating) or a suffix
+    /// (removing) of each rank's files: the cleanup finds and removes exactly those.
+    #[test]
+    fn cleanup_after_a_stop_removes_what_is_left() {
+        for removing in [false, true] {
+            let d = tempfile::tempdir().unwrap();
+            let b = Posix::new(d.path().to_path_buf(), "plain");
+            let p = MdParams { ranks: 3, files_per_rank: 50, file_bytes: 0, shared_dir: false, keep: false };
+            let mut c = prepare(&b, &p, "run").unwrap();
+            c.removing.set(removing);
+            for (r, k) in [(0u32, 0u32), (1, 17), (2, 50)] {
+                let left = if removing { k..50 } else { 0..k };
+                for i in left {
+                    std::fs::write(d.path().join(file_path(&p, "run", r, i)), b"").unwrap();
+                }
+            }
+            drop(c);
+            assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0, "removing {removing}: files left behind");
+        }
     }
 
     #[test]

@@ -93,7 +93,8 @@ pub fn merge(mut parts: Vec<PartResult>, phases: usize) -> (Vec<Vec<Span>>, Vec<
 
 /// Runs `phases` phases on `ranks` threads. `work(rank, phase, failed)`
 /// returns the units (bytes or operations) the rank moved in that phase; it
-/// should stop early once `failed` is set. Returns the spans per phase, one
+/// should stop early once `failed` is set or the run is interrupted
+/// ([`crate::interrupted`], which fails the run after the phase). Returns the spans per phase, one
 /// per rank. The first error of any rank or hook fails the run, but only
 /// after every rank has left the phase (no thread is left at a barrier).
 pub fn run<W, B, A>(ranks: u32, phases: usize, mut before: B, mut after: A, work: W) -> Result<Vec<Vec<Span>>>
@@ -142,6 +143,9 @@ where
             }
             start.wait();
             end.wait();
+            if crate::interrupted() && !failed.load(Ordering::SeqCst) {
+                fail(BenchError::Interrupted);
+            }
             if !failed.load(Ordering::SeqCst) {
                 let done = spans.lock().expect("spans")[ph].clone();
                 if let Err(e) = after(ph, &done) {

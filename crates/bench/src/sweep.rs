@@ -435,6 +435,7 @@ pub fn run(place: &Place, p: &SweepParams, progress: bool) -> Result<SweepSummar
             std::thread::sleep(Duration::from_millis(rng.range(p.pause_min_ms, p.pause_max_ms)));
         }
         for planned in block {
+            crate::check_interrupted()?;
             let c = &configs[planned.config];
             if progress {
                 let eta = if k == 0 {

@@ -181,6 +181,7 @@ impl Procs {
         for i in 0..self.kids.len() {
             self.expect(i, &format!("ready {ph}"))?;
         }
+        hivefs_bench::check_interrupted()?;
         before(self.cpu_s())?;
         if self.progress {
             eprintln!("{} {name}: {} processes", self.what, self.kids.len());

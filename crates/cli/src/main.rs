@@ -95,10 +95,33 @@ fn quiet_broken_pipe(cmd: &Cmd) {
     }
 }
 
+extern "C" fn on_interrupt(_: libc::c_int) {
+    hivefs_bench::interrupt();
+}
+
+/// Benchmarks stop at the first SIGINT or SIGTERM and remove their files (and a
+/// sweep its extra mounts) before exiting; a second signal ends them at once.
+fn graceful_interrupt() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: a zeroed sigaction with a handler that only stores to an atomic
+        // (async-signal-safe); SA_RESETHAND restores the default after one signal.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_interrupt as *const () as usize;
+            sa.sa_flags = libc::SA_RESETHAND;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
 fn main() {
     limit_malloc_arenas();
     let cli = Cli::parse();
     quiet_broken_pipe(&cli.cmd);
+    if matches!(cli.cmd, Cmd::Bench(_)) {
+        graceful_interrupt();
+    }
     let r = match cli.cmd {
         Cmd::Up(a) => up::up(a),
         Cmd::Down(a) => up::down(a),
@@ -118,6 +141,7 @@ fn main() {
     };
     if let Err(e) = r {
         eprintln!("hivefs: {e:#}");
-        std::process::exit(1);
+        // As a shell reports a command ended by SIGINT.
+        std::process::exit(if hivefs_bench::interrupted() { 130 } else { 1 });
     }
 }

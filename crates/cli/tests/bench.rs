@@ -299,3 +299,48 @@ fn io_and_md_bench_through_the_mount_and_the_native_client() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("multiple of the transfer size"));
 }
+
+/// SIGINT (as a terminal's Ctrl-C sends it to the whole process group) stops `bench io`
+/// and `bench md`, with ranks as threads or as processes, and they remove their files.
+#[test]
+fn interrupted_benchmarks_remove_their_files() {
+    use std::os::unix::process::CommandExt;
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().to_str().unwrap();
+    let runs: [&[&str]; 3] = [
+        &["bench", "io", dir, "--ranks", "2", "--block-size", "64g", "--transfer-size", "1m"],
+        &["bench", "io", dir, "--ranks", "2", "--processes", "2", "--block-size", "64g", "--transfer-size", "1m"],
+        &["bench", "md", dir, "--ranks", "2", "--processes", "2", "--files", "100000000"],
+    ];
+    for args in runs {
+        let mut child = std::process::Command::new(common::hivefs_bin())
+            .args(args)
+            .arg("--no-progress")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        // Wait until the run is under way (its directory exists and holds files).
+        let start = std::time::Instant::now();
+        let busy = || {
+            std::fs::read_dir(d.path())
+                .unwrap()
+                .flatten()
+                .any(|e| std::fs::read_dir(e.path()).map(|mut r| r.next().is_some()).unwrap_or(false))
+        };
+        while !busy() {
+            assert!(start.elapsed() < std::time::Duration::from_secs(30), "{args:?} did not start");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        // SAFETY: signalling the process group of the child started above.
+        unsafe { libc::kill(-(child.id() as i32), libc::SIGINT) };
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(130), "{args:?}: {err}");
+        assert!(err.contains("interrupted"), "{args:?}: {err}");
+        let left: Vec<_> = std::fs::read_dir(d.path()).unwrap().flatten().map(|e| e.path()).collect();
+        assert!(left.is_empty(), "{args:?} left {left:?}");
+    }
+}
