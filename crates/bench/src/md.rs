@@ -457,7 +457,7 @@ mod tests {
             let d = tempfile::tempdir().unwrap();
             let b = Posix::new(d.path().to_path_buf(), "plain");
             let p = MdParams { ranks: 3, files_per_rank: 50, file_bytes: 0, shared_dir: false, keep: false };
-            let mut c = prepare(&b, &p, "run").unwrap();
+            let c = prepare(&b, &p, "run").unwrap();
             c.removing.set(removing);
             for (r, k) in [(0u32, 0u32), (1, 17), (2, 50)] {
                 let left = if removing { k..50 } else { 0..k };
