@@ -313,7 +313,7 @@ fn interrupted_benchmarks_remove_their_files() {
         &["bench", "md", dir, "--ranks", "2", "--processes", "2", "--files", "100000000"],
     ];
     for args in runs {
-        let mut child = std::process::Command::new(common::hivefs_bin())
+        let child = std::process::Command::new(common::hivefs_bin())
             .args(args)
             .arg("--no-progress")
             .stdout(std::process::Stdio::null())
