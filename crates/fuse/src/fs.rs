@@ -1029,7 +1029,6 @@ pub fn check_mountpoint(mnt: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Mounts HiveFS at `mnt` and serves it until it is unmounted or `stop` fires.
 /// The `major:minor` device of the mount on `mnt`, from /proc/self/mountinfo
 /// (a `stat` of the mount point would ask this file system, which is not
 /// serving yet).
@@ -1061,6 +1060,7 @@ fn set_read_ahead(mnt: &Path, kib: u32) {
     }
 }
 
+/// Mounts HiveFS at `mnt` and serves it until it is unmounted or `stop` fires.
 pub fn mount(
     client: Arc<Client>,
     rt: tokio::runtime::Handle,
