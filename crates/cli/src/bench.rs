@@ -25,13 +25,16 @@ pub enum BenchCmd {
     /// NetBench: streams from this machine to every storage node, which discards what it receives
     /// and answers reads with zeros (no disk I/O). Reports MiB/s per storage node and in total.
     Net(NetArgs),
-    /// IOR-like: ranks (threads) write, then read back, one shared file (N-1) or a file each
-    /// (N-N), through a mount (plain file I/O on PATH) or the native client (--native).
-    /// Reports the aggregate (total volume / (last end - first start)) and per-rank MiB/s.
+    /// IOR-like: ranks (threads, or threads of several processes with --processes) write,
+    /// then read back, one shared file (N-1) or a file each (N-N), through a mount (plain
+    /// file I/O on PATH) or the native client (--native). Reports the aggregate (total
+    /// volume / (last end - first start)) and per-rank MiB/s.
     Io(IoArgs),
-    /// mdtest-like: ranks (threads) create, stat, read and remove small files in a directory per
-    /// rank or one shared directory, through a mount or the native client (--native). Reports
-    /// ops/s per phase, CPU time per operation and requests per metadata node.
+    /// mdtest-like: ranks (threads, or threads of several processes with --processes)
+    /// create, stat, read and remove small files in a directory per rank or one shared
+    /// directory, through a mount or the native client (--native). Reports ops/s per phase,
+    /// CPU time per operation and requests per metadata node. Ctrl-C stops a run and
+    /// removes its files.
     Md(MdArgs),
     /// A matrix of `io` runs (stripe count x chunk size x chooser x cache mode x transfer size x
     /// ranks) x --repeat repetitions, as the seed striping study's protocol: runs in blocks of 10,
@@ -41,8 +44,8 @@ pub enum BenchCmd {
     /// only (--hosts 1): multi-host sweeps use the `hivefs-testbed` scripts.
     Sweep(SweepArgs),
     /// Figures (SVG, and PNG when rsvg-convert is installed) and a CSV from a sweep's JSON lines:
-    /// write and read bandwidth by stripe count and by (min,max) allocation, every run a dot
-    /// over a box plot per group.
+    /// write and read bandwidth by stripe count, by (min,max) allocation and, when the runs
+    /// hold several, by client cache mode; every run a dot over a box plot per group.
     Report(ReportArgs),
     /// Runs COMMAND repeatedly with DIR's chunk size set to 4k, 16k, ... 16m, then the
     /// neighbours (x2, /2) of the best, and recommends the chunk size with the lowest median wall
@@ -223,7 +226,7 @@ pub struct Target {
     /// --mgmtd and --secret-file, or the only HiveFS mount of this machine).
     #[arg(long)]
     pub native: bool,
-    /// Number of ranks (threads).
+    /// Number of ranks (threads; with --processes, spread over that many processes).
     #[arg(long, default_value_t = 2)]
     pub ranks: u32,
     /// Leave the files in place.
