@@ -138,16 +138,32 @@ impl ChunkStore {
     /// Reads up to `len` bytes at `offset`: fewer at the end of the chunk
     /// file, none past it or if the file does not exist.
     pub fn read(&self, entry: EntryId, offset: u64, len: u32) -> FsResult<Vec<u8>> {
+        match self.open_read(entry, offset, len)? {
+            Some((f, want)) => self.read_open(entry, &f, offset, want),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Opens the chunk file for a read of up to `len` bytes at `offset`;
+    /// returns it with the bytes there are to read, or `None` when there are
+    /// none (no file, at or past its end, or `len` 0). The buffer is bounded
+    /// by the file's length: a read at the end of a short chunk file does not
+    /// allocate the full request.
+    pub fn open_read(&self, entry: EntryId, offset: u64, len: u32) -> FsResult<Option<(File, usize)>> {
         let Some(f) = self.open(entry, false)? else {
-            return Ok(Vec::new());
+            return Ok(None);
         };
         let size = f.metadata().map_err(|e| self.err(entry, &e))?.len();
         if offset >= size || len == 0 {
-            return Ok(Vec::new());
+            return Ok(None);
         }
-        // Bound the buffer by the file's length: a read at the end of a short
-        // chunk file does not allocate the full request.
         let want = usize::try_from(u64::from(len).min(size - offset)).expect("a u32 fits in usize");
+        Ok(Some((f, want)))
+    }
+
+    /// Reads `want` bytes at `offset` of a file from [`ChunkStore::open_read`]
+    /// (fewer if it was truncated meanwhile); may wait for the disk.
+    pub fn read_open(&self, entry: EntryId, f: &File, offset: u64, want: usize) -> FsResult<Vec<u8>> {
         let mut buf = vec![0u8; want];
         let mut done = 0;
         while done < want {
@@ -162,19 +178,12 @@ impl ChunkStore {
         Ok(buf)
     }
 
-    /// Like [`ChunkStore::read`], but only if the whole range is in the page
-    /// cache: `None` when reading it would wait for the disk (`preadv2` with
-    /// `RWF_NOWAIT`), or when the kernel cannot tell. Lets the service answer
-    /// cached reads on its async workers and send the rest to blocking threads.
-    pub fn read_cached(&self, entry: EntryId, offset: u64, len: u32) -> FsResult<Option<Vec<u8>>> {
-        let Some(f) = self.open(entry, false)? else {
-            return Ok(Some(Vec::new()));
-        };
-        let size = f.metadata().map_err(|e| self.err(entry, &e))?.len();
-        if offset >= size || len == 0 {
-            return Ok(Some(Vec::new()));
-        }
-        let want = usize::try_from(u64::from(len).min(size - offset)).expect("a u32 fits in usize");
+    /// Like [`ChunkStore::read_open`], but only if the whole range is in the
+    /// page cache: `None` when reading it would wait for the disk (`preadv2`
+    /// with `RWF_NOWAIT`), when only part of it is cached, or when the kernel
+    /// cannot tell. Lets the service answer cached reads on its async workers
+    /// and send the rest to blocking threads.
+    pub fn read_cached(&self, entry: EntryId, f: &File, offset: u64, want: usize) -> FsResult<Option<Vec<u8>>> {
         let Ok(off) = libc::off_t::try_from(offset) else {
             return Ok(None);
         };
@@ -183,13 +192,13 @@ impl ChunkStore {
         // SAFETY: one iovec describing `buf`, which outlives the call; `f` is an open file.
         let n = unsafe { libc::preadv2(f.as_raw_fd(), &iov, 1, off, libc::RWF_NOWAIT) };
         if n < 0 {
-            return match std::io::Error::last_os_error().raw_os_error() {
+            let e = std::io::Error::last_os_error();
+            return match e.raw_os_error() {
                 // Not cached, or no RWF_NOWAIT here: the caller reads the usual way.
                 Some(libc::EAGAIN | libc::EOPNOTSUPP | libc::EINVAL | libc::EINTR) => Ok(None),
-                _ => Err(self.err(entry, &std::io::Error::last_os_error())),
+                _ => Err(self.err(entry, &e)),
             };
         }
-        // Partly cached (or truncated meanwhile): the usual read sorts it out.
         Ok((n as usize == want).then_some(buf))
     }
 
@@ -328,21 +337,24 @@ mod tests {
     #[test]
     fn cached_reads_come_from_the_page_cache_only() {
         let (_d, s) = store();
-        assert_eq!(s.read_cached(E, 0, 10).unwrap(), Some(Vec::new()), "a missing file reads as empty");
+        assert!(s.open_read(E, 0, 10).unwrap().is_none(), "a missing file has nothing to read");
         let data: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
         s.write(E, 100, &data).unwrap();
+        assert!(s.open_read(E, 1 << 20, 10).unwrap().is_none(), "past the end");
+        let (f, want) = s.open_read(E, 20_050, 100).unwrap().unwrap();
+        assert_eq!(want, 50, "short at the end");
         // Just written: in the page cache.
-        assert_eq!(s.read_cached(E, 100, 20_000).unwrap().as_deref(), Some(&data[..]));
-        assert_eq!(s.read_cached(E, 20_050, 100).unwrap().as_deref(), Some(&data[19_950..]), "short at the end");
-        assert_eq!(s.read_cached(E, 1 << 20, 10).unwrap(), Some(Vec::new()), "past the end");
+        assert_eq!(s.read_cached(E, &f, 20_050, want).unwrap().as_deref(), Some(&data[19_950..]));
+        let (f, want) = s.open_read(E, 100, 20_000).unwrap().unwrap();
+        assert_eq!(s.read_cached(E, &f, 100, want).unwrap().as_deref(), Some(&data[..]));
         // Dropped from the cache: either not answered, or answered right.
-        let f = File::open(s.chunk_path(E)).unwrap();
         f.sync_all().unwrap();
         // SAFETY: an open file; advice only.
         unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-        if let Some(got) = s.read_cached(E, 100, 20_000).unwrap() {
+        if let Some(got) = s.read_cached(E, &f, 100, want).unwrap() {
             assert_eq!(got, data);
         }
+        assert_eq!(s.read_open(E, &f, 100, want).unwrap(), data);
         assert_eq!(s.read(E, 100, 20_000).unwrap(), data);
     }
 

@@ -148,12 +148,17 @@ async fn cached_read(
     offset: u64,
     len: u32,
 ) -> FsResult<Vec<u8>> {
-    if len as usize <= INLINE_IO_MAX {
-        if let Some(data) = s.read_cached(entry, offset, len)? {
-            return Ok(data);
-        }
+    if len as usize > INLINE_IO_MAX {
+        return blocking(move || s.read(entry, offset, len)).await;
     }
-    blocking(move || s.read(entry, offset, len)).await
+    let Some((f, want)) = s.open_read(entry, offset, len)? else {
+        return Ok(Vec::new());
+    };
+    if let Some(data) = s.read_cached(entry, &f, offset, want)? {
+        return Ok(data);
+    }
+    // Not cached: the blocking thread reads from the file already open.
+    blocking(move || s.read_open(entry, &f, offset, want)).await
 }
 
 /// Runs chunk I/O of `bytes` bytes inline when it is small, else on a blocking thread.
