@@ -109,59 +109,42 @@ pub struct Written {
 /// The figures (SVG) of `runs`, by file name.
 pub fn figures(runs: &[RunRecord]) -> Vec<(String, String)> {
     let mut out = Vec::new();
+    let several_caches = runs.iter().any(|r| r.config.cache != runs[0].config.cache);
     for (phase, value) in
         [("write", (|r: &RunRecord| r.write_mib_s) as fn(&RunRecord) -> f64), ("read", |r: &RunRecord| r.read_mib_s)]
     {
-        let (g, s) = groups(
-            runs,
-            |r| (r.config.stripe_count, r.config.stripe_count.to_string()),
-            |r| (r.config.chunk_size, format!("chunk {}", size_label(u64::from(r.config.chunk_size)))),
-            value,
-        );
-        out.push((
-            format!("bandwidth_by_stripe_{phase}.svg"),
-            box_chart(
-                &format!("{} bandwidth by stripe count ({} runs)", cap(phase), runs.len()),
-                "stripe count",
-                "aggregate bandwidth (MiB/s)",
-                &g,
-                &s,
-            ),
-        ));
-        let (g, s) = groups(
-            runs,
-            |r| ((r.alloc_min, r.alloc_max), r.allocation.clone()),
-            |r| (r.config.stripe_count, format!("stripe {}", r.config.stripe_count)),
-            value,
-        );
-        out.push((
-            format!("bandwidth_by_allocation_{phase}.svg"),
-            box_chart(
-                &format!("{} bandwidth by (min,max) target allocation ({} runs)", cap(phase), runs.len()),
-                "(min,max) stripe targets per storage server",
-                "aggregate bandwidth (MiB/s)",
-                &g,
-                &s,
-            ),
-        ));
-        let caches: std::collections::BTreeSet<&str> = runs.iter().map(|r| r.config.cache.as_str()).collect();
-        if caches.len() > 1 {
-            let (g, s) = groups(
-                runs,
-                |r| (r.config.cache.clone(), r.config.cache.clone()),
-                |r| (r.config.stripe_count, format!("stripe {}", r.config.stripe_count)),
-                value,
-            );
+        let mut chart = |by: &str, what: &str, x_label: &str, (g, s): (Vec<Group>, Vec<String>)| {
+            let title = format!("{} bandwidth by {what} ({} runs)", cap(phase), runs.len());
             out.push((
-                format!("bandwidth_by_cache_{phase}.svg"),
-                box_chart(
-                    &format!("{} bandwidth by client cache mode ({} runs)", cap(phase), runs.len()),
-                    "cache mode",
-                    "aggregate bandwidth (MiB/s)",
-                    &g,
-                    &s,
-                ),
+                format!("bandwidth_by_{by}_{phase}.svg"),
+                box_chart(&title, x_label, "aggregate bandwidth (MiB/s)", &g, &s),
             ));
+        };
+        let by_stripe = |r: &RunRecord| (r.config.stripe_count, format!("stripe {}", r.config.stripe_count));
+        chart(
+            "stripe",
+            "stripe count",
+            "stripe count",
+            groups(
+                runs,
+                |r| (r.config.stripe_count, r.config.stripe_count.to_string()),
+                |r| (r.config.chunk_size, format!("chunk {}", size_label(u64::from(r.config.chunk_size)))),
+                value,
+            ),
+        );
+        chart(
+            "allocation",
+            "(min,max) target allocation",
+            "(min,max) stripe targets per storage server",
+            groups(runs, |r| ((r.alloc_min, r.alloc_max), r.allocation.clone()), by_stripe, value),
+        );
+        if several_caches {
+            chart(
+                "cache",
+                "client cache mode",
+                "cache mode",
+                groups(runs, |r| (r.config.cache.clone(), r.config.cache.clone()), by_stripe, value),
+            );
         }
     }
     out

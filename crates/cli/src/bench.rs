@@ -573,10 +573,6 @@ fn up_dir_of(mnt: &Path) -> Option<PathBuf> {
     dir.join("fs.toml").exists().then_some(dir)
 }
 
-fn progress_of(a: &MdArgs) -> bool {
-    !a.common.no_progress
-}
-
 fn bench_md(a: MdArgs) -> Result<()> {
     let p = md_params(&a)?;
     if let Some((part, dir)) = a.procs.child(p.ranks)? {
@@ -590,13 +586,14 @@ fn bench_md(a: MdArgs) -> Result<()> {
         bail!("--processes must be at least 1");
     }
     // Each run's ranks: threads of this process, or children started for it.
+    let progress = !a.common.no_progress;
     let md_run = |b: Arc<dyn Backend>, obs: &Observers, compare: bool| -> Result<md::MdRun> {
         let n = a.procs.processes;
         if n == 1 {
-            return Ok(md::run(b, &p, obs, progress_of(&a))?);
+            return Ok(md::run(b, &p, obs, progress)?);
         }
         let extra: &[&str] = if compare { &["--part-in-compare-dir"] } else { &[] };
-        let mut procs = Procs::start(n, p.ranks, &md::run_dir(), extra, "md", progress_of(&a))?;
+        let mut procs = Procs::start(n, p.ranks, &md::run_dir(), extra, "md", progress)?;
         Ok(md::run_with(b, &p, obs, false, Some(&mut procs))?)
     };
     let (b, conn, mnt) = backend(&a.target, &a.common.conn)?;

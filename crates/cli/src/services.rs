@@ -220,11 +220,12 @@ pub struct MountRecord {
     pub secret_file: Option<PathBuf>,
     pub pid: u32,
     /// The mount's `--cache-mode` (records from before it existed: native).
-    #[serde(default = "native")]
+    #[serde(default = "native_cache_mode")]
     pub cache_mode: String,
 }
 
-fn native() -> String {
+/// The cache mode of mounts and file systems whose records predate cache modes.
+pub(crate) fn native_cache_mode() -> String {
     "native".into()
 }
 

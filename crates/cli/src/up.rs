@@ -102,15 +102,11 @@ pub struct Layout {
     #[serde(default)]
     pub chooser: Chooser,
     /// The mount's cache mode (file systems from before it existed: native).
-    #[serde(default = "native_cache_mode")]
+    #[serde(default = "crate::services::native_cache_mode")]
     pub cache_mode: String,
     pub mgmtd_port: u16,
     pub meta_ports: Vec<u16>,
     pub storage_ports: Vec<u16>,
-}
-
-fn native_cache_mode() -> String {
-    "native".into()
 }
 
 impl Layout {
@@ -251,7 +247,7 @@ fn layout_for(a: &UpArgs, dir: &Path) -> Result<Layout> {
         chunk_size,
         stripe: a.stripe.unwrap_or(0),
         chooser,
-        cache_mode: a.cache_mode.clone().unwrap_or_else(native_cache_mode),
+        cache_mode: a.cache_mode.clone().unwrap_or_else(crate::services::native_cache_mode),
         mgmtd_port: ports[0],
         meta_ports: ports[1..=meta as usize].to_vec(),
         storage_ports: ports[1 + meta as usize..].to_vec(),

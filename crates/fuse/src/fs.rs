@@ -437,9 +437,24 @@ macro_rules! run {
 }
 
 impl Inner {
-    /// The cached `security.capability` of a file open for writing here: `None` if not known.
-    fn cached_caps(&self, id: EntryId) -> Option<Option<Vec<u8>>> {
-        self.local_sizes.lock().expect("sizes").get(&id).and_then(|l| l.caps.clone())
+    /// A file's `security.capability` ([`CAPS_XATTR`]): from [`LocalSize::caps`]
+    /// while it is open for writing here and known, else from the metadata node
+    /// (and then remembered if it is open for writing).
+    async fn caps(&self, ent: Ent) -> FsResult<Vec<u8>> {
+        let cached = self.local_sizes.lock().expect("sizes").get(&ent.id).and_then(|l| l.caps.clone());
+        let v = match cached {
+            Some(v) => v,
+            None => {
+                let v = match self.client.getxattr(ent, CAPS_XATTR).await {
+                    Ok(v) => Some(v),
+                    Err(e) if e.code == ErrorCode::NoData => None,
+                    Err(e) => return Err(e),
+                };
+                self.remember_caps(ent.id, v.clone());
+                v
+            }
+        };
+        v.ok_or_else(|| FsError::new(ErrorCode::NoData, "no security.capability"))
     }
 
     /// Caches a file's `security.capability` if it is open for writing here.
@@ -948,26 +963,12 @@ impl Filesystem for HiveFs {
         let name = name_bytes(name);
         run!(self, reply, |inner| {
             let ent = inner.ent(ino)?;
-            let cached = inner.cache_mode == CacheMode::Paged && name == CAPS_XATTR;
-            if cached {
-                if let Some(v) = inner.cached_caps(ent.id) {
-                    let v = v.ok_or_else(|| FsError::new(ErrorCode::NoData, "no security.capability"))?;
-                    return Ok(Box::new(move |reply: ReplyXattr| xattr_reply(reply, &v, size))
-                        as Box<dyn FnOnce(ReplyXattr) + Send>);
-                }
-            }
-            let v = match inner.client.getxattr(ent, &name).await {
-                Err(e) if cached && e.code == ErrorCode::NoData => {
-                    inner.remember_caps(ent.id, None);
-                    return Err(e);
-                }
-                Err(e) => return Err(e),
-                Ok(v) => v,
+            let v = if inner.cache_mode == CacheMode::Paged && name == CAPS_XATTR {
+                inner.caps(ent).await?
+            } else {
+                inner.client.getxattr(ent, &name).await?
             };
-            if cached {
-                inner.remember_caps(ent.id, Some(v.clone()));
-            }
-            Ok(Box::new(move |reply: ReplyXattr| xattr_reply(reply, &v, size)) as Box<dyn FnOnce(ReplyXattr) + Send>)
+            Ok(move |reply: ReplyXattr| xattr_reply(reply, &v, size))
         })
     }
 
