@@ -4,6 +4,7 @@
 use crate::admin::{resolve, Conn};
 use crate::bench::{mount_of, size_u32, ReportArgs, SweepArgs, TuneArgs};
 use crate::services::{mount_record, MountRecord};
+use crate::up::log_tail;
 use crate::util::{absolute, hivefs_mounts, human, is_mounted, parse_size, print_table};
 use anyhow::{anyhow, bail, Context, Result};
 use hivefs_bench::sweep::{Axes, Control, Place, SweepParams};
@@ -87,18 +88,13 @@ impl SweepMounts {
             .context("cannot start hivefs mount")?;
         self.mounts.push((mnt.clone(), child, base));
         let child = &mut self.mounts.last_mut().expect("just pushed").1;
-        let start = Instant::now();
-        while !is_mounted(&mnt) {
-            let log_tail =
-                || std::fs::read_to_string(&log_path).unwrap_or_default().lines().last().unwrap_or("").to_string();
+        let what = format!("the cache mode {cache} mount on {}", mnt.display());
+        crate::up::wait_until(&what, MOUNT_TIMEOUT, || {
             if let Some(st) = child.try_wait()? {
-                bail!("mounting {} with cache mode {cache} failed ({st}): {}", mnt.display(), log_tail());
+                bail!("mounting {} with cache mode {cache} failed ({st}):\n{}", mnt.display(), log_tail(&log_path));
             }
-            if start.elapsed() > MOUNT_TIMEOUT {
-                bail!("{} not mounted within {MOUNT_TIMEOUT:?} (cache mode {cache}): {}", mnt.display(), log_tail());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            Ok(is_mounted(&mnt))
+        })?;
         eprintln!("sweep: mounted the file system with cache mode {cache} on {}", mnt.display());
         Ok(mnt)
     }

@@ -254,7 +254,7 @@ fn layout_for(a: &UpArgs, dir: &Path) -> Result<Layout> {
     })
 }
 
-fn log_tail(path: &Path) -> String {
+pub(crate) fn log_tail(path: &Path) -> String {
     let s = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(8)..].join("\n")
@@ -284,7 +284,7 @@ fn service_running(sdir: &Path, name: &str) -> Option<i32> {
     read_pid(&sdir.join(format!("{name}.pid"))).filter(|&p| pid_alive(p))
 }
 
-fn wait_until<F: FnMut() -> Result<bool>>(what: &str, timeout: Duration, mut f: F) -> Result<()> {
+pub(crate) fn wait_until<F: FnMut() -> Result<bool>>(what: &str, timeout: Duration, mut f: F) -> Result<()> {
     let start = Instant::now();
     loop {
         if f()? {
