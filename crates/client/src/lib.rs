@@ -8,6 +8,7 @@
 //! the mount crate and the CLI sit on top of it.
 
 mod data;
+mod leases;
 mod locks;
 
 use hivefs_cluster::Cluster;
@@ -22,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use data::MAX_PIECE;
+pub use leases::OnRevoke;
 
 /// Where an entry's inode lives: its id and the metadata node storing it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -67,6 +69,8 @@ pub struct Client {
     ops: OpIds,
     io_timeout: Duration,
     locks: Arc<locks::LockSession>,
+    /// Attribute leases, once turned on (see `leases`).
+    leases: std::sync::OnceLock<Arc<leases::LeaseSession>>,
 }
 
 /// Ids of this client's non-idempotent metadata operations, so that they
@@ -140,6 +144,7 @@ impl Client {
             ops: OpIds::new(),
             io_timeout: opts.io_timeout,
             locks: locks::new_session(),
+            leases: std::sync::OnceLock::new(),
         }))
     }
 
@@ -156,13 +161,32 @@ impl Client {
     /// them after a lost connection or a restart of the node and the node
     /// applies them once. Open and release are not repeated (they count
     /// handles in the node's memory); they fail instead.
+    /// With leases on, every request travels as `Leasing`, and a granted
+    /// lease is remembered (the answer is then an ordinary `Entry`).
     async fn meta(&self, owner: NodeId, req: &Request) -> FsResult<Reply> {
         let pool = self.cluster.node_pool(NodeType::Meta, owner).await?;
-        if req.is_idempotent() || matches!(req, Request::Open { .. } | Request::Release { .. }) {
-            return pool.rpc(req).await;
+        let plain = req.is_idempotent() || matches!(req, Request::Open { .. } | Request::Release { .. });
+        let op = (!plain).then(|| self.ops.begin());
+        let Some(session) = self.leases.get() else {
+            return match &op {
+                None => pool.rpc(req).await,
+                Some(op) => pool.rpc(&Request::Retryable { op: op.op, req: encode_body(req) }).await,
+            };
+        };
+        self.poll_leases(session, owner);
+        let inner = match &op {
+            None => encode_body(req),
+            Some(op) => encode_body(&Request::Retryable { op: op.op, req: encode_body(req) }),
+        };
+        let idempotent = req.is_idempotent() || op.is_some();
+        let sent = std::time::Instant::now();
+        match pool.rpc(&Request::Leasing { client: self.ops.client, idempotent, req: inner }).await? {
+            Reply::Leased { attr, lease_ms } => {
+                session.granted(attr.id, sent, lease_ms);
+                Ok(Reply::Entry(attr))
+            }
+            r => Ok(r),
         }
-        let op = self.ops.begin();
-        pool.rpc(&Request::Retryable { op: op.op, req: encode_body(req) }).await
     }
 
     pub async fn lookup(&self, parent: Ent, name: &[u8]) -> FsResult<EntryAttr> {

@@ -26,8 +26,11 @@ use tracing::{debug, info, warn};
 
 /// How long the kernel may trust a name → inode mapping.
 const ENTRY_TTL: Duration = Duration::from_secs(1);
-/// Attributes of files are not cached by the kernel (in either cache mode):
-/// every `stat` sees the size and times other clients left on close.
+/// Attributes of files are cached by the kernel only while the metadata
+/// node's lease on them lasts (it revokes the lease before anyone else's
+/// change is acknowledged), so every `stat` sees the size and times other
+/// clients left on close. Without a lease, and while this mount has the
+/// file open for writing, they are not cached at all.
 /// Directories' attributes are cached for `MountOptions::dir_attr_ttl`.
 const ATTR_TTL: Duration = Duration::ZERO;
 /// Default of `MountOptions::dir_attr_ttl`.
@@ -146,6 +149,9 @@ struct OpenFile {
     /// write by an unprivileged caller clears them (the kernel leaves this
     /// to the file system for direct I/O).
     kill_privs: AtomicBool,
+    /// A write went through this handle: the kernel's cached attributes
+    /// (leased before the open) were dropped.
+    wrote: AtomicBool,
 }
 
 struct DirHandle {
@@ -187,6 +193,8 @@ struct Inner {
     /// Files this mount has set global locks on: closing them drops the
     /// closing owner's locks at the metadata node.
     locked: Mutex<HashSet<EntryId>>,
+    /// Tells the kernel to drop cached attributes (set once mounted).
+    notifier: std::sync::OnceLock<fuser::Notifier>,
 }
 
 pub struct HiveFs {
@@ -335,6 +343,8 @@ impl Inner {
             f.dirty.store(true, Ordering::Release);
             return Err(e);
         }
+        // The metadata node does not revoke the writer's own lease.
+        self.drop_kernel_attrs(f.ent.id);
         Ok(())
     }
 
@@ -392,6 +402,7 @@ impl Inner {
             publishing: tokio::sync::Mutex::new(()),
             unchanged,
             kill_privs,
+            wrote: AtomicBool::new(false),
         });
         let fh = self.new_fh();
         self.files.lock().expect("files").insert(fh, f.clone());
@@ -470,24 +481,40 @@ impl Inner {
         }
     }
 
-    /// How long the kernel may keep these attributes: files' not at all.
-    fn attr_ttl(&self, attr: &FileAttr) -> Duration {
-        if attr.kind == FileType::Directory {
-            self.dir_attr_ttl
-        } else {
-            ATTR_TTL
+    /// Runs `reply` with how long the kernel may keep `a`'s attributes: a
+    /// directory's for `dir_attr_ttl`; a file's while its lease lasts, unless
+    /// this mount writes it (then sizes change here first). Revocations wait
+    /// until `reply` returns (see `Client::with_lease`).
+    fn with_ttl<R>(&self, a: &EntryAttr, reply: impl FnOnce(Duration) -> R) -> R {
+        if a.kind == FileKind::Dir {
+            return reply(self.dir_attr_ttl);
         }
+        self.client.with_lease(a.id, |left| {
+            let writing = self.local_sizes.lock().expect("sizes").contains_key(&a.id);
+            reply(if writing { ATTR_TTL } else { left })
+        })
     }
 
-    /// Answers with a new entry: the name is cached for `ENTRY_TTL`, a
-    /// file's attributes not at all (`ReplyEntry::entry` would cache both as
-    /// long), so a `stat` after a lookup still asks the metadata node.
-    fn send_entry(&self, reply: ReplyEntry, attr: &FileAttr) {
-        reply.entry_with_ttls(&self.attr_ttl(attr), &ENTRY_TTL, attr, Generation(0));
+    /// Answers with a new entry: the name is cached for `ENTRY_TTL`, the
+    /// attributes as `with_ttl` says.
+    fn send_entry(&self, reply: ReplyEntry, a: &EntryAttr) {
+        self.with_ttl(a, |ttl| reply.entry_with_ttls(&ttl, &ENTRY_TTL, &self.entry_reply(a), Generation(0)));
     }
 
-    fn send_attr(&self, reply: ReplyAttr, attr: &FileAttr) {
-        reply.attr(&self.attr_ttl(attr), attr);
+    fn send_attr(&self, reply: ReplyAttr, ino: INodeNo, a: &EntryAttr) {
+        self.with_ttl(a, |ttl| reply.attr(&ttl, &self.to_attr(ino.0, a)));
+    }
+
+    /// Makes the kernel ask again for `id`'s attributes (after this mount
+    /// changed them behind the kernel's back: sizes reported on close).
+    fn drop_kernel_attrs(&self, id: EntryId) {
+        let ino = self.inodes.lock().expect("inodes").ino_of(&id);
+        if let (Some(ino), Some(n)) = (ino, self.notifier.get()) {
+            // Offset -1: the attributes only, not the cached pages.
+            if let Err(e) = n.inval_inode(INodeNo(ino), -1, 0) {
+                debug!("dropping the kernel's attributes of {id} (inode {ino}): {e}");
+            }
+        }
     }
 }
 
@@ -535,7 +562,7 @@ impl Filesystem for HiveFs {
         run!(self, reply, |inner| {
             let p = inner.ent(parent)?;
             let a = inner.client.lookup(p, &name).await?;
-            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &inner.entry_reply(&a)))
+            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a))
         })
     }
 
@@ -547,7 +574,7 @@ impl Filesystem for HiveFs {
         run!(self, reply, |inner| {
             let e = inner.ent(ino)?;
             let a = inner.client.getattr(e).await?;
-            Ok(move |reply: ReplyAttr| inner.send_attr(reply, &inner.to_attr(ino.0, &a)))
+            Ok(move |reply: ReplyAttr| inner.send_attr(reply, ino, &a))
         })
     }
 
@@ -578,7 +605,7 @@ impl Filesystem for HiveFs {
             if let Some(s) = size {
                 inner.set_local_size(e.id, s);
             }
-            Ok(move |reply: ReplyAttr| inner.send_attr(reply, &inner.to_attr(ino.0, &a)))
+            Ok(move |reply: ReplyAttr| inner.send_attr(reply, ino, &a))
         })
     }
 
@@ -598,7 +625,7 @@ impl Filesystem for HiveFs {
             })?;
             let p = inner.ent(parent)?;
             let a = inner.client.create(p, &name, kind, mode & !umask & 0o7777, rdev, true, c).await?;
-            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &inner.entry_reply(&a)))
+            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a))
         })
     }
 
@@ -608,7 +635,7 @@ impl Filesystem for HiveFs {
         run!(self, reply, |inner| {
             let p = inner.ent(parent)?;
             let a = inner.client.mkdir(p, &name, mode & !umask & 0o7777, c).await?;
-            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &inner.entry_reply(&a)))
+            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a))
         })
     }
 
@@ -634,7 +661,7 @@ impl Filesystem for HiveFs {
         let c = caller(req);
         run!(self, reply, |inner| {
             let a = inner.client.symlink(inner.ent(parent)?, &name, &target, c).await?;
-            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &inner.entry_reply(&a)))
+            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a))
         })
     }
 
@@ -666,7 +693,7 @@ impl Filesystem for HiveFs {
         let newname = name_bytes(newname);
         run!(self, reply, |inner| {
             let a = inner.client.link(inner.ent(ino)?, inner.ent(newparent)?, &newname).await?;
-            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &inner.entry_reply(&a)))
+            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a))
         })
     }
 
@@ -706,10 +733,15 @@ impl Filesystem for HiveFs {
             }
             let open_flags = inner.cache_mode.open_flags(flags, inner.global_locks, f.unchanged);
             Ok(move |reply: ReplyCreate| {
-                // The creator keeps no name in the cache either: `created`
-                // has one TTL for the name and the attributes, and the
-                // attributes must not be cached (see `send_entry`).
-                reply.created(&ATTR_TTL, &inner.entry_reply(&a), Generation(0), FileHandle(fh), open_flags)
+                // `created` has one TTL for the name and the attributes. The
+                // handle writes, but the kernel drops the attributes at its
+                // first write (`write`); an existing file's (O_TRUNC) are not
+                // cached.
+                let leased = a.size == 0;
+                inner.client.with_lease(a.id, |left| {
+                    let ttl = if leased { left.min(ENTRY_TTL) } else { ATTR_TTL };
+                    reply.created(&ttl, &inner.entry_reply(&a), Generation(0), FileHandle(fh), open_flags)
+                })
             })
         })
     }
@@ -751,6 +783,9 @@ impl Filesystem for HiveFs {
         let c = caller(req);
         run!(self, reply, |inner| {
             let f = inner.file(fh)?;
+            if !f.wrote.swap(true, Ordering::AcqRel) {
+                inner.drop_kernel_attrs(f.ent.id);
+            }
             if c.uid != 0 && f.kill_privs.swap(false, Ordering::AcqRel) {
                 // A write without CAP_FSETID drops suid/sgid first (as Linux's file_remove_privs).
                 let a = inner.client.getattr(f.ent).await?;
@@ -1084,9 +1119,11 @@ pub fn mount(
             cache_mode: opts.cache_mode,
             opened_versions: Mutex::default(),
             locked: Mutex::default(),
+            notifier: std::sync::OnceLock::new(),
         }),
         rt,
     };
+    let inner = fs.inner.clone();
     let mut cfg = fuser::Config::default();
     cfg.mount_options = vec![
         MountOption::FSName("hivefs".into()),
@@ -1098,6 +1135,15 @@ pub fn mount(
     cfg.n_threads = Some(opts.fuse_threads.max(1));
     cfg.clone_fd = true;
     let mut session = fuser::Session::new(fs, mnt, &cfg)?;
+    let _ = inner.notifier.set(session.notifier());
+    {
+        let weak = Arc::downgrade(&inner);
+        inner.client.enable_leases(Box::new(move |id| {
+            if let Some(inner) = weak.upgrade() {
+                inner.drop_kernel_attrs(id);
+            }
+        }));
+    }
     if opts.cache_mode == CacheMode::Paged {
         set_read_ahead(mnt, MAX_IO / 1024);
     }

@@ -54,6 +54,11 @@ impl Inodes {
         }
     }
 
+    /// The inode number the kernel knows `id` by, if it knows it.
+    pub fn ino_of(&self, id: &EntryId) -> Option<u64> {
+        self.by_id.get(id).copied()
+    }
+
     pub fn get(&self, ino: u64) -> Option<Ent> {
         self.by_ino.get(&ino).map(|n| n.ent)
     }

@@ -21,6 +21,7 @@
 pub mod chooser;
 pub mod fsck;
 pub mod gc;
+pub mod leases;
 pub mod locks;
 pub mod multi;
 pub mod namespace;
@@ -81,6 +82,11 @@ pub struct Config {
     /// File locks of a client (mount) not heard from for this long are
     /// released; clients send keep-alives every third of it.
     pub lock_lease_ms: u64,
+    /// How long a mount may cache a file's attributes before asking again
+    /// (an attribute lease; changes by others revoke it first, see
+    /// `leases`). 0 turns leases off: every `stat` asks this node. At most
+    /// 60000.
+    pub attr_lease_ms: u64,
     /// Size of the metadata store's page cache in bytes (memory bound of the
     /// node; the kernel's page cache holds the store file as well).
     pub store_cache_bytes: u64,
@@ -99,6 +105,7 @@ impl Default for Config {
             target_refresh_ms: 2000,
             min_free_bytes: 64 << 20,
             lock_lease_ms: locks::DEFAULT_LEASE.as_millis() as u64,
+            attr_lease_ms: leases::DEFAULT_DURATION.as_millis() as u64,
             store_cache_bytes: store::DEFAULT_CACHE_BYTES,
         }
     }
@@ -376,6 +383,7 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
         }));
     }
     ns.locks.set_lease(Duration::from_millis(cfg.lock_lease_ms.max(1)));
+    ns.leases.set_duration(Duration::from_millis(cfg.attr_lease_ms));
     tasks.push(locks::spawn_expiry(ns.clone()));
     handler.set(Some(ns.clone()));
     if !pending.is_empty() {

@@ -23,6 +23,7 @@ use redb::ReadableDatabase;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::Notify;
 
 /// File name of the store inside the data dir.
@@ -92,6 +93,14 @@ pub struct Namespace {
     failed: Arc<StoreFailure>,
     /// Directories on other metadata nodes and cross-node operations.
     pub(crate) multi: crate::multi::Multi,
+    /// Clients' attribute leases (in memory; see `leases`).
+    pub leases: crate::leases::Leases,
+}
+
+tokio::task_local! {
+    /// The client whose `Leasing` request is being answered: its own leases
+    /// are not revoked by its changes (see `leases`).
+    static REQUESTER: crate::leases::Requester;
 }
 
 fn store_err(e: OpError) -> FsError {
@@ -141,7 +150,7 @@ impl Namespace {
             failed: failed.clone(),
             low_space: None,
         };
-        if let Some(Err(e)) = run_batch(&db, &mut state, vec![(Mutation::RecoverOrphans, None)]).pop() {
+        if let Some((Err(e), _)) = run_batch(&db, &mut state, vec![(Mutation::RecoverOrphans, None)]).pop() {
             return Err(StoreError::Db { path: store.path, message: format!("recovering open-unlinked entries: {e}") });
         }
         let writer =
@@ -158,6 +167,7 @@ impl Namespace {
             disposal_wakeup,
             failed,
             multi: crate::multi::Multi::default(),
+            leases: Default::default(),
         })
     }
 
@@ -187,13 +197,18 @@ impl Namespace {
     }
 
     pub(crate) async fn submit(&self, m: Mutation) -> FsResult<Reply> {
-        self.writer.submit((m, None)).await
+        self.submit_op(None, m).await
     }
 
     /// Like `submit`, for the operation `op` of a client that may retry it:
-    /// applied at most once (see `replies`).
+    /// applied at most once (see `replies`). Answers only after the other
+    /// clients caching attributes it changed have dropped them.
     pub(crate) async fn submit_op(&self, op: Option<OpId>, m: Mutation) -> FsResult<Reply> {
-        self.writer.submit((m, op)).await
+        let (r, touched) = self.writer.submit((m, op)).await?;
+        if !touched.is_empty() {
+            self.leases.revoke(&touched, REQUESTER.try_with(|c| *c).ok()).await;
+        }
+        r
     }
 
     pub(crate) fn read<T>(&self, f: impl FnOnce(&ReadTables) -> Result<T, OpError>) -> FsResult<T> {
@@ -368,6 +383,37 @@ impl Namespace {
 
     /// Answers one request.
     pub async fn handle(&self, req: Request) -> Response {
+        match req {
+            Request::Leasing { client, req, .. } => match decode_body::<Request>(&req) {
+                Ok(Request::Leasing { .. }) => Err(fs_err!(Invalid, "a leasing request may not wrap another")),
+                Ok(inner) => {
+                    let since = self.leases.mark();
+                    // A repeat's recorded answer may be older than the mark: no lease on it.
+                    let fresh = match &inner {
+                        Request::Retryable { op, .. } => self.recorded_reply(op)?.is_none(),
+                        _ => true,
+                    };
+                    let me = crate::leases::Requester { client, token: since.token };
+                    match REQUESTER.scope(me, self.handle_unleased(inner)).await? {
+                        Reply::Entry(a) if fresh && a.kind != FileKind::Dir && a.owner == self.node => {
+                            match self.leases.grant(client, a.id, since) {
+                                0 => Ok(Reply::Entry(a)),
+                                lease_ms => Ok(Reply::Leased { attr: a, lease_ms }),
+                            }
+                        }
+                        r => Ok(r),
+                    }
+                }
+                Err(e) => Err(fs_err!(Protocol, "malformed leasing request: {e}")),
+            },
+            Request::LeaseWait { client, acked, wait_ms } => {
+                Ok(self.leases.wait(client, acked, Duration::from_millis(wait_ms.into())).await)
+            }
+            req => self.handle_unleased(req).await,
+        }
+    }
+
+    async fn handle_unleased(&self, req: Request) -> Response {
         if let Some(r) = self.forward_moved(&req).await {
             return r;
         }

@@ -187,6 +187,9 @@ pub struct Tables<'txn> {
     pub locked: Table<'txn, &'static [u8], &'static [u8]>,
     pub dirx: Table<'txn, &'static [u8], &'static [u8]>,
     pub peer_done: Table<'txn, &'static [u8], &'static [u8]>,
+    /// Non-directory inodes written or removed since the writer last took
+    /// the list: their attributes changed (see `leases`).
+    pub touched: Vec<EntryId>,
 }
 
 impl<'txn> Tables<'txn> {
@@ -200,10 +203,14 @@ impl<'txn> Tables<'txn> {
             locked: txn.open_table(crate::store::LOCKED)?,
             dirx: txn.open_table(crate::store::DIRX)?,
             peer_done: txn.open_table(crate::store::PEER_DONE)?,
+            touched: Vec::new(),
         })
     }
 
     pub(crate) fn put_inode(&mut self, id: EntryId, inode: &Inode) -> OpResult<()> {
+        if inode.kind != FileKind::Dir {
+            self.touched.push(id);
+        }
         self.inodes.insert(id_key(id).as_slice(), encode(inode).as_slice())?;
         Ok(())
     }
@@ -225,6 +232,7 @@ impl<'txn> Tables<'txn> {
 
     /// Removes an inode and all its extended attributes.
     pub(crate) fn remove_inode(&mut self, id: EntryId) -> OpResult<()> {
+        self.touched.push(id);
         self.inodes.remove(id_key(id).as_slice())?;
         self.dirx.remove(id_key(id).as_slice())?;
         let names: Vec<Vec<u8>> =

@@ -150,9 +150,13 @@ pub type Queued = (Mutation, Option<OpId>);
 /// How often a batch also sweeps retry records of vanished clients.
 const REPLY_SWEEP_EVERY_MS: u64 = 60_000;
 
+/// A mutation's outcome, and the non-directory inodes it wrote or removed
+/// (whose cached attributes must be revoked before it is acknowledged).
+pub type Done = (FsResult<Reply>, Vec<EntryId>);
+
 struct Job {
     m: Queued,
-    reply: oneshot::Sender<FsResult<Reply>>,
+    reply: oneshot::Sender<Done>,
 }
 
 pub struct Writer {
@@ -175,11 +179,11 @@ impl Writer {
     }
 
     /// Queues a mutation and waits until it is committed (or refused).
-    pub async fn submit(&self, m: Queued) -> FsResult<Reply> {
+    pub async fn submit(&self, m: Queued) -> FsResult<Done> {
         let (reply, rx) = oneshot::channel();
         let tx = self.tx.as_ref().ok_or_else(stopped)?;
         tx.send(Job { m, reply }).await.map_err(|_| stopped())?;
-        rx.await.map_err(|_| stopped())?
+        rx.await.map_err(|_| stopped())
     }
 
     /// Stops accepting mutations, lets the thread finish its batch, and joins it.
@@ -226,11 +230,11 @@ fn run(db: &Database, mut rx: mpsc::Receiver<Job>, mut st: WriterState, stats: &
 }
 
 /// Applies and commits one batch; one result per mutation, in order.
-pub fn run_batch(db: &Database, st: &mut WriterState, muts: Vec<Queued>) -> Vec<FsResult<Reply>> {
+pub fn run_batch(db: &Database, st: &mut WriterState, muts: Vec<Queued>) -> Vec<Done> {
     let n = muts.len();
-    let fail_all = |code: hivefs_types::ErrorCode, msg: &str| -> Vec<FsResult<Reply>> {
+    let fail_all = |code: hivefs_types::ErrorCode, msg: &str| -> Vec<Done> {
         error!("metadata store failure, batch of {n} operations not committed: {msg}");
-        (0..n).map(|_| Err(FsError::new(code, format!("metadata store failure: {msg}")))).collect()
+        (0..n).map(|_| (Err(FsError::new(code, format!("metadata store failure: {msg}"))), Vec::new())).collect()
     };
     let txn = match db.begin_write() {
         Ok(t) => t,
@@ -272,7 +276,7 @@ fn apply_all(
     txn: &redb::WriteTransaction,
     st: &mut WriterState,
     muts: Vec<Queued>,
-    results: &mut Vec<FsResult<Reply>>,
+    results: &mut Vec<Done>,
 ) -> Result<bool, String> {
     let fatal = |e: OpError| match e {
         OpError::Fatal(m) => m,
@@ -327,7 +331,7 @@ fn apply_all(
         if let (Some(op), Some(rt)) = (&op, &records) {
             // A repeat of an operation applied before: its first answer, no change.
             if let Some(first) = replies::get(&**rt, op)? {
-                results.push(first);
+                results.push((first, Vec::new()));
                 continue;
             }
         }
@@ -348,7 +352,7 @@ fn apply_all(
         if let (Some(op), Some(rt), false) = (&op, records, handed_over) {
             replies::put(rt, op, now_ms, &r)?;
         }
-        results.push(r);
+        results.push((r, std::mem::take(&mut t.touched)));
     }
     let (files_delta, dirs_delta, wake) = (ctx.files_delta, ctx.dirs_delta, ctx.disposal_queued);
     st.counter = counter;

@@ -480,6 +480,27 @@ pub enum Request {
         target: TargetId,
         entries: Vec<EntryId>,
     },
+    // ---- attribute leases (client ↔ meta, see the meta crate's `leases`) ----
+    /// `req` (an encoded [`Request`], never another `Leasing`) sent by client
+    /// `client`, which takes attribute leases from this node: an `Entry`
+    /// answer for a non-directory whose inode this node stores comes back as
+    /// `Reply::Leased`, and until the lease ends the node tells the client
+    /// (through `LeaseWait`) before it acknowledges any change of those
+    /// attributes made by someone else. `idempotent` is the inner request's.
+    Leasing {
+        client: u64,
+        idempotent: bool,
+        req: Vec<u8>,
+    },
+    /// A client's long poll for revoked leases: it has handled every
+    /// revocation up to sequence number `acked`; the node answers with
+    /// `Reply::Revoked` as soon as there are new ones, or empty after at most
+    /// `wait_ms`. A client takes leases from a node only while it polls it.
+    LeaseWait {
+        client: u64,
+        acked: u64,
+        wait_ms: u32,
+    },
 }
 
 /// Most entries one `UnlinkChunks` request may carry.
@@ -578,6 +599,8 @@ impl Request {
                 | Request::MetaPeer { .. }
                 // Applied at most once by the metadata node (its `replies` table).
                 | Request::Retryable { .. }
+                | Request::Leasing { idempotent: true, .. }
+                | Request::LeaseWait { .. }
                 | Request::GetMetaChooser { .. }
                 | Request::FsckIntents
         )
@@ -667,6 +690,18 @@ pub enum Reply {
     MetaChooser(MetaChooser),
     /// Answer to `FsckIntents`: one line per pending cross-node operation.
     FsckIntents(Vec<String>),
+    /// Answer to a `Leasing` request: the entry, and for how long (from when
+    /// the client sent the request) it may cache these attributes.
+    Leased {
+        attr: EntryAttr,
+        lease_ms: u32,
+    },
+    /// Answer to `LeaseWait`: the client must drop its cached attributes of
+    /// `ids`, then acknowledge `upto` in its next `LeaseWait`.
+    Revoked {
+        ids: Vec<EntryId>,
+        upto: u64,
+    },
 }
 
 /// How a new directory's owner (metadata node) is chosen; a per-directory

@@ -1,0 +1,117 @@
+//! Attribute leases through real mounts: a mount's kernel caches a file's
+//! attributes while the metadata node's lease lasts, and any other mount's
+//! change is acknowledged only after the lease was revoked, so a `stat`
+//! right after another mount's change (no sleep) sees it.
+
+mod common;
+
+use common::TestFs;
+use hivefs_bench::md::MetaCounts;
+use hivefs_bench::FsConn;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+fn counts(fs: &TestFs) -> MetaCounts {
+    let secret = hivefs_net::load_secret(&fs.secret()).expect("secret");
+    MetaCounts::connect(&FsConn { mgmtd: fs.mgmtd_addr(), secret: Some(secret) }).expect("connect")
+}
+
+fn total(m: &MetaCounts) -> u64 {
+    m.snapshot().expect("request counts").values().sum()
+}
+
+/// Stats `p` until a run of `n` stats sends no metadata request (the mount
+/// polls for revocations in the background, which may add one now and
+/// then); false if that never happens in 20 tries.
+fn stats_served_from_cache(m: &MetaCounts, p: &Path, n: usize) -> bool {
+    (0..20).any(|_| {
+        std::fs::metadata(p).unwrap();
+        let before = total(m);
+        for _ in 0..n {
+            std::fs::metadata(p).unwrap();
+        }
+        total(m) == before
+    })
+}
+
+#[test]
+fn another_mounts_change_shows_at_once_while_stats_hit_the_cache() {
+    let fs = TestFs::up(&["--storage", "1"]);
+    let other = fs.second_mount();
+    let m = counts(&fs);
+    let (here, there) = (fs.path("f"), other.mnt.join("f"));
+    std::fs::write(&here, b"hello").unwrap();
+    // Leased: repeated stats send nothing (the lease is 1 s; a stat renews it).
+    assert!(stats_served_from_cache(&m, &here, 20), "stats of a leased file still asked the metadata node");
+
+    // Each change through the other mount, then at once a stat here.
+    std::fs::set_permissions(&there, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(std::fs::metadata(&here).unwrap().mode() & 0o7777, 0o600, "chmod elsewhere");
+
+    std::fs::metadata(&here).unwrap();
+    std::fs::write(&there, b"hello, world").unwrap();
+    assert_eq!(std::fs::metadata(&here).unwrap().len(), 12, "write + close elsewhere");
+
+    std::fs::metadata(&here).unwrap();
+    std::fs::OpenOptions::new().write(true).open(&there).unwrap().set_len(3).unwrap();
+    assert_eq!(std::fs::metadata(&here).unwrap().len(), 3, "truncate elsewhere");
+
+    std::fs::metadata(&here).unwrap();
+    std::fs::hard_link(&there, other.mnt.join("g")).unwrap();
+    assert_eq!(std::fs::metadata(&here).unwrap().nlink(), 2, "link elsewhere");
+
+    let ctime = std::fs::metadata(&here).unwrap().ctime_nsec();
+    let ctime_s = std::fs::metadata(&here).unwrap().ctime();
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::remove_file(other.mnt.join("g")).unwrap();
+    let after = std::fs::metadata(&here).unwrap();
+    assert_eq!(after.nlink(), 1, "unlink of the other name elsewhere");
+    assert!((after.ctime(), after.ctime_nsec()) > (ctime_s, ctime), "ctime of the unlink");
+
+    // The writer's own view: what it wrote shows at once too.
+    std::fs::write(&here, b"0123456789").unwrap();
+    assert_eq!(std::fs::metadata(&here).unwrap().len(), 10);
+    assert_eq!(std::fs::metadata(&there).unwrap().len(), 10);
+}
+
+/// A mount that holds a lease and does not answer (its process stopped)
+/// delays another mount's change by at most the lease, not forever.
+#[test]
+fn a_frozen_mount_delays_a_change_only_until_its_lease_ends() {
+    let fs = TestFs::up(&["--storage", "1"]);
+    let other = fs.second_mount();
+    let (here, there) = (fs.path("f"), other.mnt.join("f"));
+    std::fs::write(&here, b"x").unwrap();
+    std::fs::metadata(&there).unwrap();
+    let pid = other.pid() as i32;
+    // SIGSTOP right after a stat there: the lease it holds cannot be answered.
+    std::fs::metadata(&there).unwrap();
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let start = Instant::now();
+    std::fs::set_permissions(&here, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let took = start.elapsed();
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    eprintln!("chmod with a frozen lease holder took {took:?}");
+    // The lease is 1 s; the bound only says "not forever" on a loaded machine.
+    assert!(took < Duration::from_secs(20), "chmod waited {took:?}");
+    assert_eq!(std::fs::metadata(&there).unwrap().mode() & 0o7777, 0o640);
+}
+
+/// With `attr_lease_ms = 0` the metadata node grants nothing: every stat asks.
+#[test]
+fn leases_off_means_every_stat_asks() {
+    let fs = TestFs::up_with(&["--storage", "1"], |fs| {
+        std::fs::create_dir_all(fs.dir.join("meta1")).unwrap();
+        std::fs::write(fs.dir.join("meta1/meta.toml"), "attr_lease_ms = 0\n").unwrap();
+    });
+    let m = counts(&fs);
+    let p = fs.path("f");
+    std::fs::write(&p, b"x").unwrap();
+    std::fs::metadata(&p).unwrap();
+    let before = total(&m);
+    for _ in 0..10 {
+        std::fs::metadata(&p).unwrap();
+    }
+    assert!(total(&m) - before >= 10, "stats without leases must each ask the metadata node");
+}

@@ -1,0 +1,153 @@
+//! The client's side of attribute leases (see the meta crate's `leases`).
+//!
+//! Off unless the embedding program turns them on ([`Client::enable_leases`];
+//! the mount does, because the kernel caches attributes for it). Then every
+//! metadata request goes out as `Leasing`; an answer that grants a lease is
+//! remembered with its end, counted from when the request was sent (so this
+//! side's copy never outlives the node's record). One task per metadata node
+//! polls it (`LeaseWait`) for revocations, hands each revoked entry to the
+//! program's callback and acknowledges with its next poll.
+//!
+//! The callback and [`Client::with_lease`] run under the same lock, so a
+//! program that answers its kernel inside `with_lease` never sends a copy
+//! after the revocation of that copy was handled: either the kernel gets
+//! the copy first and the callback drops it, or the callback runs first and
+//! `with_lease` finds no lease. A grant for a request sent before a
+//! revocation of the same entry arrived is not remembered.
+
+use crate::{unexpected, Client};
+use hivefs_cluster::Cluster;
+use hivefs_proto::{Reply, Request};
+use hivefs_types::ids::{EntryId, NodeId, NodeType};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tracing::{debug, warn};
+
+/// Called with every entry whose lease was revoked.
+pub type OnRevoke = Box<dyn Fn(EntryId) + Send + Sync>;
+
+#[derive(Default)]
+struct Held {
+    /// Entries with a lease, and when it ends.
+    ends: HashMap<EntryId, Instant>,
+    /// Recently revoked entries, and when: grants of requests sent before
+    /// that are stale.
+    revoked: HashMap<EntryId, Instant>,
+    longest: Duration,
+    swept_ends: usize,
+    swept_revoked: usize,
+}
+
+pub(crate) struct LeaseSession {
+    on_revoke: OnRevoke,
+    held: Mutex<Held>,
+    /// Metadata nodes polled.
+    nodes: Mutex<BTreeSet<NodeId>>,
+}
+
+impl LeaseSession {
+    pub(crate) fn new(on_revoke: OnRevoke) -> LeaseSession {
+        LeaseSession { on_revoke, held: Mutex::default(), nodes: Mutex::default() }
+    }
+
+    /// A node granted `id` for `ms` to a request sent at `sent`.
+    pub(crate) fn granted(&self, id: EntryId, sent: Instant, ms: u32) {
+        let mut h = self.held.lock().expect("leases");
+        if h.revoked.get(&id).is_some_and(|&at| at >= sent) {
+            return;
+        }
+        let d = Duration::from_millis(ms.into());
+        h.longest = h.longest.max(d);
+        let end = sent + d;
+        let e = h.ends.entry(id).or_insert(end);
+        *e = (*e).max(end);
+        if h.ends.len() > 2 * h.swept_ends + 1024 {
+            let now = Instant::now();
+            h.ends.retain(|_, end| *end > now);
+            h.swept_ends = h.ends.len();
+        }
+    }
+
+    fn revoke(&self, ids: &[EntryId]) {
+        let mut h = self.held.lock().expect("leases");
+        let now = Instant::now();
+        for &id in ids {
+            h.ends.remove(&id);
+            h.revoked.insert(id, now);
+            (self.on_revoke)(id);
+        }
+        if h.revoked.len() > 2 * h.swept_revoked + 1024 {
+            // A request older than the longest lease gets no usable grant anyway.
+            let keep = h.longest + Duration::from_secs(1);
+            h.revoked.retain(|_, at| now.saturating_duration_since(*at) < keep);
+            h.swept_revoked = h.revoked.len();
+        }
+    }
+
+    fn left(h: &Held, id: EntryId) -> Duration {
+        h.ends.get(&id).map_or(Duration::ZERO, |end| end.saturating_duration_since(Instant::now()))
+    }
+}
+
+impl Client {
+    /// Takes attribute leases from now on: `on_revoke` is called (never
+    /// concurrently with [`Client::with_lease`]) for each entry whose lease
+    /// a metadata node revokes. Returns false if leases were on already.
+    pub fn enable_leases(&self, on_revoke: OnRevoke) -> bool {
+        self.leases.set(Arc::new(LeaseSession::new(on_revoke))).is_ok()
+    }
+
+    /// Runs `f` with how much longer this client's lease on `id` lasts (zero
+    /// without one), excluding revocations while `f` runs.
+    pub fn with_lease<R>(&self, id: EntryId, f: impl FnOnce(Duration) -> R) -> R {
+        match self.leases.get() {
+            Some(s) => {
+                let h = s.held.lock().expect("leases");
+                f(LeaseSession::left(&h, id))
+            }
+            None => f(Duration::ZERO),
+        }
+    }
+
+    /// How long one poll may wait on the node (below the request timeout).
+    fn lease_wait_slice(&self) -> Duration {
+        (self.io_timeout / 2).clamp(Duration::from_millis(50), Duration::from_secs(10))
+    }
+
+    /// Starts polling `node` for revocations (once per node).
+    pub(crate) fn poll_leases(&self, session: &Arc<LeaseSession>, node: NodeId) {
+        if !session.nodes.lock().expect("lease nodes").insert(node) {
+            return;
+        }
+        let (session, cluster, client, wait) =
+            (session.clone(), self.cluster.clone(), self.ops.client, self.lease_wait_slice());
+        tokio::spawn(poll(session, cluster, client, node, wait));
+    }
+}
+
+async fn poll(session: Arc<LeaseSession>, cluster: Arc<Cluster>, client: u64, node: NodeId, wait: Duration) {
+    let mut acked = 0;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let req = Request::LeaseWait { client, acked, wait_ms: wait.as_millis() as u32 };
+        let r = match cluster.node_pool(NodeType::Meta, node).await {
+            Ok(pool) => pool.rpc(&req).await,
+            Err(e) => Err(e),
+        };
+        match r {
+            Ok(Reply::Revoked { ids, upto }) => {
+                session.revoke(&ids);
+                acked = upto;
+                backoff = Duration::from_millis(50);
+                continue;
+            }
+            Ok(r) => warn!("metadata node {node}: odd answer to a lease poll: {}", unexpected(r)),
+            // The node is away: it grants nothing to this client until the
+            // next poll arrives, and its changes wait for the leases to end.
+            Err(e) => debug!("lease poll of metadata node {node} failed: {e}"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}

@@ -1,0 +1,377 @@
+//! Attribute leases: which clients may cache which inodes' attributes, and
+//! telling them before a change is acknowledged.
+//!
+//! A client that polls this node (`LeaseWait`) and sends its requests as
+//! `Leasing` gets, with every answer carrying a non-directory's attributes
+//! from this node, a lease of [`Leases::duration`]: a promise that nobody
+//! else's change of those attributes is acknowledged before the client has
+//! dropped its copy or the lease has ended. Every committed mutation lists
+//! the inodes whose records it wrote (`Tables::touched`); before its answer
+//! leaves, [`Leases::revoke`] queues those inodes to each other holder's poll
+//! and waits for its acknowledgement, or for the lease's end when the client
+//! does not answer. The requester's own copy stays: its kernel already
+//! drops attributes its own operations change (the mount does that itself
+//! for sizes it reports on close).
+//!
+//! A grant comes after the attributes were read; a change committed between
+//! the read and the grant would find no holder to tell, so every change is
+//! noted with a sequence number and the request that made it, for
+//! [`CHANGE_MEMORY`], and a grant for an inode changed since the request
+//! began by another request is refused (a request's own change is in the
+//! attributes it answers with).
+//!
+//! Leases live in memory only: after a start, changes wait out one lease
+//! duration ([`Leases::set_duration`]) before they are acknowledged, so
+//! that copies granted by the previous run have ended. This module must not
+//! decide what a change is (the writer reports touched inodes) nor talk to
+//! the network (the poll is an ordinary request).
+
+use hivefs_proto::Reply;
+use hivefs_types::ids::EntryId;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{watch, Notify};
+
+/// Default of the metadata config's `attr_lease_ms`.
+pub const DEFAULT_DURATION: Duration = Duration::from_secs(1);
+/// Longest lease the node grants, whatever it is configured with.
+pub const MAX_DURATION: Duration = Duration::from_secs(60);
+/// Longest one `LeaseWait` waits, whatever it asks.
+pub const MAX_WAIT: Duration = Duration::from_secs(30);
+/// How long a change is remembered against grants of older reads.
+pub const CHANGE_MEMORY: Duration = Duration::from_secs(4);
+/// Waiting for a client that does not answer ends this long after its lease
+/// (the kernel rounds a cache time up to its clock tick).
+const EXPIRY_SLACK: Duration = Duration::from_millis(50);
+
+struct Session {
+    pending: Vec<EntryId>,
+    /// Sequence number of the last revocation queued.
+    queued: u64,
+    acked: watch::Sender<u64>,
+    wake: Arc<Notify>,
+    /// Start of its last poll, and how long that poll may wait.
+    last_poll: Instant,
+    poll_wait: Duration,
+}
+
+impl Session {
+    fn alive(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.last_poll) < self.poll_wait + Duration::from_secs(5)
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// Clients holding a lease on an inode, with the lease's end.
+    holders: HashMap<EntryId, Vec<(u64, Instant)>>,
+    sessions: HashMap<u64, Session>,
+    /// Recently changed inodes: (change sequence number, when, the
+    /// changing request's [`Mark::token`], 0 for none).
+    changed: HashMap<EntryId, (u64, Instant, u64)>,
+    change_seq: u64,
+    next_token: u64,
+    /// Sizes after the last sweep (sweeps run when a map doubles).
+    swept_holders: usize,
+    swept_changed: usize,
+}
+
+pub struct Leases {
+    state: Mutex<State>,
+    /// Zero: no leases are granted and changes never wait.
+    duration: Mutex<Duration>,
+    /// Changes are acknowledged no earlier than this (see the module doc).
+    grace_until: Mutex<Option<Instant>>,
+}
+
+impl Default for Leases {
+    fn default() -> Self {
+        Leases { state: Mutex::default(), duration: Mutex::new(Duration::ZERO), grace_until: Mutex::new(None) }
+    }
+}
+
+/// Where a request stood when it began, for [`Leases::grant`].
+#[derive(Clone, Copy, Debug)]
+pub struct Mark {
+    seq: u64,
+    at: Instant,
+    /// Names the request (never 0).
+    pub token: u64,
+}
+
+/// Who asks for a change: the client (whose own lease stays) and its
+/// request's [`Mark::token`].
+#[derive(Clone, Copy, Debug)]
+pub struct Requester {
+    pub client: u64,
+    pub token: u64,
+}
+
+impl Leases {
+    /// Turns leases on (a zero duration turns them off). Changes wait until
+    /// one duration from now: leases of a previous run may still be held.
+    pub fn set_duration(&self, d: Duration) {
+        let d = d.min(MAX_DURATION);
+        *self.duration.lock().expect("lease duration") = d;
+        *self.grace_until.lock().expect("lease grace") = (!d.is_zero()).then(|| Instant::now() + d + EXPIRY_SLACK);
+    }
+
+    pub fn duration(&self) -> Duration {
+        *self.duration.lock().expect("lease duration")
+    }
+
+    /// Notes when a request begins (see [`Leases::grant`]).
+    pub fn mark(&self) -> Mark {
+        let mut st = self.state.lock().expect("leases");
+        st.next_token += 1;
+        Mark { seq: st.change_seq, at: Instant::now(), token: st.next_token }
+    }
+
+    /// Grants `client` a lease on `id`'s attributes read by a request that
+    /// began at `since`; returns its length in ms (0: none). Refused when the
+    /// client does not poll, when `id` changed since, or when the request
+    /// took so long that such a change may be forgotten.
+    pub fn grant(&self, client: u64, id: EntryId, since: Mark) -> u32 {
+        let d = self.duration();
+        let now = Instant::now();
+        if d.is_zero() || now.saturating_duration_since(since.at) >= CHANGE_MEMORY / 2 {
+            return 0;
+        }
+        let mut st = self.state.lock().expect("leases");
+        if !st.sessions.get(&client).is_some_and(|s| s.alive(now)) {
+            return 0;
+        }
+        if st.changed.get(&id).is_some_and(|&(seq, _, by)| seq > since.seq && by != since.token) {
+            return 0;
+        }
+        let end = now + d;
+        let hs = st.holders.entry(id).or_default();
+        match hs.iter_mut().find(|(c, _)| *c == client) {
+            Some(h) => h.1 = end,
+            None => hs.push((client, end)),
+        }
+        if st.holders.len() > 2 * st.swept_holders + 1024 {
+            st.holders.retain(|_, hs| {
+                hs.retain(|&(_, end)| end > now);
+                !hs.is_empty()
+            });
+            st.sessions.retain(|_, s| s.alive(now));
+            st.swept_holders = st.holders.len();
+        }
+        d.as_millis() as u32
+    }
+
+    /// Before a change of `ids` by `requester` is acknowledged: tells every
+    /// other holder of a lease on them and waits until each has answered or
+    /// its lease has ended.
+    pub async fn revoke(&self, ids: &[EntryId], requester: Option<Requester>) {
+        if ids.is_empty() || self.duration().is_zero() {
+            return;
+        }
+        let grace = *self.grace_until.lock().expect("lease grace");
+        if let Some(until) = grace {
+            if Instant::now() < until {
+                tokio::time::sleep_until(until.into()).await;
+            } else {
+                *self.grace_until.lock().expect("lease grace") = None;
+            }
+        }
+        let mut waits = Vec::new();
+        {
+            let now = Instant::now();
+            let mut st = self.state.lock().expect("leases");
+            st.change_seq += 1;
+            let seq = st.change_seq;
+            for &id in ids {
+                st.changed.insert(id, (seq, now, requester.map_or(0, |r| r.token)));
+                let Some(hs) = st.holders.remove(&id) else { continue };
+                let mut keep = Vec::new();
+                for (client, end) in hs {
+                    if end <= now {
+                        continue;
+                    }
+                    if requester.is_some_and(|r| r.client == client) {
+                        keep.push((client, end));
+                        continue;
+                    }
+                    match st.sessions.get_mut(&client) {
+                        Some(s) => {
+                            s.pending.push(id);
+                            s.queued += 1;
+                            s.wake.notify_one();
+                            waits.push((Some((s.acked.subscribe(), s.queued)), end));
+                        }
+                        None => waits.push((None, end)),
+                    }
+                }
+                if !keep.is_empty() {
+                    st.holders.insert(id, keep);
+                }
+            }
+            if st.changed.len() > 2 * st.swept_changed + 1024 {
+                st.changed.retain(|_, &mut (_, at, _)| now.saturating_duration_since(at) < CHANGE_MEMORY);
+                st.swept_changed = st.changed.len();
+            }
+        }
+        for (ack, end) in waits {
+            let deadline = tokio::time::Instant::from(end + EXPIRY_SLACK);
+            match ack {
+                Some((mut rx, seq)) => {
+                    let _ = tokio::time::timeout_at(deadline, rx.wait_for(|&a| a >= seq)).await;
+                }
+                None => tokio::time::sleep_until(deadline).await,
+            }
+        }
+    }
+
+    /// One `LeaseWait` of `client`: records its acknowledgement, then answers
+    /// with the revocations queued for it, waiting up to `wait` for some.
+    pub async fn wait(&self, client: u64, acked: u64, wait: Duration) -> Reply {
+        let wait = wait.min(MAX_WAIT);
+        let wake = {
+            let mut st = self.state.lock().expect("leases");
+            let now = Instant::now();
+            let s = st.sessions.entry(client).or_insert_with(|| Session {
+                pending: Vec::new(),
+                queued: 0,
+                acked: watch::channel(0).0,
+                wake: Arc::new(Notify::new()),
+                last_poll: now,
+                poll_wait: wait,
+            });
+            s.last_poll = now;
+            s.poll_wait = wait;
+            let queued = s.queued;
+            s.acked.send_if_modified(|a| {
+                let newer = acked > *a && acked <= queued;
+                if newer {
+                    *a = acked;
+                }
+                newer
+            });
+            if !s.pending.is_empty() {
+                return Reply::Revoked { ids: std::mem::take(&mut s.pending), upto: s.queued };
+            }
+            s.wake.clone()
+        };
+        let _ = tokio::time::timeout(wait, wake.notified()).await;
+        let mut st = self.state.lock().expect("leases");
+        match st.sessions.get_mut(&client) {
+            Some(s) => {
+                // Waiting counts as hearing from it.
+                s.last_poll = Instant::now();
+                Reply::Revoked { ids: std::mem::take(&mut s.pending), upto: s.queued }
+            }
+            None => Reply::Revoked { ids: Vec::new(), upto: acked },
+        }
+    }
+
+    /// Clients with a live poll, and inodes with a lease (for tests and status).
+    pub fn counts(&self) -> (usize, usize) {
+        let st = self.state.lock().expect("leases");
+        let now = Instant::now();
+        (
+            st.sessions.values().filter(|s| s.alive(now)).count(),
+            st.holders.values().filter(|hs| hs.iter().any(|&(_, end)| end > now)).count(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u64) -> EntryId {
+        EntryId { node: 1, epoch: 1, counter: n }
+    }
+
+    fn leases(d: Duration) -> Arc<Leases> {
+        let l = Arc::new(Leases::default());
+        l.set_duration(d);
+        *l.grace_until.lock().unwrap() = None;
+        l
+    }
+
+    #[tokio::test]
+    async fn no_lease_without_a_poll_nor_when_disabled() {
+        let l = leases(Duration::from_secs(1));
+        assert_eq!(l.grant(7, id(1), l.mark()), 0, "client 7 never polled");
+        let off = leases(Duration::ZERO);
+        off.wait(7, 0, Duration::ZERO).await;
+        assert_eq!(off.grant(7, id(1), off.mark()), 0);
+    }
+
+    #[tokio::test]
+    async fn a_change_waits_for_the_holder_and_tells_it() {
+        let l = leases(Duration::from_secs(5));
+        assert_eq!(l.wait(7, 0, Duration::ZERO).await, Reply::Revoked { ids: vec![], upto: 0 });
+        assert_eq!(l.grant(7, id(1), l.mark()), 5000);
+        let l2 = l.clone();
+        let change = tokio::spawn(async move {
+            let t = Instant::now();
+            l2.revoke(&[id(1)], Some(Requester { client: 8, token: 1 })).await;
+            t.elapsed()
+        });
+        let Reply::Revoked { ids, upto } = l.wait(7, 0, Duration::from_secs(5)).await else { panic!() };
+        assert_eq!(ids, vec![id(1)]);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!change.is_finished(), "the change must wait for the acknowledgement");
+        // The acknowledgement comes with the next poll.
+        let poll = { l.clone() };
+        tokio::spawn(async move { poll.wait(7, upto, Duration::from_secs(5)).await });
+        let took = change.await.unwrap();
+        assert!(took < Duration::from_secs(4), "acknowledged, not expired: {took:?}");
+        // The lease is gone: the next change does not wait.
+        tokio::time::timeout(Duration::from_secs(1), l.revoke(&[id(1)], None)).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_requesters_own_lease_is_kept_and_not_waited_for() {
+        let l = leases(Duration::from_secs(5));
+        l.wait(7, 0, Duration::ZERO).await;
+        assert!(l.grant(7, id(1), l.mark()) > 0);
+        let me = Requester { client: 7, token: l.mark().token };
+        tokio::time::timeout(Duration::from_secs(1), l.revoke(&[id(1)], Some(me))).await.unwrap();
+        assert_eq!(l.counts(), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn a_silent_holder_is_waited_for_until_its_lease_ends() {
+        let l = leases(Duration::from_millis(300));
+        l.wait(7, 0, Duration::ZERO).await;
+        assert!(l.grant(7, id(1), l.mark()) > 0);
+        let t = Instant::now();
+        l.revoke(&[id(1)], None).await;
+        let took = t.elapsed();
+        assert!(took >= Duration::from_millis(250), "{took:?}");
+    }
+
+    #[tokio::test]
+    async fn a_grant_of_attributes_read_before_a_change_is_refused() {
+        let l = leases(Duration::from_secs(1));
+        l.wait(7, 0, Duration::ZERO).await;
+        let before = l.mark();
+        l.revoke(&[id(1)], None).await;
+        assert_eq!(l.grant(7, id(1), before), 0);
+        assert!(l.grant(7, id(2), before) > 0, "other inodes are not affected");
+        assert!(l.grant(7, id(1), l.mark()) > 0);
+        // A request's own change does not refuse its grant; a later one by another does.
+        let own = l.mark();
+        l.revoke(&[id(3)], Some(Requester { client: 7, token: own.token })).await;
+        assert!(l.grant(7, id(3), own) > 0, "the change is the request's own");
+        let own = l.mark();
+        l.revoke(&[id(4)], Some(Requester { client: 7, token: own.token })).await;
+        l.revoke(&[id(4)], Some(Requester { client: 7, token: l.mark().token })).await;
+        assert_eq!(l.grant(7, id(4), own), 0, "another request of the same client changed it since");
+    }
+
+    #[tokio::test]
+    async fn changes_after_a_start_wait_one_lease() {
+        let l = Arc::new(Leases::default());
+        l.set_duration(Duration::from_millis(200));
+        let t = Instant::now();
+        l.revoke(&[id(1)], None).await;
+        assert!(t.elapsed() >= Duration::from_millis(200));
+    }
+}
