@@ -20,21 +20,31 @@
 //! began by another request is refused (a request's own change is in the
 //! attributes it answers with).
 //!
-//! Leases live in memory only: after a start, changes wait out one lease
-//! duration ([`Leases::set_duration`]) before they are acknowledged, so
-//! that copies granted by the previous run have ended. This module must not
+//! Leases live in memory. What survives a restart is a bound: the data dir's
+//! [`UNTIL_FILE`] holds a time by which every lease granted so far has ended
+//! (moved ahead by [`spawn_recorder`] while grants happen; a grant that
+//! would end later is refused). After a start, changes are acknowledged no
+//! earlier than that time, so copies granted by the previous run have ended
+//! even if it was killed. This module must not
 //! decide what a change is (the writer reports touched inodes) nor talk to
 //! the network (the poll is an ordinary request).
 
 use hivefs_proto::Reply;
 use hivefs_types::ids::EntryId;
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{watch, Notify};
+use tracing::warn;
+
+/// File in the metadata data dir: Unix time (ms) by which every lease this
+/// node granted has ended.
+pub const UNTIL_FILE: &str = "leases.until";
 
 /// Default of the metadata config's `attr_lease_ms`.
-pub const DEFAULT_DURATION: Duration = Duration::from_secs(1);
+pub const DEFAULT_DURATION: Duration = Duration::from_secs(5);
 /// Longest lease the node grants, whatever it is configured with.
 pub const MAX_DURATION: Duration = Duration::from_secs(60);
 /// Longest one `LeaseWait` waits, whatever it asks.
@@ -83,12 +93,28 @@ pub struct Leases {
     duration: Mutex<Duration>,
     /// Changes are acknowledged no earlier than this (see the module doc).
     grace_until: Mutex<Option<Instant>>,
+    /// [`UNTIL_FILE`] and the time it holds (Unix ms); no file: no bound.
+    until_file: Mutex<Option<PathBuf>>,
+    until_ms: AtomicU64,
+    /// A grant was refused or came close to `until_ms`: move it ahead.
+    want_later: AtomicBool,
 }
 
 impl Default for Leases {
     fn default() -> Self {
-        Leases { state: Mutex::default(), duration: Mutex::new(Duration::ZERO), grace_until: Mutex::new(None) }
+        Leases {
+            state: Mutex::default(),
+            duration: Mutex::new(Duration::ZERO),
+            grace_until: Mutex::new(None),
+            until_file: Mutex::new(None),
+            until_ms: AtomicU64::new(u64::MAX),
+            want_later: AtomicBool::new(false),
+        }
     }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Where a request stood when it began, for [`Leases::grant`].
@@ -109,12 +135,53 @@ pub struct Requester {
 }
 
 impl Leases {
-    /// Turns leases on (a zero duration turns them off). Changes wait until
-    /// one duration from now: leases of a previous run may still be held.
+    /// Turns leases on (a zero duration turns them off) without a record in
+    /// a data dir: changes wait one duration from now, as leases of a
+    /// previous run may still be held.
     pub fn set_duration(&self, d: Duration) {
         let d = d.min(MAX_DURATION);
         *self.duration.lock().expect("lease duration") = d;
         *self.grace_until.lock().expect("lease grace") = (!d.is_zero()).then(|| Instant::now() + d + EXPIRY_SLACK);
+    }
+
+    /// Turns leases on with the bound recorded in `dir` ([`UNTIL_FILE`]):
+    /// changes wait until the time it holds (at most one duration from now).
+    /// Run [`spawn_recorder`] too, or no lease is granted.
+    pub fn start_recorded(&self, dir: &Path, d: Duration) {
+        let d = d.min(MAX_DURATION);
+        let path = dir.join(UNTIL_FILE);
+        let prev = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0);
+        let now = unix_ms();
+        // Whatever the previous run promised, bounded by the longest lease.
+        let wait = Duration::from_millis(prev.saturating_sub(now)).min(MAX_DURATION + Duration::from_secs(1));
+        *self.duration.lock().expect("lease duration") = d;
+        *self.grace_until.lock().expect("lease grace") =
+            (!wait.is_zero()).then(|| Instant::now() + wait + EXPIRY_SLACK);
+        self.until_ms.store(prev.max(now), Ordering::Release);
+        *self.until_file.lock().expect("lease file") = Some(path);
+        // Ready for the first grants at once.
+        self.want_later.store(true, Ordering::Release);
+        self.record();
+    }
+
+    /// Moves [`UNTIL_FILE`] ahead when grants need it (called by the recorder).
+    fn record(&self) {
+        let d = self.duration();
+        let Some(path) = self.until_file.lock().expect("lease file").clone() else { return };
+        let now = unix_ms();
+        let left = self.until_ms.load(Ordering::Acquire).saturating_sub(now);
+        if d.is_zero() || !self.want_later.load(Ordering::Acquire) || left > d.as_millis() as u64 + 500 {
+            return;
+        }
+        let until = now + d.as_millis() as u64 + 1000;
+        let tmp = path.with_extension("tmp");
+        match std::fs::write(&tmp, format!("{until}\n")).and_then(|()| std::fs::rename(&tmp, &path)) {
+            Ok(()) => {
+                self.want_later.store(false, Ordering::Release);
+                self.until_ms.store(until, Ordering::Release);
+            }
+            Err(e) => warn!("cannot record the end of attribute leases in {}: {e}; no leases granted", path.display()),
+        }
     }
 
     pub fn duration(&self) -> Duration {
@@ -137,6 +204,15 @@ impl Leases {
         let now = Instant::now();
         if d.is_zero() || now.saturating_duration_since(since.at) >= CHANGE_MEMORY / 2 {
             return 0;
+        }
+        // The recorded bound must cover this lease, with room for a while.
+        let end_ms = unix_ms() + d.as_millis() as u64;
+        let until = self.until_ms.load(Ordering::Acquire);
+        if end_ms + 500 > until {
+            self.want_later.store(true, Ordering::Release);
+            if end_ms > until {
+                return 0;
+            }
         }
         let mut st = self.state.lock().expect("leases");
         if !st.sessions.get(&client).is_some_and(|s| s.alive(now)) {
@@ -278,6 +354,18 @@ impl Leases {
     }
 }
 
+/// Keeps [`UNTIL_FILE`] ahead of the leases granted (every 100 ms at most).
+pub fn spawn_recorder(leases: Arc<crate::namespace::Namespace>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let ns = leases.clone();
+            // A small file write; off the async workers all the same.
+            let _ = tokio::task::spawn_blocking(move || ns.leases.record()).await;
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,6 +452,31 @@ mod tests {
         l.revoke(&[id(4)], Some(Requester { client: 7, token: own.token })).await;
         l.revoke(&[id(4)], Some(Requester { client: 7, token: l.mark().token })).await;
         assert_eq!(l.grant(7, id(4), own), 0, "another request of the same client changed it since");
+    }
+
+    #[tokio::test]
+    async fn the_recorded_end_bounds_grants_and_the_next_starts_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = Leases::default();
+        l.start_recorded(dir.path(), Duration::from_millis(300));
+        l.wait(7, 0, Duration::ZERO).await;
+        assert_eq!(l.grant(7, id(1), l.mark()), 300);
+        // A grant beyond the recorded end is refused until the end moves.
+        l.until_ms.store(unix_ms() + 100, Ordering::Release);
+        assert_eq!(l.grant(7, id(1), l.mark()), 0);
+        l.record();
+        assert_eq!(l.grant(7, id(1), l.mark()), 300);
+        // A start right after (a killed node) waits for the recorded end...
+        let next = Leases::default();
+        next.start_recorded(dir.path(), Duration::from_millis(300));
+        let t = Instant::now();
+        next.revoke(&[id(2)], None).await;
+        assert!(t.elapsed() >= Duration::from_millis(300), "{:?}", t.elapsed());
+        // ...and one long after does not.
+        std::fs::write(dir.path().join(UNTIL_FILE), "1000\n").unwrap();
+        let later = Leases::default();
+        later.start_recorded(dir.path(), Duration::from_millis(300));
+        tokio::time::timeout(Duration::from_millis(100), later.revoke(&[id(2)], None)).await.unwrap();
     }
 
     #[tokio::test]

@@ -383,7 +383,8 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
         }));
     }
     ns.locks.set_lease(Duration::from_millis(cfg.lock_lease_ms.max(1)));
-    ns.leases.set_duration(Duration::from_millis(cfg.attr_lease_ms));
+    ns.leases.start_recorded(&dir, Duration::from_millis(cfg.attr_lease_ms));
+    tasks.push(leases::spawn_recorder(ns.clone()));
     tasks.push(locks::spawn_expiry(ns.clone()));
     handler.set(Some(ns.clone()));
     if !pending.is_empty() {
