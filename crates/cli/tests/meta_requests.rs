@@ -97,8 +97,9 @@ fn hot_paths_send_one_request_per_kernel_call() {
     // every path walk and write permission on `d` for a create or unlink,
     // from directory attributes it caches for the mount's --dir-attr-ttl-ms
     // (1 s, refreshed by `warm`): no request for them. Files' attributes are
-    // never cached (cache mode native), so every open's permission check
-    // and every fstat is a getattr.
+    // cached only under a lease (tests/leases.rs); the bounds below hold
+    // without one, where every open's permission check and every fstat is a
+    // getattr.
     // getattr of `d` (the kernel drops a directory's attributes when it
     // changes an entry in it), lookup (the name is new), create-and-open,
     // release; no size report (nothing was written).
@@ -142,8 +143,9 @@ fn directory_attributes_changed_elsewhere_show_within_the_ttl() {
     eprintln!("another mount's chmod showed after {:?}", start.elapsed());
 }
 
-/// The attributes of a lookup or create are not cached by the kernel: a
-/// `stat` right after one still sees what another mount left on close.
+/// The attributes of a lookup or create are cached by the kernel only under
+/// a lease: a `stat` right after one still sees what another mount left on
+/// close.
 #[test]
 fn stat_after_lookup_sees_another_mounts_close() {
     let fs = TestFs::up(&["--storage", "1"]);

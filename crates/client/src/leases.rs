@@ -94,8 +94,15 @@ impl Client {
     /// Takes attribute leases from now on: `on_revoke` is called (never
     /// concurrently with [`Client::with_lease`]) for each entry whose lease
     /// a metadata node revokes. Returns false if leases were on already.
+    /// Call it inside the tokio runtime (it starts a poll task).
     pub fn enable_leases(&self, on_revoke: OnRevoke) -> bool {
-        self.leases.set(Arc::new(LeaseSession::new(on_revoke))).is_ok()
+        let session = Arc::new(LeaseSession::new(on_revoke));
+        if self.leases.set(session.clone()).is_err() {
+            return false;
+        }
+        // The root's node at once (the first requests go there); others on first use.
+        self.poll_leases(&session, self.root.owner);
+        true
     }
 
     /// Runs `f` with how much longer this client's lease on `id` lasts (zero

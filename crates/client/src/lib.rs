@@ -4,8 +4,10 @@
 //! metadata node that owns an entry, and striped file I/O — one read or
 //! write is cut along the pattern's chunks and sent to all involved storage
 //! targets concurrently. It holds no file data cache (cache mode `native`):
-//! every read goes to the targets. It must not know about FUSE or errno;
-//! the mount crate and the CLI sit on top of it.
+//! every read goes to the targets. Attribute leases (`leases`) are the
+//! protocol side of the mount's attribute cache; the cache is the kernel's.
+//! It must not know about FUSE or errno; the mount crate and the CLI sit on
+//! top of it.
 
 mod data;
 mod leases;

@@ -149,9 +149,6 @@ struct OpenFile {
     /// write by an unprivileged caller clears them (the kernel leaves this
     /// to the file system for direct I/O).
     kill_privs: AtomicBool,
-    /// A write went through this handle: the kernel's cached attributes
-    /// (leased before the open) were dropped.
-    wrote: AtomicBool,
 }
 
 struct DirHandle {
@@ -402,7 +399,6 @@ impl Inner {
             publishing: tokio::sync::Mutex::new(()),
             unchanged,
             kill_privs,
-            wrote: AtomicBool::new(false),
         });
         let fh = self.new_fh();
         self.files.lock().expect("files").insert(fh, f.clone());
@@ -734,8 +730,8 @@ impl Filesystem for HiveFs {
             let open_flags = inner.cache_mode.open_flags(flags, inner.global_locks, f.unchanged);
             Ok(move |reply: ReplyCreate| {
                 // `created` has one TTL for the name and the attributes. The
-                // handle writes, but the kernel drops the attributes at its
-                // first write (`write`); an existing file's (O_TRUNC) are not
+                // handle writes, but the kernel drops size and times at each
+                // of its own writes; an existing file's (O_TRUNC) are not
                 // cached.
                 let leased = a.size == 0;
                 inner.client.with_lease(a.id, |left| {
@@ -783,9 +779,6 @@ impl Filesystem for HiveFs {
         let c = caller(req);
         run!(self, reply, |inner| {
             let f = inner.file(fh)?;
-            if !f.wrote.swap(true, Ordering::AcqRel) {
-                inner.drop_kernel_attrs(f.ent.id);
-            }
             if c.uid != 0 && f.kill_privs.swap(false, Ordering::AcqRel) {
                 // A write without CAP_FSETID drops suid/sgid first (as Linux's file_remove_privs).
                 let a = inner.client.getattr(f.ent).await?;
@@ -1123,7 +1116,7 @@ pub fn mount(
         }),
         rt,
     };
-    let inner = fs.inner.clone();
+    let (inner, rt_handle) = (fs.inner.clone(), fs.rt.clone());
     let mut cfg = fuser::Config::default();
     cfg.mount_options = vec![
         MountOption::FSName("hivefs".into()),
@@ -1137,6 +1130,8 @@ pub fn mount(
     let mut session = fuser::Session::new(fs, mnt, &cfg)?;
     let _ = inner.notifier.set(session.notifier());
     {
+        // Leases start a poll task on the runtime.
+        let _rt = rt_handle.enter();
         let weak = Arc::downgrade(&inner);
         inner.client.enable_leases(Box::new(move |id| {
             if let Some(inner) = weak.upgrade() {

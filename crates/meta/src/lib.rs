@@ -149,7 +149,8 @@ struct MetaHandler {
     /// Refreshed on mgmtd's request even while the namespace is not ready,
     /// so no change notification is lost during start-up.
     cluster: Arc<Cluster>,
-    /// Requests answered since start (`MetaOpCount`, for `hivefs bench md`).
+    /// Requests answered since start, lease polls not counted (`MetaOpCount`,
+    /// for `hivefs bench md`).
     requests: std::sync::atomic::AtomicU64,
 }
 
@@ -173,7 +174,10 @@ impl Handler for MetaHandler {
             };
             return (r, Vec::new());
         }
-        self.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Lease polls are the mounts' background traffic, not operations.
+        if !matches!(req, Request::LeaseWait { .. }) {
+            self.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let r = match ns {
             Some(ns) => ns.handle(req).await,
             None => Err(fs_err!(Unavailable, "metadata service is starting or stopping")),
