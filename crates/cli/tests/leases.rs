@@ -125,3 +125,26 @@ fn leases_off_means_every_stat_asks() {
     }
     assert!(total(&m) - before >= 10, "stats without leases must each ask the metadata node");
 }
+
+/// With three metadata nodes each node leases the inodes it stores: changes
+/// through another mount show at once in directories of every node.
+#[test]
+fn leases_hold_on_every_metadata_node() {
+    let fs = TestFs::up(&["--storage", "1", "--meta", "3"]);
+    let other = fs.second_mount();
+    let m = counts(&fs);
+    let mut owners = std::collections::BTreeSet::new();
+    for i in 0..6 {
+        let d = format!("d{i}");
+        std::fs::create_dir(fs.path(&d)).unwrap();
+        owners.insert(fs.entry_info(&d)["owner_meta_node"].as_u64().expect("owner_meta_node"));
+        let (here, there) = (fs.path(&format!("{d}/f")), other.mnt.join(format!("{d}/f")));
+        std::fs::write(&here, b"hello").unwrap();
+        assert!(stats_served_from_cache(&m, &here, 10), "{d}: stats of a leased file still asked");
+        std::fs::write(&there, b"hello, world").unwrap();
+        assert_eq!(std::fs::metadata(&here).unwrap().len(), 12, "{d}: write + close elsewhere");
+        std::fs::set_permissions(&there, std::fs::Permissions::from_mode(0o604)).unwrap();
+        assert_eq!(std::fs::metadata(&here).unwrap().mode() & 0o7777, 0o604, "{d}: chmod elsewhere");
+    }
+    assert!(owners.len() >= 2, "the directories all landed on one node: {owners:?}");
+}

@@ -51,6 +51,11 @@ pub const MAX_DURATION: Duration = Duration::from_secs(60);
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
 /// How long a change is remembered against grants of older reads.
 pub const CHANGE_MEMORY: Duration = Duration::from_secs(4);
+/// Most inodes with a lease at a time (about 100 bytes each); beyond it no
+/// lease is granted until some end.
+pub const MAX_LEASED: usize = 300_000;
+/// How often expired leases and old change notes are swept.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Waiting for a client that does not answer ends this long after its lease
 /// (the kernel rounds a cache time up to its clock tick).
 const EXPIRY_SLACK: Duration = Duration::from_millis(50);
@@ -82,9 +87,7 @@ struct State {
     changed: HashMap<EntryId, (u64, Instant, u64)>,
     change_seq: u64,
     next_token: u64,
-    /// Sizes after the last sweep (sweeps run when a map doubles).
-    swept_holders: usize,
-    swept_changed: usize,
+    last_sweep: Option<Instant>,
 }
 
 pub struct Leases {
@@ -221,19 +224,14 @@ impl Leases {
         if st.changed.get(&id).is_some_and(|&(seq, _, by)| seq > since.seq && by != since.token) {
             return 0;
         }
+        if st.holders.len() >= MAX_LEASED && !st.holders.contains_key(&id) {
+            return 0;
+        }
         let end = now + d;
         let hs = st.holders.entry(id).or_default();
         match hs.iter_mut().find(|(c, _)| *c == client) {
             Some(h) => h.1 = end,
             None => hs.push((client, end)),
-        }
-        if st.holders.len() > 2 * st.swept_holders + 1024 {
-            st.holders.retain(|_, hs| {
-                hs.retain(|&(_, end)| end > now);
-                !hs.is_empty()
-            });
-            st.sessions.retain(|_, s| s.alive(now));
-            st.swept_holders = st.holders.len();
         }
         d.as_millis() as u32
     }
@@ -284,10 +282,6 @@ impl Leases {
                 if !keep.is_empty() {
                     st.holders.insert(id, keep);
                 }
-            }
-            if st.changed.len() > 2 * st.swept_changed + 1024 {
-                st.changed.retain(|_, &mut (_, at, _)| now.saturating_duration_since(at) < CHANGE_MEMORY);
-                st.swept_changed = st.changed.len();
             }
         }
         for (ack, end) in waits {
@@ -343,6 +337,29 @@ impl Leases {
         }
     }
 
+    /// Drops ended leases, old change notes and silent clients (at most
+    /// once per [`SWEEP_EVERY`]), so memory follows what is live.
+    fn sweep(&self) {
+        let now = Instant::now();
+        let mut st = self.state.lock().expect("leases");
+        if st.last_sweep.is_some_and(|t| now.saturating_duration_since(t) < SWEEP_EVERY) {
+            return;
+        }
+        st.last_sweep = Some(now);
+        st.holders.retain(|_, hs| {
+            hs.retain(|&(_, end)| end > now);
+            !hs.is_empty()
+        });
+        st.changed.retain(|_, &mut (_, at, _)| now.saturating_duration_since(at) < CHANGE_MEMORY);
+        st.sessions.retain(|_, s| s.alive(now));
+        if st.holders.capacity() > 4 * st.holders.len() + 1024 {
+            st.holders.shrink_to_fit();
+        }
+        if st.changed.capacity() > 4 * st.changed.len() + 1024 {
+            st.changed.shrink_to_fit();
+        }
+    }
+
     /// Clients with a live poll, and inodes with a lease (for tests and status).
     pub fn counts(&self) -> (usize, usize) {
         let st = self.state.lock().expect("leases");
@@ -354,14 +371,19 @@ impl Leases {
     }
 }
 
-/// Keeps [`UNTIL_FILE`] ahead of the leases granted (every 100 ms at most).
-pub fn spawn_recorder(leases: Arc<crate::namespace::Namespace>) -> tokio::task::JoinHandle<()> {
+/// Keeps [`UNTIL_FILE`] ahead of the leases granted (every 100 ms at most)
+/// and sweeps what ended.
+pub fn spawn_recorder(ns: Arc<crate::namespace::Namespace>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            let ns = leases.clone();
-            // A small file write; off the async workers all the same.
-            let _ = tokio::task::spawn_blocking(move || ns.leases.record()).await;
+            let ns = ns.clone();
+            // A small file write and a walk of the tables: off the async workers.
+            let _ = tokio::task::spawn_blocking(move || {
+                ns.leases.record();
+                ns.leases.sweep();
+            })
+            .await;
         }
     })
 }
@@ -477,6 +499,21 @@ mod tests {
         let later = Leases::default();
         later.start_recorded(dir.path(), Duration::from_millis(300));
         tokio::time::timeout(Duration::from_millis(100), later.revoke(&[id(2)], None)).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn ended_leases_are_swept_and_the_table_is_bounded() {
+        let l = leases(Duration::from_millis(50));
+        l.wait(7, 0, Duration::ZERO).await;
+        for n in 0..1000 {
+            assert!(l.grant(7, id(n), l.mark()) > 0);
+        }
+        assert_eq!(l.counts().1, 1000);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        l.sweep();
+        assert!(l.state.lock().unwrap().holders.is_empty(), "ended leases stay in memory");
+        l.state.lock().unwrap().holders.extend((0..MAX_LEASED as u64).map(|n| (id(10_000 + n), Vec::new())));
+        assert_eq!(l.grant(7, id(1), l.mark()), 0, "a full table grants nothing new");
     }
 
     #[tokio::test]
