@@ -29,7 +29,7 @@
 //! decide what a change is (the writer reports touched inodes) nor talk to
 //! the network (the poll is an ordinary request).
 
-use hivefs_proto::Reply;
+use hivefs_proto::{Reply, REVOKED_MAX};
 use hivefs_types::ids::EntryId;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -61,7 +61,10 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 const EXPIRY_SLACK: Duration = Duration::from_millis(50);
 
 struct Session {
-    pending: Vec<EntryId>,
+    /// Revocations not yet acknowledged, with their sequence numbers; a
+    /// poll answers with them again until they are (a lost answer is sent
+    /// again, not forgotten).
+    pending: std::collections::VecDeque<(u64, EntryId)>,
     /// Sequence number of the last revocation queued.
     queued: u64,
     acked: watch::Sender<u64>,
@@ -72,6 +75,14 @@ struct Session {
 }
 
 impl Session {
+    /// The oldest queued revocations (at most [`REVOKED_MAX`]), and the
+    /// sequence number of the last of them.
+    fn take_pending(&mut self) -> Reply {
+        let batch: Vec<(u64, EntryId)> = self.pending.iter().take(REVOKED_MAX).copied().collect();
+        let upto = batch.last().map_or(self.queued, |&(seq, _)| seq);
+        Reply::Revoked { ids: batch.into_iter().map(|(_, id)| id).collect(), upto }
+    }
+
     fn alive(&self, now: Instant) -> bool {
         now.saturating_duration_since(self.last_poll) < self.poll_wait + Duration::from_secs(5)
     }
@@ -271,8 +282,8 @@ impl Leases {
                     }
                     match st.sessions.get_mut(&client) {
                         Some(s) => {
-                            s.pending.push(id);
                             s.queued += 1;
+                            s.pending.push_back((s.queued, id));
                             s.wake.notify_one();
                             waits.push((Some((s.acked.subscribe(), s.queued)), end));
                         }
@@ -303,7 +314,7 @@ impl Leases {
             let mut st = self.state.lock().expect("leases");
             let now = Instant::now();
             let s = st.sessions.entry(client).or_insert_with(|| Session {
-                pending: Vec::new(),
+                pending: Default::default(),
                 queued: 0,
                 acked: watch::channel(0).0,
                 wake: Arc::new(Notify::new()),
@@ -320,8 +331,12 @@ impl Leases {
                 }
                 newer
             });
+            let done = *s.acked.borrow();
+            while s.pending.front().is_some_and(|&(seq, _)| seq <= done) {
+                s.pending.pop_front();
+            }
             if !s.pending.is_empty() {
-                return Reply::Revoked { ids: std::mem::take(&mut s.pending), upto: s.queued };
+                return s.take_pending();
             }
             s.wake.clone()
         };
@@ -331,7 +346,7 @@ impl Leases {
             Some(s) => {
                 // Waiting counts as hearing from it.
                 s.last_poll = Instant::now();
-                Reply::Revoked { ids: std::mem::take(&mut s.pending), upto: s.queued }
+                s.take_pending()
             }
             None => Reply::Revoked { ids: Vec::new(), upto: acked },
         }
@@ -434,6 +449,31 @@ mod tests {
         assert!(took < Duration::from_secs(4), "acknowledged, not expired: {took:?}");
         // The lease is gone: the next change does not wait.
         tokio::time::timeout(Duration::from_secs(1), l.revoke(&[id(1)], None)).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn revocations_go_out_in_bounded_batches_acknowledged_in_order() {
+        let l = leases(Duration::from_secs(5));
+        l.wait(7, 0, Duration::ZERO).await;
+        let n = REVOKED_MAX as u64 + 10;
+        for i in 0..n {
+            assert!(l.grant(7, id(i), l.mark()) > 0);
+        }
+        let ids: Vec<EntryId> = (0..n).map(id).collect();
+        let l2 = l.clone();
+        let change = tokio::spawn(async move { l2.revoke(&ids, None).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let Reply::Revoked { ids, upto } = l.wait(7, 0, Duration::from_secs(1)).await else { panic!() };
+        assert_eq!((ids.len(), upto), (REVOKED_MAX, REVOKED_MAX as u64));
+        let Reply::Revoked { ids, upto } = l.wait(7, upto, Duration::from_secs(1)).await else { panic!() };
+        assert_eq!((ids.len(), upto), (10, n));
+        // That answer was lost: a poll without its acknowledgement gets it again.
+        let again = l.wait(7, REVOKED_MAX as u64, Duration::from_secs(1)).await;
+        assert_eq!(again, Reply::Revoked { ids, upto });
+        assert!(!change.is_finished(), "the last batch is not acknowledged yet");
+        let poll = l.clone();
+        tokio::spawn(async move { poll.wait(7, n, Duration::from_secs(5)).await });
+        tokio::time::timeout(Duration::from_secs(3), change).await.unwrap().unwrap();
     }
 
     #[tokio::test]

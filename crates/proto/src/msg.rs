@@ -506,6 +506,9 @@ pub enum Request {
 /// Most entries one `UnlinkChunks` request may carry.
 pub const UNLINK_CHUNKS_MAX: usize = 1024;
 
+/// Most entries one `Reply::Revoked` carries (more wait for the next poll).
+pub const REVOKED_MAX: usize = 16384;
+
 /// A dentry as `hivefs fsck` sees it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FsckDentry {
@@ -697,7 +700,8 @@ pub enum Reply {
         lease_ms: u32,
     },
     /// Answer to `LeaseWait`: the client must drop its cached attributes of
-    /// `ids`, then acknowledge `upto` in its next `LeaseWait`.
+    /// `ids` (at most [`REVOKED_MAX`]), then acknowledge `upto` in its next
+    /// `LeaseWait`.
     Revoked {
         ids: Vec<EntryId>,
         upto: u64,
@@ -852,6 +856,15 @@ mod tests {
         assert!(b.len() <= crate::MAX_BODY_LEN as usize, "{} bytes", b.len());
         assert_eq!(decode_body::<Request>(&b).unwrap(), r);
         assert!(r.is_idempotent());
+    }
+
+    #[test]
+    fn a_full_revocation_fits_in_one_body() {
+        let worst = EntryId { node: u32::MAX, epoch: u32::MAX, counter: u64::MAX };
+        let r: Response = Ok(Reply::Revoked { ids: vec![worst; REVOKED_MAX], upto: u64::MAX });
+        let b = encode_body(&r);
+        assert!(b.len() <= crate::MAX_BODY_LEN as usize, "{} bytes", b.len());
+        assert_eq!(decode_body::<Response>(&b).unwrap(), r);
     }
 
     #[test]
