@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::TestFs;
+use common::{errno_of as errno, TestFs};
 use hivefs_bench::md::MetaCounts;
 use hivefs_bench::FsConn;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -147,4 +147,68 @@ fn leases_hold_on_every_metadata_node() {
         assert_eq!(std::fs::metadata(&here).unwrap().mode() & 0o7777, 0o604, "{d}: chmod elsewhere");
     }
     assert!(owners.len() >= 2, "the directories all landed on one node: {owners:?}");
+}
+
+/// Names are leased too: a name older than the 1 s entry TTL is still
+/// answered by the kernel, and another mount's rename, unlink or re-create
+/// of it shows at once.
+#[test]
+fn names_changed_elsewhere_show_at_once_while_old_names_hit_the_cache() {
+    use std::os::unix::fs::MetadataExt;
+    let fs = TestFs::up(&["--storage", "1"]);
+    let other = fs.second_mount();
+    let m = counts(&fs);
+    std::fs::create_dir(fs.path("d")).unwrap();
+    let (here, there) = (|n: &str| fs.path(&format!("d/{n}")), |n: &str| other.mnt.join(format!("d/{n}")));
+    std::fs::write(here("f"), b"1").unwrap();
+    std::fs::metadata(there("f")).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(stats_served_from_cache(&m, &there("f"), 10), "a leased name older than 1 s was looked up again");
+
+    std::fs::rename(here("f"), here("g")).unwrap();
+    assert_eq!(errno(std::fs::metadata(there("f"))), libc::ENOENT, "rename elsewhere: the old name");
+    assert_eq!(std::fs::metadata(there("g")).unwrap().len(), 1, "rename elsewhere: the new name");
+
+    let old_ino = std::fs::metadata(there("g")).unwrap().ino();
+    std::fs::remove_file(here("g")).unwrap();
+    assert_eq!(errno(std::fs::metadata(there("g"))), libc::ENOENT, "unlink elsewhere");
+    std::fs::write(here("g"), b"22").unwrap();
+    let now = std::fs::metadata(there("g")).unwrap();
+    assert_eq!(now.len(), 2, "re-created elsewhere");
+    assert_ne!(now.ino(), old_ino, "re-created elsewhere: another inode");
+}
+
+/// Two mounts that both cache all names of one directory remove their own
+/// files in it at the same time: every revocation is answered (dropping
+/// names takes no directory lock), so nothing waits for a lease to end.
+#[test]
+fn two_mounts_removing_in_one_directory_both_finish() {
+    let fs = TestFs::up(&["--storage", "1"]);
+    let other = fs.second_mount();
+    std::fs::create_dir(fs.path("d")).unwrap();
+    let mounts = [fs.path("d"), other.mnt.join("d")];
+    for (i, dir) in mounts.iter().enumerate() {
+        for n in 0..50 {
+            std::fs::write(dir.join(format!("m{i}-{n}")), b"x").unwrap();
+        }
+    }
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for (i, dir) in mounts.iter().enumerate() {
+            s.spawn(move || {
+                for round in 0..3 {
+                    // Lease every name, then remove some of this mount's own.
+                    for e in std::fs::read_dir(dir).unwrap() {
+                        let _ = std::fs::metadata(e.unwrap().path());
+                    }
+                    for n in (round * 17)..((round + 1) * 17).min(50) {
+                        std::fs::remove_file(dir.join(format!("m{i}-{n}"))).unwrap();
+                    }
+                }
+            });
+        }
+    });
+    eprintln!("removing took {:?}", start.elapsed());
+    assert_eq!(std::fs::read_dir(fs.path("d")).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(other.mnt.join("d")).unwrap().count(), 0);
 }

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use data::MAX_PIECE;
-pub use leases::OnRevoke;
+pub use leases::{OnRevoke, Revocation};
 
 /// Where an entry's inode lives: its id and the metadata node storing it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -183,8 +183,8 @@ impl Client {
         let idempotent = req.is_idempotent() || op.is_some();
         let sent = std::time::Instant::now();
         match pool.rpc(&Request::Leasing { client: self.ops.client, idempotent, req: inner }).await? {
-            Reply::Leased { attr, lease_ms } => {
-                session.granted(attr.id, sent, lease_ms);
+            Reply::Leased { attr, lease_ms, name_ms } => {
+                session.granted(attr.id, req.names(), sent, lease_ms, name_ms);
                 Ok(Reply::Entry(attr))
             }
             r => Ok(r),

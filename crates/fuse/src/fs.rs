@@ -9,7 +9,7 @@ use fuser::{
     LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
     ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
-use hivefs_client::{Client, Ent};
+use hivefs_client::{Client, Ent, Revocation};
 use hivefs_proto::{Caller, DirEntry, FileLock, LockKind};
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
@@ -192,6 +192,9 @@ struct Inner {
     locked: Mutex<HashSet<EntryId>>,
     /// Tells the kernel to drop cached attributes (set once mounted).
     notifier: std::sync::OnceLock<fuser::Notifier>,
+    /// The session's `/dev/fuse`, for `FUSE_NOTIFY_INC_EPOCH`; `None` when
+    /// the kernel does not take it (names then are not leased).
+    epoch_fd: std::sync::OnceLock<std::fs::File>,
 }
 
 pub struct HiveFs {
@@ -481,24 +484,52 @@ impl Inner {
     /// directory's for `dir_attr_ttl`; a file's while its lease lasts, unless
     /// this mount writes it (then sizes change here first). Revocations wait
     /// until `reply` returns (see `Client::with_lease`).
-    fn with_ttl<R>(&self, a: &EntryAttr, reply: impl FnOnce(Duration) -> R) -> R {
-        if a.kind == FileKind::Dir {
-            return reply(self.dir_attr_ttl);
-        }
-        self.client.with_lease(a.id, |left| {
-            let writing = self.local_sizes.lock().expect("sizes").contains_key(&a.id);
-            reply(if writing { ATTR_TTL } else { left })
+    ///
+    /// With `name` (the directory and name `a` was found or made by), also
+    /// how long the kernel may keep that name: while its lease lasts (when
+    /// the kernel can drop names on revocation, see [`Inner::drop_names`]),
+    /// else `ENTRY_TTL`.
+    fn with_ttl<R>(
+        &self,
+        a: &EntryAttr,
+        name: Option<(EntryId, &[u8])>,
+        reply: impl FnOnce(Duration, Duration) -> R,
+    ) -> R {
+        self.client.with_leases(a.id, name, |attrs, name_left| {
+            let entry = if self.epoch_fd.get().is_some() && !name_left.is_zero() { name_left } else { ENTRY_TTL };
+            let attrs = if a.kind == FileKind::Dir {
+                self.dir_attr_ttl
+            } else if self.local_sizes.lock().expect("sizes").contains_key(&a.id) {
+                ATTR_TTL
+            } else {
+                attrs
+            };
+            reply(attrs, entry)
         })
     }
 
-    /// Answers with a new entry: the name is cached for `ENTRY_TTL`, the
-    /// attributes as `with_ttl` says.
-    fn send_entry(&self, reply: ReplyEntry, a: &EntryAttr) {
-        self.with_ttl(a, |ttl| reply.entry_with_ttls(&ttl, &ENTRY_TTL, &self.entry_reply(a), Generation(0)));
+    /// Answers with a new entry, name and attributes cached as `with_ttl` says.
+    fn send_entry(&self, reply: ReplyEntry, a: &EntryAttr, name: Option<(EntryId, &[u8])>) {
+        self.with_ttl(a, name, |attrs, entry| {
+            reply.entry_with_ttls(&attrs, &entry, &self.entry_reply(a), Generation(0))
+        });
     }
 
     fn send_attr(&self, reply: ReplyAttr, ino: INodeNo, a: &EntryAttr) {
-        self.with_ttl(a, |ttl| reply.attr(&ttl, &self.to_attr(ino.0, a)));
+        self.with_ttl(a, None, |ttl, _| reply.attr(&ttl, &self.to_attr(ino.0, a)));
+    }
+
+    /// Makes the kernel look every name up again (a name this mount leased
+    /// changed): `FUSE_NOTIFY_INC_EPOCH` (Linux 6.16), which takes no locks.
+    /// Unlike dropping one name (`FUSE_NOTIFY_INVAL_ENTRY`), it cannot wait
+    /// for the directory's lock, which an operation of this mount may hold
+    /// while the metadata node waits for this very revocation.
+    fn drop_names(&self) {
+        if let Some(f) = self.epoch_fd.get() {
+            if let Err(e) = inc_epoch(f) {
+                warn!("dropping the kernel's cached names failed: {e}");
+            }
+        }
     }
 
     /// Makes the kernel ask again for `id`'s attributes (after this mount
@@ -558,7 +589,7 @@ impl Filesystem for HiveFs {
         run!(self, reply, |inner| {
             let p = inner.ent(parent)?;
             let a = inner.client.lookup(p, &name).await?;
-            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a))
+            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a, Some((p.id, &name))))
         })
     }
 
@@ -621,7 +652,7 @@ impl Filesystem for HiveFs {
             })?;
             let p = inner.ent(parent)?;
             let a = inner.client.create(p, &name, kind, mode & !umask & 0o7777, rdev, true, c).await?;
-            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a))
+            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a, Some((p.id, &name))))
         })
     }
 
@@ -631,7 +662,7 @@ impl Filesystem for HiveFs {
         run!(self, reply, |inner| {
             let p = inner.ent(parent)?;
             let a = inner.client.mkdir(p, &name, mode & !umask & 0o7777, c).await?;
-            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a))
+            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a, Some((p.id, &name))))
         })
     }
 
@@ -656,8 +687,9 @@ impl Filesystem for HiveFs {
         let target = target.as_os_str().as_bytes().to_vec();
         let c = caller(req);
         run!(self, reply, |inner| {
-            let a = inner.client.symlink(inner.ent(parent)?, &name, &target, c).await?;
-            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a))
+            let p = inner.ent(parent)?;
+            let a = inner.client.symlink(p, &name, &target, c).await?;
+            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a, Some((p.id, &name))))
         })
     }
 
@@ -688,8 +720,9 @@ impl Filesystem for HiveFs {
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let newname = name_bytes(newname);
         run!(self, reply, |inner| {
-            let a = inner.client.link(inner.ent(ino)?, inner.ent(newparent)?, &newname).await?;
-            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a))
+            let np = inner.ent(newparent)?;
+            let a = inner.client.link(inner.ent(ino)?, np, &newname).await?;
+            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a, Some((np.id, &newname))))
         })
     }
 
@@ -734,8 +767,10 @@ impl Filesystem for HiveFs {
                 // of its own writes; an existing file's (O_TRUNC) are not
                 // cached.
                 let leased = a.size == 0;
-                inner.client.with_lease(a.id, |left| {
-                    let ttl = if leased { left.min(ENTRY_TTL) } else { ATTR_TTL };
+                inner.client.with_leases(a.id, Some((p.id, &name)), |attrs, name_left| {
+                    let entry =
+                        if inner.epoch_fd.get().is_some() && !name_left.is_zero() { name_left } else { ENTRY_TTL };
+                    let ttl = if leased { attrs.min(entry) } else { ATTR_TTL };
                     reply.created(&ttl, &inner.entry_reply(&a), Generation(0), FileHandle(fh), open_flags)
                 })
             })
@@ -1113,6 +1148,7 @@ pub fn mount(
             opened_versions: Mutex::default(),
             locked: Mutex::default(),
             notifier: std::sync::OnceLock::new(),
+            epoch_fd: std::sync::OnceLock::new(),
         }),
         rt,
     };
@@ -1127,15 +1163,41 @@ pub fn mount(
     cfg.acl = if opts.allow_other { SessionACL::All } else { SessionACL::Owner };
     cfg.n_threads = Some(opts.fuse_threads.max(1));
     cfg.clone_fd = true;
-    let mut session = fuser::Session::new(fs, mnt, &cfg)?;
+    let epoch_fd = {
+        let before = fuse_fds();
+        let session = fuser::Session::new(fs, mnt, &cfg)?;
+        // The descriptor the session just opened; a duplicate stays valid
+        // as long as the connection.
+        let fd = fuse_fds().into_iter().filter(|fd| !before.contains(fd)).max();
+        let f = fd.and_then(|fd| {
+            // SAFETY: `fd` is an open descriptor of this process; dup gives a new one we own.
+            let d = unsafe { libc::dup(fd) };
+            (d >= 0).then(|| unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(d) })
+        });
+        let f = f.filter(|f| match inc_epoch(f) {
+            Ok(()) => true,
+            Err(e) => {
+                info!("the kernel does not take FUSE_NOTIFY_INC_EPOCH ({e}): names are cached for 1 s, not leased");
+                false
+            }
+        });
+        (session, f)
+    };
+    let (mut session, epoch_fd) = epoch_fd;
+    if let Some(f) = epoch_fd {
+        let _ = inner.epoch_fd.set(f);
+    }
     let _ = inner.notifier.set(session.notifier());
     {
         // Leases start a poll task on the runtime.
         let _rt = rt_handle.enter();
         let weak = Arc::downgrade(&inner);
-        inner.client.enable_leases(Box::new(move |id| {
+        inner.client.enable_leases(Box::new(move |r| {
             if let Some(inner) = weak.upgrade() {
-                inner.drop_kernel_attrs(id);
+                match r {
+                    Revocation::Attrs(id) => inner.drop_kernel_attrs(id),
+                    Revocation::Names => inner.drop_names(),
+                }
             }
         }));
     }
@@ -1153,6 +1215,30 @@ pub fn mount(
         }
     });
     session.run()
+}
+
+/// `/dev/fuse` descriptors open in this process.
+fn fuse_fds() -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
+    dir.filter_map(|e| {
+        let e = e.ok()?;
+        let target = std::fs::read_link(e.path()).ok()?;
+        (target == Path::new("/dev/fuse")).then(|| e.file_name().to_str()?.parse().ok())?
+    })
+    .collect()
+}
+
+/// Kernel FUSE protocol: `FUSE_NOTIFY_INC_EPOCH` (7.44).
+const FUSE_NOTIFY_INC_EPOCH: i32 = 8;
+
+/// Sends `FUSE_NOTIFY_INC_EPOCH` on `dev`: a bare `fuse_out_header` (length,
+/// notification code in the error field, unique 0).
+fn inc_epoch(dev: &std::fs::File) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut msg = [0u8; 16];
+    msg[0..4].copy_from_slice(&16u32.to_ne_bytes());
+    msg[4..8].copy_from_slice(&FUSE_NOTIFY_INC_EPOCH.to_ne_bytes());
+    (&*dev).write_all(&msg)
 }
 
 #[cfg(test)]

@@ -129,8 +129,7 @@ fn changed(what: String) -> OpError {
 }
 
 fn put_inode(t: &mut Tables<'_>, id: EntryId, i: &Inode) -> OpResult<()> {
-    t.inodes.insert(id_key(id).as_slice(), encode(i).as_slice())?;
-    Ok(())
+    t.put_inode(id, i)
 }
 
 fn must_inode(t: &Tables<'_>, id: EntryId) -> OpResult<Inode> {
@@ -149,7 +148,7 @@ pub fn apply_fix(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, fix: FsckFix) -> OpResul
             if load_inode(&t.inodes, id)?.is_some() {
                 return Err(changed(format!("inode {id} of dentry {parent}/{}", q(&name))));
             }
-            t.dentries.remove(child_key(parent, &name).as_slice())?;
+            t.remove_dentry(parent, &name)?;
             Ok(Reply::FsckFixed(format!("removed dentry {parent}/{} naming missing inode {id}", q(&name))))
         }
         FsckFix::SetNlink { id, from, to } => {
@@ -257,7 +256,7 @@ fn lost_found(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId) -> OpResult<Re
                 parent: Some(EntryId::ROOT),
             };
             let d = Dentry { id: lid, kind: FileKind::Dir, owner: ctx.node };
-            t.dentries.insert(child_key(EntryId::ROOT, LOST_FOUND).as_slice(), encode(&d).as_slice())?;
+            t.put_dentry(EntryId::ROOT, LOST_FOUND, &d)?;
             root.nlink += 1;
             root.mtime = ctx.now;
             root.ctime = ctx.now;
@@ -267,7 +266,7 @@ fn lost_found(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId) -> OpResult<Re
         }
     };
     let d = Dentry { id, kind: i.kind, owner: ctx.node };
-    t.dentries.insert(child_key(lid, &name).as_slice(), encode(&d).as_slice())?;
+    t.put_dentry(lid, &name, &d)?;
     if i.kind == FileKind::Dir {
         i.parent = Some(lid);
         lfi.nlink += 1;

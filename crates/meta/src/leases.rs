@@ -5,13 +5,17 @@
 //! `Leasing` gets, with every answer carrying a non-directory's attributes
 //! from this node, a lease of [`Leases::duration`]: a promise that nobody
 //! else's change of those attributes is acknowledged before the client has
-//! dropped its copy or the lease has ended. Every committed mutation lists
-//! the inodes whose records it wrote (`Tables::touched`); before its answer
-//! leaves, [`Leases::revoke`] queues those inodes to each other holder's poll
-//! and waits for its acknowledgement, or for the lease's end when the client
-//! does not answer. The requester's own copy stays: its kernel already
-//! drops attributes its own operations change (the mount does that itself
-//! for sizes it reports on close).
+//! dropped its copy or the lease has ended. Names work the same way: an
+//! answer to a lookup (or a create) of a name this node stores leases that
+//! name ([`LeaseKey::Name`]); a revoked name tells the client to drop every
+//! name it caches (the kernel can do that without locks; see the mount).
+//! Every committed mutation lists the inodes and names whose records it
+//! wrote (`Tables::touched`); before its answer leaves, [`Leases::revoke`]
+//! queues them to each other holder's poll and waits for its
+//! acknowledgement, or for the lease's end when the client does not answer.
+//! The requester's own copies stay: its kernel already drops what its own
+//! operations change (the mount does that itself for sizes it reports on
+//! close).
 //!
 //! A grant comes after the attributes were read; a change committed between
 //! the read and the grant would find no holder to tell, so every change is
@@ -43,6 +47,15 @@ use tracing::warn;
 /// node granted has ended.
 pub const UNTIL_FILE: &str = "leases.until";
 
+/// What a lease covers.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum LeaseKey {
+    /// The attributes of a non-directory inode.
+    Attr(EntryId),
+    /// The name `name` in directory `parent` (which entry it names).
+    Name(EntryId, Box<[u8]>),
+}
+
 /// Default of the metadata config's `attr_lease_ms`.
 pub const DEFAULT_DURATION: Duration = Duration::from_secs(5);
 /// Longest lease the node grants, whatever it is configured with.
@@ -63,8 +76,8 @@ const EXPIRY_SLACK: Duration = Duration::from_millis(50);
 struct Session {
     /// Revocations not yet acknowledged, with their sequence numbers; a
     /// poll answers with them again until they are (a lost answer is sent
-    /// again, not forgotten).
-    pending: std::collections::VecDeque<(u64, EntryId)>,
+    /// again, not forgotten). `None`: a name.
+    pending: std::collections::VecDeque<(u64, Option<EntryId>)>,
     /// Sequence number of the last revocation queued.
     queued: u64,
     acked: watch::Sender<u64>,
@@ -78,9 +91,10 @@ impl Session {
     /// The oldest queued revocations (at most [`REVOKED_MAX`]), and the
     /// sequence number of the last of them.
     fn take_pending(&mut self) -> Reply {
-        let batch: Vec<(u64, EntryId)> = self.pending.iter().take(REVOKED_MAX).copied().collect();
+        let batch: Vec<(u64, Option<EntryId>)> = self.pending.iter().take(REVOKED_MAX).copied().collect();
         let upto = batch.last().map_or(self.queued, |&(seq, _)| seq);
-        Reply::Revoked { ids: batch.into_iter().map(|(_, id)| id).collect(), upto }
+        let names = batch.iter().any(|(_, id)| id.is_none());
+        Reply::Revoked { ids: batch.into_iter().filter_map(|(_, id)| id).collect(), names, upto }
     }
 
     fn alive(&self, now: Instant) -> bool {
@@ -91,11 +105,11 @@ impl Session {
 #[derive(Default)]
 struct State {
     /// Clients holding a lease on an inode, with the lease's end.
-    holders: HashMap<EntryId, Vec<(u64, Instant)>>,
+    holders: HashMap<LeaseKey, Vec<(u64, Instant)>>,
     sessions: HashMap<u64, Session>,
     /// Recently changed inodes: (change sequence number, when, the
     /// changing request's [`Mark::token`], 0 for none).
-    changed: HashMap<EntryId, (u64, Instant, u64)>,
+    changed: HashMap<LeaseKey, (u64, Instant, u64)>,
     change_seq: u64,
     next_token: u64,
     last_sweep: Option<Instant>,
@@ -181,12 +195,18 @@ impl Leases {
     /// Moves [`UNTIL_FILE`] ahead when grants need it (called by the recorder).
     fn record(&self) {
         let d = self.duration();
-        let Some(path) = self.until_file.lock().expect("lease file").clone() else { return };
-        let now = unix_ms();
-        let left = self.until_ms.load(Ordering::Acquire).saturating_sub(now);
+        let left = self.until_ms.load(Ordering::Acquire).saturating_sub(unix_ms());
         if d.is_zero() || !self.want_later.load(Ordering::Acquire) || left > d.as_millis() as u64 + 500 {
             return;
         }
+        self.extend();
+    }
+
+    /// Writes a new end into [`UNTIL_FILE`]: one duration and a second from now.
+    fn extend(&self) {
+        let d = self.duration();
+        let Some(path) = self.until_file.lock().expect("lease file").clone() else { return };
+        let now = unix_ms();
         let until = now + d.as_millis() as u64 + 1000;
         let tmp = path.with_extension("tmp");
         match std::fs::write(&tmp, format!("{until}\n")).and_then(|()| std::fs::rename(&tmp, &path)) {
@@ -213,7 +233,7 @@ impl Leases {
     /// began at `since`; returns its length in ms (0: none). Refused when the
     /// client does not poll, when `id` changed since, or when the request
     /// took so long that such a change may be forgotten.
-    pub fn grant(&self, client: u64, id: EntryId, since: Mark) -> u32 {
+    pub fn grant(&self, client: u64, key: LeaseKey, since: Mark) -> u32 {
         let d = self.duration();
         let now = Instant::now();
         if d.is_zero() || now.saturating_duration_since(since.at) >= CHANGE_MEMORY / 2 {
@@ -225,21 +245,25 @@ impl Leases {
         if end_ms + 500 > until {
             self.want_later.store(true, Ordering::Release);
             if end_ms > until {
-                return 0;
+                // Lapsed (no grants for a while): a small write, here and now.
+                self.extend();
+                if end_ms > self.until_ms.load(Ordering::Acquire) {
+                    return 0;
+                }
             }
         }
         let mut st = self.state.lock().expect("leases");
         if !st.sessions.get(&client).is_some_and(|s| s.alive(now)) {
             return 0;
         }
-        if st.changed.get(&id).is_some_and(|&(seq, _, by)| seq > since.seq && by != since.token) {
+        if st.changed.get(&key).is_some_and(|&(seq, _, by)| seq > since.seq && by != since.token) {
             return 0;
         }
-        if st.holders.len() >= MAX_LEASED && !st.holders.contains_key(&id) {
+        if st.holders.len() >= MAX_LEASED && !st.holders.contains_key(&key) {
             return 0;
         }
         let end = now + d;
-        let hs = st.holders.entry(id).or_default();
+        let hs = st.holders.entry(key).or_default();
         match hs.iter_mut().find(|(c, _)| *c == client) {
             Some(h) => h.1 = end,
             None => hs.push((client, end)),
@@ -250,8 +274,8 @@ impl Leases {
     /// Before a change of `ids` by `requester` is acknowledged: tells every
     /// other holder of a lease on them and waits until each has answered or
     /// its lease has ended.
-    pub async fn revoke(&self, ids: &[EntryId], requester: Option<Requester>) {
-        if ids.is_empty() || self.duration().is_zero() {
+    pub async fn revoke(&self, keys: &[LeaseKey], requester: Option<Requester>) {
+        if keys.is_empty() || self.duration().is_zero() {
             return;
         }
         let grace = *self.grace_until.lock().expect("lease grace");
@@ -268,9 +292,13 @@ impl Leases {
             let mut st = self.state.lock().expect("leases");
             st.change_seq += 1;
             let seq = st.change_seq;
-            for &id in ids {
-                st.changed.insert(id, (seq, now, requester.map_or(0, |r| r.token)));
-                let Some(hs) = st.holders.remove(&id) else { continue };
+            for key in keys {
+                st.changed.insert(key.clone(), (seq, now, requester.map_or(0, |r| r.token)));
+                let Some(hs) = st.holders.remove(key) else { continue };
+                let item = match key {
+                    LeaseKey::Attr(id) => Some(*id),
+                    LeaseKey::Name(..) => None,
+                };
                 let mut keep = Vec::new();
                 for (client, end) in hs {
                     if end <= now {
@@ -283,7 +311,7 @@ impl Leases {
                     match st.sessions.get_mut(&client) {
                         Some(s) => {
                             s.queued += 1;
-                            s.pending.push_back((s.queued, id));
+                            s.pending.push_back((s.queued, item));
                             s.wake.notify_one();
                             waits.push((Some((s.acked.subscribe(), s.queued)), end));
                         }
@@ -291,7 +319,7 @@ impl Leases {
                     }
                 }
                 if !keep.is_empty() {
-                    st.holders.insert(id, keep);
+                    st.holders.insert(key.clone(), keep);
                 }
             }
         }
@@ -348,7 +376,7 @@ impl Leases {
                 s.last_poll = Instant::now();
                 s.take_pending()
             }
-            None => Reply::Revoked { ids: Vec::new(), upto: acked },
+            None => Reply::Revoked { ids: Vec::new(), names: false, upto: acked },
         }
     }
 
@@ -407,8 +435,12 @@ pub fn spawn_recorder(ns: Arc<crate::namespace::Namespace>) -> tokio::task::Join
 mod tests {
     use super::*;
 
-    fn id(n: u64) -> EntryId {
+    fn eid(n: u64) -> EntryId {
         EntryId { node: 1, epoch: 1, counter: n }
+    }
+
+    fn id(n: u64) -> LeaseKey {
+        LeaseKey::Attr(eid(n))
     }
 
     fn leases(d: Duration) -> Arc<Leases> {
@@ -430,7 +462,7 @@ mod tests {
     #[tokio::test]
     async fn a_change_waits_for_the_holder_and_tells_it() {
         let l = leases(Duration::from_secs(5));
-        assert_eq!(l.wait(7, 0, Duration::ZERO).await, Reply::Revoked { ids: vec![], upto: 0 });
+        assert_eq!(l.wait(7, 0, Duration::ZERO).await, Reply::Revoked { ids: vec![], names: false, upto: 0 });
         assert_eq!(l.grant(7, id(1), l.mark()), 5000);
         let l2 = l.clone();
         let change = tokio::spawn(async move {
@@ -438,8 +470,8 @@ mod tests {
             l2.revoke(&[id(1)], Some(Requester { client: 8, token: 1 })).await;
             t.elapsed()
         });
-        let Reply::Revoked { ids, upto } = l.wait(7, 0, Duration::from_secs(5)).await else { panic!() };
-        assert_eq!(ids, vec![id(1)]);
+        let Reply::Revoked { ids, names, upto } = l.wait(7, 0, Duration::from_secs(5)).await else { panic!() };
+        assert_eq!((ids, names), (vec![eid(1)], false));
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!change.is_finished(), "the change must wait for the acknowledgement");
         // The acknowledgement comes with the next poll.
@@ -459,20 +491,35 @@ mod tests {
         for i in 0..n {
             assert!(l.grant(7, id(i), l.mark()) > 0);
         }
-        let ids: Vec<EntryId> = (0..n).map(id).collect();
+        let ids: Vec<LeaseKey> = (0..n).map(id).collect();
         let l2 = l.clone();
         let change = tokio::spawn(async move { l2.revoke(&ids, None).await });
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let Reply::Revoked { ids, upto } = l.wait(7, 0, Duration::from_secs(1)).await else { panic!() };
+        let Reply::Revoked { ids, upto, .. } = l.wait(7, 0, Duration::from_secs(1)).await else { panic!() };
         assert_eq!((ids.len(), upto), (REVOKED_MAX, REVOKED_MAX as u64));
-        let Reply::Revoked { ids, upto } = l.wait(7, upto, Duration::from_secs(1)).await else { panic!() };
+        let Reply::Revoked { ids, upto, .. } = l.wait(7, upto, Duration::from_secs(1)).await else { panic!() };
         assert_eq!((ids.len(), upto), (10, n));
         // That answer was lost: a poll without its acknowledgement gets it again.
         let again = l.wait(7, REVOKED_MAX as u64, Duration::from_secs(1)).await;
-        assert_eq!(again, Reply::Revoked { ids, upto });
+        assert_eq!(again, Reply::Revoked { ids, names: false, upto });
         assert!(!change.is_finished(), "the last batch is not acknowledged yet");
         let poll = l.clone();
         tokio::spawn(async move { poll.wait(7, n, Duration::from_secs(5)).await });
+        tokio::time::timeout(Duration::from_secs(3), change).await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_changed_name_tells_its_holders_to_drop_names() {
+        let l = leases(Duration::from_secs(5));
+        l.wait(7, 0, Duration::ZERO).await;
+        let name = LeaseKey::Name(eid(1), b"f".as_slice().into());
+        assert!(l.grant(7, name.clone(), l.mark()) > 0);
+        let l2 = l.clone();
+        let change = tokio::spawn(async move { l2.revoke(&[name, id(9)], None).await });
+        let Reply::Revoked { ids, names, upto } = l.wait(7, 0, Duration::from_secs(5)).await else { panic!() };
+        assert_eq!((ids, names), (vec![], true));
+        let poll = l.clone();
+        tokio::spawn(async move { poll.wait(7, upto, Duration::from_secs(5)).await });
         tokio::time::timeout(Duration::from_secs(3), change).await.unwrap().unwrap();
     }
 
@@ -525,9 +572,8 @@ mod tests {
         assert_eq!(l.grant(7, id(1), l.mark()), 300);
         // A grant beyond the recorded end is refused until the end moves.
         l.until_ms.store(unix_ms() + 100, Ordering::Release);
-        assert_eq!(l.grant(7, id(1), l.mark()), 0);
-        l.record();
-        assert_eq!(l.grant(7, id(1), l.mark()), 300);
+        assert_eq!(l.grant(7, id(1), l.mark()), 300, "a lapsed record is moved at once");
+        assert!(l.until_ms.load(Ordering::Acquire) >= unix_ms() + 300);
         // A start right after (a killed node) waits for the recorded end...
         let next = Leases::default();
         next.start_recorded(dir.path(), Duration::from_millis(300));

@@ -386,30 +386,44 @@ impl Namespace {
         match req {
             Request::Leasing { client, req, .. } => match decode_body::<Request>(&req) {
                 Ok(Request::Leasing { .. }) => Err(fs_err!(Invalid, "a leasing request may not wrap another")),
-                Ok(inner) => {
-                    let since = self.leases.mark();
-                    // A repeat's recorded answer may be older than the mark: no lease on it.
-                    let fresh = match &inner {
-                        Request::Retryable { op, .. } => self.recorded_reply(op)?.is_none(),
-                        _ => true,
-                    };
-                    let me = crate::leases::Requester { client, token: since.token };
-                    match REQUESTER.scope(me, self.handle_unleased(inner)).await? {
-                        Reply::Entry(a) if fresh && a.kind != FileKind::Dir && a.owner == self.node => {
-                            match self.leases.grant(client, a.id, since) {
-                                0 => Ok(Reply::Entry(a)),
-                                lease_ms => Ok(Reply::Leased { attr: a, lease_ms }),
-                            }
-                        }
-                        r => Ok(r),
-                    }
-                }
+                Ok(inner) => self.handle_leasing(client, inner).await,
                 Err(e) => Err(fs_err!(Protocol, "malformed leasing request: {e}")),
             },
             Request::LeaseWait { client, acked, wait_ms } => {
                 Ok(self.leases.wait(client, acked, Duration::from_millis(wait_ms.into())).await)
             }
             req => self.handle_unleased(req).await,
+        }
+    }
+
+    /// A request of a client that takes leases: answered as usual, then an
+    /// entry's attributes (a non-directory stored here) and the name it was
+    /// looked up or created by (stored here) are leased to the client.
+    async fn handle_leasing(&self, client: u64, inner: Request) -> Response {
+        use crate::leases::LeaseKey;
+        let since = self.leases.mark();
+        // A repeat's recorded answer may be older than the mark: no lease on it.
+        let (fresh, unwrapped) = match &inner {
+            Request::Retryable { op, req } => (self.recorded_reply(op)?.is_none(), decode_body::<Request>(req).ok()),
+            _ => (true, None),
+        };
+        let name = unwrapped.as_ref().unwrap_or(&inner).names().map(|(p, n)| LeaseKey::Name(p, n.into()));
+        let me = crate::leases::Requester { client, token: since.token };
+        match REQUESTER.scope(me, self.handle_unleased(inner)).await? {
+            Reply::Entry(a) if fresh => {
+                let lease_ms = if a.kind != FileKind::Dir && a.owner == self.node {
+                    self.leases.grant(client, LeaseKey::Attr(a.id), since)
+                } else {
+                    0
+                };
+                let name_ms = name.map_or(0, |k| self.leases.grant(client, k, since));
+                if lease_ms == 0 && name_ms == 0 {
+                    Ok(Reply::Entry(a))
+                } else {
+                    Ok(Reply::Leased { attr: a, lease_ms, name_ms })
+                }
+            }
+            r => Ok(r),
         }
     }
 

@@ -187,9 +187,9 @@ pub struct Tables<'txn> {
     pub locked: Table<'txn, &'static [u8], &'static [u8]>,
     pub dirx: Table<'txn, &'static [u8], &'static [u8]>,
     pub peer_done: Table<'txn, &'static [u8], &'static [u8]>,
-    /// Non-directory inodes written or removed since the writer last took
-    /// the list: their attributes changed (see `leases`).
-    pub touched: Vec<EntryId>,
+    /// Non-directory inodes and names written or removed since the writer
+    /// last took the list: what cached copies they change (see `leases`).
+    pub touched: Vec<crate::leases::LeaseKey>,
 }
 
 impl<'txn> Tables<'txn> {
@@ -209,18 +209,20 @@ impl<'txn> Tables<'txn> {
 
     pub(crate) fn put_inode(&mut self, id: EntryId, inode: &Inode) -> OpResult<()> {
         if inode.kind != FileKind::Dir {
-            self.touched.push(id);
+            self.touched.push(crate::leases::LeaseKey::Attr(id));
         }
         self.inodes.insert(id_key(id).as_slice(), encode(inode).as_slice())?;
         Ok(())
     }
 
     pub(crate) fn put_dentry(&mut self, parent: EntryId, name: &[u8], d: &Dentry) -> OpResult<()> {
+        self.touched.push(crate::leases::LeaseKey::Name(parent, name.into()));
         self.dentries.insert(child_key(parent, name).as_slice(), encode(d).as_slice())?;
         Ok(())
     }
 
     pub(crate) fn remove_dentry(&mut self, parent: EntryId, name: &[u8]) -> OpResult<()> {
+        self.touched.push(crate::leases::LeaseKey::Name(parent, name.into()));
         self.dentries.remove(child_key(parent, name).as_slice())?;
         Ok(())
     }
@@ -232,7 +234,7 @@ impl<'txn> Tables<'txn> {
 
     /// Removes an inode and all its extended attributes.
     pub(crate) fn remove_inode(&mut self, id: EntryId) -> OpResult<()> {
-        self.touched.push(id);
+        self.touched.push(crate::leases::LeaseKey::Attr(id));
         self.inodes.remove(id_key(id).as_slice())?;
         self.dirx.remove(id_key(id).as_slice())?;
         let names: Vec<Vec<u8>> =

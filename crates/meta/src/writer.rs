@@ -150,9 +150,9 @@ pub type Queued = (Mutation, Option<OpId>);
 /// How often a batch also sweeps retry records of vanished clients.
 const REPLY_SWEEP_EVERY_MS: u64 = 60_000;
 
-/// A mutation's outcome, and the non-directory inodes it wrote or removed
-/// (whose cached attributes must be revoked before it is acknowledged).
-pub type Done = (FsResult<Reply>, Vec<EntryId>);
+/// A mutation's outcome, and the non-directory inodes and the names it wrote
+/// or removed (whose cached copies must be revoked before it is acknowledged).
+pub type Done = (FsResult<Reply>, Vec<crate::leases::LeaseKey>);
 
 struct Job {
     m: Queued,

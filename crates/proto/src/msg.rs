@@ -563,6 +563,21 @@ pub enum FsckFix {
 }
 
 impl Request {
+    /// The name (parent, name) a successful answer to this request maps to
+    /// the answered entry, and which the answering node stores: a lookup of
+    /// a real name, or a name the request creates there.
+    pub fn names(&self) -> Option<(EntryId, &[u8])> {
+        match self {
+            Request::Lookup { parent, name } if name != b"." && name != b".." => Some((*parent, name)),
+            Request::Create { parent, name, .. }
+            | Request::CreateOpen { parent, name, .. }
+            | Request::Mkdir { parent, name, .. }
+            | Request::Symlink { parent, name, .. } => Some((*parent, name)),
+            Request::Link { new_parent, new_name, .. } => Some((*new_parent, new_name)),
+            _ => None,
+        }
+    }
+
     /// Requests that may be sent again after a timeout without changing the outcome.
     pub fn is_idempotent(&self) -> bool {
         matches!(
@@ -698,12 +713,17 @@ pub enum Reply {
     Leased {
         attr: EntryAttr,
         lease_ms: u32,
+        /// Lease on the name the request looked up or created
+        /// ([`Request::names`]): how long the client may keep it (0: none).
+        name_ms: u32,
     },
     /// Answer to `LeaseWait`: the client must drop its cached attributes of
     /// `ids` (at most [`REVOKED_MAX`]), then acknowledge `upto` in its next
     /// `LeaseWait`.
     Revoked {
         ids: Vec<EntryId>,
+        /// A name the client leased changed: it must drop every cached name.
+        names: bool,
         upto: u64,
     },
 }
@@ -861,7 +881,7 @@ mod tests {
     #[test]
     fn a_full_revocation_fits_in_one_body() {
         let worst = EntryId { node: u32::MAX, epoch: u32::MAX, counter: u64::MAX };
-        let r: Response = Ok(Reply::Revoked { ids: vec![worst; REVOKED_MAX], upto: u64::MAX });
+        let r: Response = Ok(Reply::Revoked { ids: vec![worst; REVOKED_MAX], names: true, upto: u64::MAX });
         let b = encode_body(&r);
         assert!(b.len() <= crate::MAX_BODY_LEN as usize, "{} bytes", b.len());
         assert_eq!(decode_body::<Response>(&b).unwrap(), r);
