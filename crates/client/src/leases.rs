@@ -73,7 +73,7 @@ impl LeaseSession {
     pub(crate) fn granted(&self, id: EntryId, name: Option<(EntryId, &[u8])>, sent: Instant, ms: u32, name_ms: u32) {
         let mut h = self.held.lock().expect("leases");
         let now = Instant::now();
-        if ms > 0 && !h.revoked.get(&id).is_some_and(|&at| at >= sent) {
+        if ms > 0 && h.revoked.get(&id).is_none_or(|&at| at < sent) {
             let d = Duration::from_millis(ms.into());
             h.longest = h.longest.max(d);
             let end = sent + d;
