@@ -18,11 +18,16 @@
 //! close).
 //!
 //! A grant comes after the attributes were read; a change committed between
-//! the read and the grant would find no holder to tell, so every change is
-//! noted with a sequence number and the request that made it, for
-//! [`CHANGE_MEMORY`], and a grant for an inode changed since the request
-//! began by another request is refused (a request's own change is in the
-//! attributes it answers with).
+//! the read and the grant would find no holder to tell, so while any client
+//! polls, every change is noted with a sequence number and the request that
+//! made it, for [`CHANGE_MEMORY`], and a grant for a key changed since the
+//! request began by another request is refused (a request's own change is
+//! in what it answers with); so is a grant to a client whose first poll
+//! came after the request began.
+//!
+//! Keys are kept as 64-bit hashes (with a per-process random seed), so a
+//! lease costs no copy of the name: two keys with one hash only make a
+//! revocation or a refusal more than needed, never fewer.
 //!
 //! Leases live in memory. What survives a restart is a bound: the data dir's
 //! [`UNTIL_FILE`] holds a time by which every lease granted so far has ended
@@ -36,6 +41,7 @@
 use hivefs_proto::{Reply, REVOKED_MAX};
 use hivefs_types::ids::EntryId;
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -63,8 +69,8 @@ pub const MAX_DURATION: Duration = Duration::from_secs(60);
 /// Longest one `LeaseWait` waits, whatever it asks.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
 /// How long a change is remembered against grants of older reads.
-pub const CHANGE_MEMORY: Duration = Duration::from_secs(4);
-/// Most inodes with a lease at a time (about 100 bytes each); beyond it no
+pub const CHANGE_MEMORY: Duration = Duration::from_secs(1);
+/// Most keys with a lease at a time (about 64 bytes each); beyond it no
 /// lease is granted until some end.
 pub const MAX_LEASED: usize = 300_000;
 /// How often expired leases and old change notes are swept.
@@ -85,6 +91,8 @@ struct Session {
     /// Start of its last poll, and how long that poll may wait.
     last_poll: Instant,
     poll_wait: Duration,
+    /// Its first poll.
+    since: Instant,
 }
 
 impl Session {
@@ -105,11 +113,12 @@ impl Session {
 #[derive(Default)]
 struct State {
     /// Clients holding a lease on an inode, with the lease's end.
-    holders: HashMap<LeaseKey, Vec<(u64, Instant)>>,
+    /// Per key hash: (client, end, the inode for an attribute lease).
+    holders: HashMap<u64, Vec<(u64, Instant, Option<EntryId>)>>,
     sessions: HashMap<u64, Session>,
     /// Recently changed inodes: (change sequence number, when, the
     /// changing request's [`Mark::token`], 0 for none).
-    changed: HashMap<LeaseKey, (u64, Instant, u64)>,
+    changed: HashMap<u64, (u64, Instant, u64)>,
     change_seq: u64,
     next_token: u64,
     last_sweep: Option<Instant>,
@@ -117,6 +126,7 @@ struct State {
 
 pub struct Leases {
     state: Mutex<State>,
+    hasher: std::collections::hash_map::RandomState,
     /// Zero: no leases are granted and changes never wait.
     duration: Mutex<Duration>,
     /// Changes are acknowledged no earlier than this (see the module doc).
@@ -132,6 +142,7 @@ impl Default for Leases {
     fn default() -> Self {
         Leases {
             state: Mutex::default(),
+            hasher: Default::default(),
             duration: Mutex::new(Duration::ZERO),
             grace_until: Mutex::new(None),
             until_file: Mutex::new(None),
@@ -252,21 +263,27 @@ impl Leases {
                 }
             }
         }
+        let h = self.hasher.hash_one(&key);
+        let item = match key {
+            LeaseKey::Attr(id) => Some(id),
+            LeaseKey::Name(..) => None,
+        };
         let mut st = self.state.lock().expect("leases");
-        if !st.sessions.get(&client).is_some_and(|s| s.alive(now)) {
+        // Changes made before its first poll were not noted.
+        if !st.sessions.get(&client).is_some_and(|s| s.alive(now) && s.since <= since.at) {
             return 0;
         }
-        if st.changed.get(&key).is_some_and(|&(seq, _, by)| seq > since.seq && by != since.token) {
+        if st.changed.get(&h).is_some_and(|&(seq, _, by)| seq > since.seq && by != since.token) {
             return 0;
         }
-        if st.holders.len() >= MAX_LEASED && !st.holders.contains_key(&key) {
+        if st.holders.len() >= MAX_LEASED && !st.holders.contains_key(&h) {
             return 0;
         }
         let end = now + d;
-        let hs = st.holders.entry(key).or_default();
-        match hs.iter_mut().find(|(c, _)| *c == client) {
-            Some(h) => h.1 = end,
-            None => hs.push((client, end)),
+        let hs = st.holders.entry(h).or_default();
+        match hs.iter_mut().find(|(c, _, i)| *c == client && *i == item) {
+            Some(holder) => holder.1 = end,
+            None => hs.push((client, end, item)),
         }
         d.as_millis() as u32
     }
@@ -292,20 +309,21 @@ impl Leases {
             let mut st = self.state.lock().expect("leases");
             st.change_seq += 1;
             let seq = st.change_seq;
+            // Without a polling client no grant can be on its way (see the module doc).
+            let note = !st.sessions.is_empty();
             for key in keys {
-                st.changed.insert(key.clone(), (seq, now, requester.map_or(0, |r| r.token)));
-                let Some(hs) = st.holders.remove(key) else { continue };
-                let item = match key {
-                    LeaseKey::Attr(id) => Some(*id),
-                    LeaseKey::Name(..) => None,
-                };
+                let h = self.hasher.hash_one(key);
+                if note {
+                    st.changed.insert(h, (seq, now, requester.map_or(0, |r| r.token)));
+                }
+                let Some(hs) = st.holders.remove(&h) else { continue };
                 let mut keep = Vec::new();
-                for (client, end) in hs {
+                for (client, end, item) in hs {
                     if end <= now {
                         continue;
                     }
                     if requester.is_some_and(|r| r.client == client) {
-                        keep.push((client, end));
+                        keep.push((client, end, item));
                         continue;
                     }
                     match st.sessions.get_mut(&client) {
@@ -319,7 +337,7 @@ impl Leases {
                     }
                 }
                 if !keep.is_empty() {
-                    st.holders.insert(key.clone(), keep);
+                    st.holders.insert(h, keep);
                 }
             }
         }
@@ -347,6 +365,7 @@ impl Leases {
                 acked: watch::channel(0).0,
                 wake: Arc::new(Notify::new()),
                 last_poll: now,
+                since: now,
                 poll_wait: wait,
             });
             s.last_poll = now;
@@ -390,7 +409,7 @@ impl Leases {
         }
         st.last_sweep = Some(now);
         st.holders.retain(|_, hs| {
-            hs.retain(|&(_, end)| end > now);
+            hs.retain(|&(_, end, _)| end > now);
             !hs.is_empty()
         });
         st.changed.retain(|_, &mut (_, at, _)| now.saturating_duration_since(at) < CHANGE_MEMORY);
@@ -409,7 +428,7 @@ impl Leases {
         let now = Instant::now();
         (
             st.sessions.values().filter(|s| s.alive(now)).count(),
-            st.holders.values().filter(|hs| hs.iter().any(|&(_, end)| end > now)).count(),
+            st.holders.values().filter(|hs| hs.iter().any(|&(_, end, _)| end > now)).count(),
         )
     }
 }
@@ -598,7 +617,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(60)).await;
         l.sweep();
         assert!(l.state.lock().unwrap().holders.is_empty(), "ended leases stay in memory");
-        l.state.lock().unwrap().holders.extend((0..MAX_LEASED as u64).map(|n| (id(10_000 + n), Vec::new())));
+        l.state.lock().unwrap().holders.extend((0..MAX_LEASED as u64).map(|n| (n, Vec::new())));
         assert_eq!(l.grant(7, id(1), l.mark()), 0, "a full table grants nothing new");
     }
 
