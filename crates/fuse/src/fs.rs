@@ -24,7 +24,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::{debug, info, warn};
 
-/// How long the kernel may trust a name → inode mapping.
+/// How long the kernel may trust a name → inode mapping without a lease on
+/// the name (with one: while the lease lasts, see `Inner::with_ttl`).
 const ENTRY_TTL: Duration = Duration::from_secs(1);
 /// Attributes of files are cached by the kernel only while the metadata
 /// node's lease on them lasts (it revokes the lease before anyone else's
