@@ -258,19 +258,15 @@ impl Backend for Native {
     fn open(&self, rel: &str, create: bool, write: bool) -> IoResult<Box<dyn BenchFile>> {
         let (parent, name) = self.parent(rel)?;
         let c = &self.client;
-        let ent = if create {
-            let r = self.rt.block_on(c.create(parent, name.as_bytes(), FileKind::File, 0o644, 0, false, self.caller));
-            match r {
-                Ok(a) => Ent::from(&a),
-                Err(e) if e.code == ErrorCode::Exists => {
-                    Ent::from(&self.rt.block_on(c.lookup(parent, name.as_bytes())).map_err(fs_io)?)
-                }
-                Err(e) => return Err(fs_io(e)),
-            }
+        let (ent, attr) = if create {
+            // One request creates (or finds) and opens it, as the mount does.
+            let a = self.rt.block_on(c.create_open(parent, name.as_bytes(), 0o644, false, self.caller));
+            let a = a.map_err(fs_io)?;
+            (Ent::from(&a), a)
         } else {
-            Ent::from(&self.rt.block_on(c.lookup(parent, name.as_bytes())).map_err(fs_io)?)
+            let ent = Ent::from(&self.rt.block_on(c.lookup(parent, name.as_bytes())).map_err(fs_io)?);
+            (ent, self.rt.block_on(c.open(ent, write)).map_err(fs_io)?)
         };
-        let attr = self.rt.block_on(c.open(ent, write)).map_err(fs_io)?;
         let Some(pattern) = attr.pattern.clone() else {
             let _ = self.rt.block_on(c.release(ent, write));
             return Err(Error::other(format!("{} has no stripe pattern", self.describe(rel))));
