@@ -47,7 +47,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{watch, Notify};
-use tracing::warn;
+use tracing::{info, warn};
 
 /// File in the metadata data dir: Unix time (ms) by which every lease this
 /// node granted has ended.
@@ -136,6 +136,9 @@ pub struct Leases {
     until_ms: AtomicU64,
     /// A grant was refused or came close to `until_ms`: move it ahead.
     want_later: AtomicBool,
+    /// The last write of [`UNTIL_FILE`] failed, and when it was tried (ms).
+    record_failed: AtomicBool,
+    last_attempt: AtomicU64,
 }
 
 impl Default for Leases {
@@ -148,6 +151,8 @@ impl Default for Leases {
             until_file: Mutex::new(None),
             until_ms: AtomicU64::new(u64::MAX),
             want_later: AtomicBool::new(false),
+            record_failed: AtomicBool::new(false),
+            last_attempt: AtomicU64::new(0),
         }
     }
 }
@@ -189,8 +194,12 @@ impl Leases {
     pub fn start_recorded(&self, dir: &Path, d: Duration) {
         let d = d.min(MAX_DURATION);
         let path = dir.join(UNTIL_FILE);
-        let prev = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0);
         let now = unix_ms();
+        // Unreadable (torn by a crash mid-write): assume a lease may have just been granted.
+        let prev = match std::fs::read_to_string(&path) {
+            Ok(s) => s.trim().parse::<u64>().unwrap_or(now + d.as_millis() as u64 + 1000),
+            Err(_) => 0,
+        };
         // Whatever the previous run promised, bounded by the longest lease.
         let wait = Duration::from_millis(prev.saturating_sub(now)).min(MAX_DURATION + Duration::from_secs(1));
         *self.duration.lock().expect("lease duration") = d;
@@ -214,18 +223,37 @@ impl Leases {
     }
 
     /// Writes a new end into [`UNTIL_FILE`]: one duration and a second from now.
+    /// After a failure, at most one attempt per 100 ms, and one warning
+    /// until it works again (a full data dir must not fill up with warnings).
     fn extend(&self) {
         let d = self.duration();
         let Some(path) = self.until_file.lock().expect("lease file").clone() else { return };
         let now = unix_ms();
+        if self.record_failed.load(Ordering::Acquire) && now < self.last_attempt.load(Ordering::Acquire) + 100 {
+            return;
+        }
+        self.last_attempt.store(now, Ordering::Release);
         let until = now + d.as_millis() as u64 + 1000;
-        let tmp = path.with_extension("tmp");
-        match std::fs::write(&tmp, format!("{until}\n")).and_then(|()| std::fs::rename(&tmp, &path)) {
+        // Overwritten in place, fixed width: after its first page the file
+        // never takes more space from a data dir that may be nearly full.
+        let write = || {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(&path)?;
+            f.write_all_at(format!("{until:020}\n").as_bytes(), 0)
+        };
+        match write() {
             Ok(()) => {
                 self.want_later.store(false, Ordering::Release);
                 self.until_ms.store(until, Ordering::Release);
+                if self.record_failed.swap(false, Ordering::AcqRel) {
+                    info!("recording the end of attribute leases in {} works again", path.display());
+                }
             }
-            Err(e) => warn!("cannot record the end of attribute leases in {}: {e}; no leases granted", path.display()),
+            Err(e) => {
+                if !self.record_failed.swap(true, Ordering::AcqRel) {
+                    warn!("cannot record the end of attribute leases in {}: {e}; no leases granted", path.display());
+                }
+            }
         }
     }
 
