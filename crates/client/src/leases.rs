@@ -180,18 +180,13 @@ impl Client {
         }
     }
 
-    /// How long one poll may wait on the node (below the request timeout).
-    fn lease_wait_slice(&self) -> Duration {
-        (self.io_timeout / 2).clamp(Duration::from_millis(50), Duration::from_secs(10))
-    }
-
     /// Starts polling `node` for revocations (once per node).
     pub(crate) fn poll_leases(&self, session: &Arc<LeaseSession>, node: NodeId) {
         if !session.nodes.lock().expect("lease nodes").insert(node) {
             return;
         }
         let (session, cluster, client, wait) =
-            (session.clone(), self.cluster.clone(), self.ops.client, self.lease_wait_slice());
+            (session.clone(), self.cluster.clone(), self.ops.client, self.wait_slice());
         tokio::spawn(poll(session, cluster, client, node, wait));
     }
 }

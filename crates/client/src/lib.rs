@@ -150,6 +150,12 @@ impl Client {
         }))
     }
 
+    /// How long one request may wait on a metadata node for something (a
+    /// lock, a revocation) before it is sent again: below the request timeout.
+    fn wait_slice(&self) -> Duration {
+        (self.io_timeout / 2).clamp(Duration::from_millis(50), Duration::from_secs(10))
+    }
+
     pub fn root(&self) -> Ent {
         self.root
     }

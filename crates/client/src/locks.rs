@@ -1,7 +1,7 @@
 //! The client's side of global file locks and of the global append lock.
 //!
 //! Locks are checked on the metadata node that owns the entry's inode.
-//! A blocking request waits there for at most [`Client::lock_wait_slice`]
+//! A blocking request waits there for at most [`Client::wait_slice`]
 //! (below the request timeout) and is sent again until it is granted, so no
 //! request outlives its timeout. While a client has used locks on a metadata
 //! node, a background task sends it keep-alives every third of the node's
@@ -35,11 +35,6 @@ impl Client {
     /// This client instance's id, the first half of every lock owner.
     pub fn client_id(&self) -> u64 {
         self.ops.client
-    }
-
-    /// How long one lock request may wait on the metadata node.
-    fn lock_wait_slice(&self) -> Duration {
-        (self.io_timeout / 2).clamp(Duration::from_millis(50), Duration::from_secs(10))
     }
 
     async fn lock_rpc(&self, owner: NodeId, req: &Request) -> FsResult<Reply> {
@@ -106,7 +101,7 @@ impl Client {
             return self.lock_once(e, lock, Duration::ZERO).await;
         }
         loop {
-            match self.lock_once(e, lock, self.lock_wait_slice()).await {
+            match self.lock_once(e, lock, self.wait_slice()).await {
                 Ok(None) => return Ok(None),
                 Ok(Some(_)) => {}
                 // The wait may have taken the whole request timeout on a busy node.

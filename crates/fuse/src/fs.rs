@@ -497,7 +497,7 @@ impl Inner {
         reply: impl FnOnce(Duration, Duration) -> R,
     ) -> R {
         self.client.with_leases(a.id, name, |attrs, name_left| {
-            let entry = if self.epoch_fd.get().is_some() && !name_left.is_zero() { name_left } else { ENTRY_TTL };
+            let entry = self.entry_ttl(name_left);
             let attrs = if a.kind == FileKind::Dir {
                 self.dir_attr_ttl
             } else if self.local_sizes.lock().expect("sizes").contains_key(&a.id) {
@@ -507,6 +507,15 @@ impl Inner {
             };
             reply(attrs, entry)
         })
+    }
+
+    /// How long the kernel may keep a name with `name_left` of its lease.
+    fn entry_ttl(&self, name_left: Duration) -> Duration {
+        if self.epoch_fd.get().is_some() && !name_left.is_zero() {
+            name_left
+        } else {
+            ENTRY_TTL
+        }
     }
 
     /// Answers with a new entry, name and attributes cached as `with_ttl` says.
@@ -769,9 +778,7 @@ impl Filesystem for HiveFs {
                 // cached.
                 let leased = a.size == 0;
                 inner.client.with_leases(a.id, Some((p.id, &name)), |attrs, name_left| {
-                    let entry =
-                        if inner.epoch_fd.get().is_some() && !name_left.is_zero() { name_left } else { ENTRY_TTL };
-                    let ttl = if leased { attrs.min(entry) } else { ATTR_TTL };
+                    let ttl = if leased { attrs.min(inner.entry_ttl(name_left)) } else { ATTR_TTL };
                     reply.created(&ttl, &inner.entry_reply(&a), Generation(0), FileHandle(fh), open_flags)
                 })
             })

@@ -127,10 +127,12 @@ struct State {
 pub struct Leases {
     state: Mutex<State>,
     hasher: std::collections::hash_map::RandomState,
-    /// Zero: no leases are granted and changes never wait.
-    duration: Mutex<Duration>,
-    /// Changes are acknowledged no earlier than this (see the module doc).
+    /// In ms; zero: no leases are granted and changes never wait.
+    duration_ms: AtomicU64,
+    /// Changes are acknowledged no earlier than this (see the module doc);
+    /// `in_grace` says whether it may still lie ahead.
     grace_until: Mutex<Option<Instant>>,
+    in_grace: AtomicBool,
     /// [`UNTIL_FILE`] and the time it holds (Unix ms); no file: no bound.
     until_file: Mutex<Option<PathBuf>>,
     until_ms: AtomicU64,
@@ -146,8 +148,9 @@ impl Default for Leases {
         Leases {
             state: Mutex::default(),
             hasher: Default::default(),
-            duration: Mutex::new(Duration::ZERO),
+            duration_ms: AtomicU64::new(0),
             grace_until: Mutex::new(None),
+            in_grace: AtomicBool::new(false),
             until_file: Mutex::new(None),
             until_ms: AtomicU64::new(u64::MAX),
             want_later: AtomicBool::new(false),
@@ -184,8 +187,9 @@ impl Leases {
     /// previous run may still be held.
     pub fn set_duration(&self, d: Duration) {
         let d = d.min(MAX_DURATION);
-        *self.duration.lock().expect("lease duration") = d;
+        self.duration_ms.store(d.as_millis() as u64, Ordering::Release);
         *self.grace_until.lock().expect("lease grace") = (!d.is_zero()).then(|| Instant::now() + d + EXPIRY_SLACK);
+        self.in_grace.store(!d.is_zero(), Ordering::Release);
     }
 
     /// Turns leases on with the bound recorded in `dir` ([`UNTIL_FILE`]):
@@ -202,9 +206,10 @@ impl Leases {
         };
         // Whatever the previous run promised, bounded by the longest lease.
         let wait = Duration::from_millis(prev.saturating_sub(now)).min(MAX_DURATION + Duration::from_secs(1));
-        *self.duration.lock().expect("lease duration") = d;
+        self.duration_ms.store(d.as_millis() as u64, Ordering::Release);
         *self.grace_until.lock().expect("lease grace") =
             (!wait.is_zero()).then(|| Instant::now() + wait + EXPIRY_SLACK);
+        self.in_grace.store(!wait.is_zero(), Ordering::Release);
         self.until_ms.store(prev.max(now), Ordering::Release);
         *self.until_file.lock().expect("lease file") = Some(path);
         // Ready for the first grants at once.
@@ -258,7 +263,7 @@ impl Leases {
     }
 
     pub fn duration(&self) -> Duration {
-        *self.duration.lock().expect("lease duration")
+        Duration::from_millis(self.duration_ms.load(Ordering::Acquire))
     }
 
     /// Notes when a request begins (see [`Leases::grant`]).
@@ -323,12 +328,11 @@ impl Leases {
         if keys.is_empty() || self.duration().is_zero() {
             return;
         }
-        let grace = *self.grace_until.lock().expect("lease grace");
-        if let Some(until) = grace {
-            if Instant::now() < until {
-                tokio::time::sleep_until(until.into()).await;
-            } else {
-                *self.grace_until.lock().expect("lease grace") = None;
+        if self.in_grace.load(Ordering::Acquire) {
+            let grace = *self.grace_until.lock().expect("lease grace");
+            match grace {
+                Some(until) if Instant::now() < until => tokio::time::sleep_until(until.into()).await,
+                _ => self.in_grace.store(false, Ordering::Release),
             }
         }
         let mut waits = Vec::new();
@@ -450,8 +454,9 @@ impl Leases {
         }
     }
 
-    /// Clients with a live poll, and inodes with a lease (for tests and status).
-    pub fn counts(&self) -> (usize, usize) {
+    /// Clients with a live poll, and keys with a lease.
+    #[cfg(test)]
+    fn counts(&self) -> (usize, usize) {
         let st = self.state.lock().expect("leases");
         let now = Instant::now();
         (
@@ -490,10 +495,16 @@ mod tests {
         LeaseKey::Attr(eid(n))
     }
 
+    /// Answers `client`'s revocations up to `upto` with its next poll, in the background.
+    fn ack(l: &Arc<Leases>, client: u64, upto: u64) {
+        let l = l.clone();
+        tokio::spawn(async move { l.wait(client, upto, Duration::from_secs(5)).await });
+    }
+
     fn leases(d: Duration) -> Arc<Leases> {
         let l = Arc::new(Leases::default());
         l.set_duration(d);
-        *l.grace_until.lock().unwrap() = None;
+        l.in_grace.store(false, Ordering::Release);
         l
     }
 
@@ -522,8 +533,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!change.is_finished(), "the change must wait for the acknowledgement");
         // The acknowledgement comes with the next poll.
-        let poll = { l.clone() };
-        tokio::spawn(async move { poll.wait(7, upto, Duration::from_secs(5)).await });
+        ack(&l, 7, upto);
         let took = change.await.unwrap();
         assert!(took < Duration::from_secs(4), "acknowledged, not expired: {took:?}");
         // The lease is gone: the next change does not wait.
@@ -550,8 +560,7 @@ mod tests {
         let again = l.wait(7, REVOKED_MAX as u64, Duration::from_secs(1)).await;
         assert_eq!(again, Reply::Revoked { ids, names: false, upto });
         assert!(!change.is_finished(), "the last batch is not acknowledged yet");
-        let poll = l.clone();
-        tokio::spawn(async move { poll.wait(7, n, Duration::from_secs(5)).await });
+        ack(&l, 7, n);
         tokio::time::timeout(Duration::from_secs(3), change).await.unwrap().unwrap();
     }
 
@@ -565,8 +574,7 @@ mod tests {
         let change = tokio::spawn(async move { l2.revoke(&[name, id(9)], None).await });
         let Reply::Revoked { ids, names, upto } = l.wait(7, 0, Duration::from_secs(5)).await else { panic!() };
         assert_eq!((ids, names), (vec![], true));
-        let poll = l.clone();
-        tokio::spawn(async move { poll.wait(7, upto, Duration::from_secs(5)).await });
+        ack(&l, 7, upto);
         tokio::time::timeout(Duration::from_secs(3), change).await.unwrap().unwrap();
     }
 

@@ -402,9 +402,24 @@ impl Namespace {
     async fn handle_leasing(&self, client: u64, inner: Request) -> Response {
         use crate::leases::LeaseKey;
         let since = self.leases.mark();
-        // A repeat's recorded answer may be older than the mark: no lease on it.
+        // A repeat's recorded answer may be older than the mark: no lease on
+        // it. Only operations answered with an entry need that look (a read).
         let (fresh, unwrapped) = match &inner {
-            Request::Retryable { op, req } => (self.recorded_reply(op)?.is_none(), decode_body::<Request>(req).ok()),
+            Request::Retryable { op, req } => {
+                let r = decode_body::<Request>(req).ok();
+                let no_entry = matches!(
+                    r,
+                    Some(
+                        Request::Unlink { .. }
+                            | Request::Rmdir { .. }
+                            | Request::Rename { .. }
+                            | Request::RenameTo { .. }
+                            | Request::SetXattr { .. }
+                            | Request::RemoveXattr { .. }
+                    )
+                );
+                (no_entry || self.recorded_reply(op)?.is_none(), r)
+            }
             _ => (true, None),
         };
         let name = unwrapped.as_ref().unwrap_or(&inner).names().map(|(p, n)| LeaseKey::Name(p, n.into()));
