@@ -120,7 +120,14 @@ fn spread(fs: &TestFs, prefix: &str) -> BTreeMap<u64, Vec<String>> {
 
 #[test]
 fn directories_spread_and_cross_owner_operations_work() {
-    let fs = TestFs::up(UP);
+    // No periodic view refresh: each metadata node learns of the others
+    // from mgmtd's notification when they register, before `up` returns.
+    let fs = TestFs::up_with(UP, |fs| {
+        for i in 1..=3 {
+            std::fs::create_dir_all(fs.dir.join(format!("meta{i}"))).unwrap();
+            std::fs::write(fs.dir.join(format!("meta{i}/meta.toml")), "target_refresh_ms = 3600000\n").unwrap();
+        }
+    });
     let root_owner = owner(&fs, "");
     // Balanced: six new directories in the root land on all three nodes,
     // counts (with the root) differing by at most one.

@@ -168,7 +168,8 @@ const NOTIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 impl MgmtHandler {
     /// Tells every online metadata node to reload its view (as BeeGFS's mgmtd
     /// pushes target maps), and waits for them, bounded by [`NOTIFY_TIMEOUT`]:
-    /// a file created after a target registration is acknowledged can use it.
+    /// a file created after a target registration is acknowledged can use it,
+    /// a directory created after a metadata node's registration may live there.
     async fn notify_metas(&self) {
         let addrs: Vec<String> = lock(&self.state)
             .list_nodes(Some(NodeType::Meta), Instant::now())
@@ -197,12 +198,15 @@ impl Handler for MgmtHandler {
             | Request::RegisterTarget { .. }
             | Request::CreatePool { .. }
             | Request::MoveTargetToPool { .. } => {
-                let changes_targets = !matches!(req, Request::RegisterNode { .. });
+                // Metadata nodes choose owners of new directories among the
+                // metadata nodes they know: a new one is usable once `up` sees it.
+                let changes_view = !matches!(req, Request::RegisterNode { .. })
+                    || matches!(req, Request::RegisterNode { node_type: NodeType::Meta, .. });
                 let state = self.state.clone();
                 let r = tokio::task::spawn_blocking(move || lock(&state).handle(req, Instant::now()))
                     .await
                     .unwrap_or_else(|e| Err(fs_err!(Internal, "mgmtd registry task failed: {e}")));
-                if changes_targets && r.is_ok() {
+                if changes_view && r.is_ok() {
                     self.notify_metas().await;
                 }
                 r
@@ -379,6 +383,47 @@ mod tests {
         assert_eq!(call_once(&addr, &cc, &Request::ListPools).await.unwrap(), want);
         let r = call_once(&addr, &cc, &reg_t("t2")).await.unwrap();
         assert_eq!(r, Reply::TargetRegistered { target: TargetId(2), pool: PoolId(2) });
+    }
+
+    /// Counts the view refreshes mgmtd asks of it (a metadata node's stand-in).
+    struct Views(std::sync::atomic::AtomicU32);
+
+    impl Handler for Views {
+        async fn handle(&self, req: Request, _payload: Vec<u8>, _peer: &Peer) -> (Response, Vec<u8>) {
+            if req == Request::RefreshView {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            (Ok(Reply::Ok), Vec::new())
+        }
+    }
+
+    #[tokio::test]
+    async fn metadata_nodes_hear_of_new_metadata_nodes_and_targets_before_the_answer() {
+        let d = tempfile::tempdir().unwrap();
+        let cfg = Config { dir: d.path().to_path_buf(), listen: "127.0.0.1:0".into(), ..Default::default() };
+        let cc = ClientConfig::new(None);
+        let svc = start(cfg).await.unwrap();
+        let addr = svc.local_addr.to_string();
+        let views = Arc::new(Views(Default::default()));
+        let meta = serve("127.0.0.1:0", ServerConfig::new(NodeType::Meta, None), views.clone()).await.unwrap();
+        let count = || views.0.load(std::sync::atomic::Ordering::SeqCst);
+        let reg = |node_type: NodeType, uuid: &str, addr: String| Request::RegisterNode {
+            node_type,
+            uuid: uuid.into(),
+            addr,
+            hostname: "h".into(),
+        };
+        call_once(&addr, &cc, &reg(NodeType::Meta, "m1", meta.local_addr.to_string())).await.unwrap();
+        let after_first = count();
+        call_once(&addr, &cc, &reg(NodeType::Meta, "m2", "127.0.0.1:9".into())).await.unwrap();
+        assert_eq!(count(), after_first + 1, "a second metadata node registered");
+        let r = call_once(&addr, &cc, &reg(NodeType::Storage, "s", "127.0.0.1:9".into())).await.unwrap();
+        let Reply::NodeRegistered { node } = r else { panic!("{r:?}") };
+        assert_eq!(count(), after_first + 1, "a storage node alone changes nothing a metadata node chooses from");
+        let t = Request::RegisterTarget { node, uuid: "t".into(), capacity: Default::default() };
+        call_once(&addr, &cc, &t).await.unwrap();
+        assert_eq!(count(), after_first + 2, "a target registered");
+        meta.abort();
     }
 
     #[tokio::test]
