@@ -79,7 +79,7 @@ fn a_full_storage_target_gives_enospc_to_its_writer_only_and_recovers() {
 fn a_full_metadata_target_gives_enospc_and_recovers() {
     let fs = TestFs::up_with(&["--storage", "1", "--targets-per-storage", "1"], |fs| {
         fs.mount_tmpfs("meta1", "4m");
-        std::fs::write(fs.dir.join("meta1/meta.toml"), "min_free_bytes = 1048576\n").unwrap();
+        std::fs::write(fs.dir.join("meta1/meta.toml"), "min_free_bytes = 524288\n").unwrap();
     });
     std::fs::create_dir(fs.path("d")).unwrap();
     let long = "n".repeat(200);
@@ -93,6 +93,11 @@ fn a_full_metadata_target_gives_enospc_and_recovers() {
         assert!(made.len() < 500_000, "the metadata target never filled up");
     };
     assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "after {} files: {err}", made.len());
+    // The node refused the create: its store did not run out of space
+    // mid-commit (which also answers ENOSPC, then stops the service).
+    let log = std::fs::read_to_string(fs.dir.join("meta1/meta1.log")).unwrap();
+    assert!(!log.contains("metadata store failure"), "the store itself ran out of space:\n{log}");
+    assert!(fs.alive("meta1"), "the metadata service stopped");
     // Reads keep working; removing files frees space and creates work again.
     assert_eq!(std::fs::read(fs.path(&made[0])).unwrap(), b"x");
     for name in made.drain(made.len() / 2..) {

@@ -59,11 +59,7 @@ fn assert_fsck_clean(fs: &TestFs) {
 }
 
 fn meta_dead(fs: &TestFs) -> Option<String> {
-    (1..=3).map(|i| format!("meta{i}")).find(|s| {
-        let pid = fs.pid(s);
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        stat.is_empty() || stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z'))
-    })
+    (1..=3).map(|i| format!("meta{i}")).find(|s| !fs.alive(s))
 }
 
 /// Restarts the file system with every metadata service armed to abort at `hook`.

@@ -295,9 +295,13 @@ fn apply_all(
         (Some((_, min)), Some((until, free))) if std::time::Instant::now() < until => Some((free, *min)),
         (Some((dir, min)), _) => match crate::targets::capacity_of(dir).map(|c| c.free_bytes) {
             Ok(free) if free < *min => {
-                let file_len = std::fs::metadata(dir.join(crate::namespace::DB_FILE)).map_or(0, |m| m.len());
+                // Only the part of the file that has disk blocks: the store
+                // grows its file sparsely, and writing into a hole takes
+                // space the file system's free count already includes.
+                let on_disk = std::fs::metadata(dir.join(crate::namespace::DB_FILE))
+                    .map_or(0, |m| m.len().min(std::os::unix::fs::MetadataExt::blocks(&m) * 512));
                 let used = txn.stats().map_or(u64::MAX, |s| s.allocated_pages() * s.page_size() as u64);
-                let free = free + file_len.saturating_sub(used);
+                let free = free + on_disk.saturating_sub(used);
                 (free < *min).then_some((free, *min))
             }
             _ => None,

@@ -89,6 +89,12 @@ impl TestFs {
         std::fs::read_to_string(sdir.join(format!("{service}.pid"))).unwrap().trim().parse().unwrap()
     }
 
+    /// Whether the service's process runs (exists and is not a zombie).
+    pub fn alive(&self, service: &str) -> bool {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid(service))).unwrap_or_default();
+        !stat.is_empty() && !stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z'))
+    }
+
     pub fn kill9(&self, service: &str) {
         let pid = self.pid(service);
         // SAFETY: killing a service this test started.
