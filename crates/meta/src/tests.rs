@@ -852,6 +852,32 @@ async fn failed_chunk_deletions_are_retried_until_done() {
     assert_eq!(h.disposal(f.id), None);
 }
 
+/// The disposal loop waits a moment after a wake-up, so a burst of removals
+/// costs one round (one request per target), not a round per removal.
+#[tokio::test]
+async fn a_burst_of_removals_is_disposed_of_in_few_rounds() {
+    let mut h = H::new().await;
+    const FILES: usize = 20;
+    for i in 0..FILES {
+        h.create(ROOT, &format!("f{i}")).await;
+    }
+    let ns = Arc::new(h.ns.take().unwrap());
+    let gc = crate::gc::spawn_disposal(ns.clone());
+    for i in 0..FILES {
+        ns.handle(unlink(ROOT, &format!("f{i}"))).await.unwrap();
+    }
+    let start = std::time::Instant::now();
+    while !ns.read(|t| t.disposal_scan(None, 1)).unwrap().is_empty() {
+        assert!(start.elapsed() < std::time::Duration::from_secs(20), "chunks were never deleted");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    gc.abort();
+    // A round sends at most one request to each of the 4 targets; a round
+    // per removal would have sent at least one request per removal.
+    let sent = h.t.batches().len();
+    assert!(sent <= 3 * 4, "{sent} requests for {FILES} removals");
+}
+
 #[tokio::test]
 async fn chunk_deletions_go_in_one_batch_per_target_and_only_failed_targets_are_retried() {
     let h = H::new().await;
