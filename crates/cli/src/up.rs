@@ -110,6 +110,18 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// Gives service `name` (as [`Layout::services`] names it) another port.
+    fn set_port(&mut self, name: &str, port: u16) {
+        let index = |prefix: &str| name.strip_prefix(prefix).and_then(|i| i.parse::<usize>().ok()).map(|i| i - 1);
+        if name == "mgmtd" {
+            self.mgmtd_port = port;
+        } else if let Some(p) = index("meta").and_then(|i| self.meta_ports.get_mut(i)) {
+            *p = port;
+        } else if let Some(p) = index("storage").and_then(|i| self.storage_ports.get_mut(i)) {
+            *p = port;
+        }
+    }
+
     pub fn mgmtd_addr(&self) -> String {
         format!("{}:{}", self.host, self.mgmtd_port)
     }
@@ -161,7 +173,9 @@ impl Layout {
 /// A free port for a service, below the kernel's ephemeral range: a port from that
 /// range may be taken as the local port of some outgoing connection while its service
 /// is down, and the restarted service could not listen on it again.
-fn free_port(host: &str) -> Result<u16> {
+/// The listener is returned too: while it is held, no other `up` (nor a later
+/// call for the same layout) can pick the port.
+fn free_port(host: &str) -> Result<(u16, std::net::TcpListener)> {
     let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|s| s.split_whitespace().next().and_then(|p| p.parse::<u16>().ok()))
@@ -171,12 +185,22 @@ fn free_port(host: &str) -> Result<u16> {
         ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
     for i in 0..u64::from(hi - lo) {
         let port = lo + ((start.wrapping_add(i.wrapping_mul(7919))) % u64::from(hi - lo)) as u16;
-        if std::net::TcpListener::bind((host, port)).is_ok() {
-            return Ok(port);
+        if let Ok(l) = std::net::TcpListener::bind((host, port)) {
+            return Ok((port, l));
         }
     }
     let l = std::net::TcpListener::bind((host, 0)).with_context(|| format!("cannot bind to {host}"))?;
-    Ok(l.local_addr()?.port())
+    Ok((l.local_addr()?.port(), l))
+}
+
+/// Test hook: comma-separated ports a new file system's services get, in
+/// [`Layout::services`] order, instead of free ones (an empty item keeps
+/// the free one).
+pub const PORTS_ENV: &str = "HIVEFS_UP_PORTS";
+
+/// Whether a service that exited did so because its port was taken.
+fn port_was_taken(name: &str, sdir: &Path) -> bool {
+    log_tail(&sdir.join(format!("{name}.log"))).contains("Address already in use")
 }
 
 pub fn load_layout(dir: &Path) -> Result<Layout> {
@@ -233,9 +257,17 @@ fn layout_for(a: &UpArgs, dir: &Path) -> Result<Layout> {
         })?,
         None => Chooser::Balanced,
     };
-    let mut ports = Vec::new();
+    let mut held = Vec::new();
     for _ in 0..(1 + meta + storage) {
-        ports.push(free_port(&a.host)?);
+        held.push(free_port(&a.host)?);
+    }
+    let mut ports: Vec<u16> = held.iter().map(|(p, _)| *p).collect();
+    // Test hook: the first ports to use, taken or not (how a test makes a
+    // port be taken between the choice and the service's start).
+    if let Ok(forced) = std::env::var(PORTS_ENV) {
+        for (slot, p) in ports.iter_mut().zip(forced.split(',')).filter(|(_, p)| !p.trim().is_empty()) {
+            *slot = p.trim().parse().map_err(|_| anyhow!("{PORTS_ENV}: {p:?} is not a port"))?;
+        }
     }
     Ok(Layout {
         fs_uuid: hivefs_cluster::new_uuid(),
@@ -311,7 +343,7 @@ fn check_alive(name: &str, sdir: &Path) -> Result<()> {
 pub fn up(a: UpArgs) -> Result<()> {
     let dir = absolute(&a.dir)?;
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let layout = layout_for(&a, &dir)?;
+    let mut layout = layout_for(&a, &dir)?;
     let timeout = Duration::from_secs(a.timeout);
     let first_up = !dir.join("fs.toml").exists();
     let meta_chooser = a
@@ -328,9 +360,42 @@ pub fn up(a: UpArgs) -> Result<()> {
     let secret = dir.join("secret");
     hivefs_net::generate_secret_file(&secret).with_context(|| format!("cannot write {}", secret.display()))?;
     let secret_s = secret.display().to_string();
-    let mgmtd = layout.mgmtd_addr();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let ccfg = ClientConfig::new(Some(hivefs_net::load_secret(&secret).map_err(|e| anyhow!(e))?));
+    // Local services answer in milliseconds; a check that gets no answer is
+    // repeated (until `--timeout`) rather than waited out: something else may
+    // be listening on a service's port.
+    let ccfg = ClientConfig::new(Some(hivefs_net::load_secret(&secret).map_err(|e| anyhow!(e))?))
+        .with_timeout(Duration::from_secs(1));
+    // Waits until a started service answers on its address. A new file
+    // system's ports were free when chosen, but another program (another
+    // `up` starting at the same time) may have taken one since: the service
+    // then gets another port (new file systems only: an existing one's
+    // ports are known to its clients).
+    let serve = |layout: &mut Layout, name: &str, role: &str, sdir: &Path, what: &str| -> Result<String> {
+        let mut taken = 0;
+        loop {
+            let addr =
+                layout.services(&dir).into_iter().find(|s| s.0 == name).map(|s| format!("{}:{}", layout.host, s.2));
+            let addr = addr.ok_or_else(|| anyhow!("{name} is not a service of {}", dir.display()))?;
+            let r = wait_until(&format!("{name} to {what} on {addr}"), timeout, || {
+                check_alive(name, sdir)?;
+                Ok(rt.block_on(call_once(&addr, &ccfg, &Request::Ping)).is_ok())
+            });
+            match r {
+                Err(e) if first_up && taken < 5 && port_was_taken(name, sdir) => {
+                    taken += 1;
+                    let (port, l) = free_port(&layout.host)?;
+                    eprintln!("{name}: {addr} was taken by another program; using port {port}");
+                    layout.set_port(name, port);
+                    hivefs_cluster::write_atomic(&dir.join("fs.toml"), toml::to_string(&*layout)?.as_bytes())?;
+                    drop(l);
+                    spawn_service(name, &layout.service_args(role, port, sdir, &secret), sdir)
+                        .with_context(|| format!("after: {e}"))?;
+                }
+                r => return r.map(|()| addr),
+            }
+        }
+    };
 
     let mut started = Vec::new();
     for (name, role, port, sdir) in layout.services(&dir) {
@@ -346,22 +411,18 @@ pub fn up(a: UpArgs) -> Result<()> {
         }
         let args = layout.service_args(role, port, &sdir, &secret);
         spawn_service(&name, &args, &sdir)?;
-        started.push((name.clone(), format!("{}:{port}", layout.host), sdir.clone()));
         if role == "mgmtd" {
-            wait_until("mgmtd to answer", timeout, || {
-                check_alive(&name, &sdir)?;
-                Ok(rt.block_on(call_once(&mgmtd, &ccfg, &Request::Ping)).is_ok())
-            })?;
+            // The others are started with its address.
+            serve(&mut layout, &name, role, &sdir, "answer")?;
         }
+        started.push((name.clone(), role, sdir.clone()));
     }
     // A started service serves once it answers on its own address (mgmtd may
     // still list a killed predecessor as online for a while).
-    for (name, addr, sdir) in &started {
-        wait_until(&format!("{name} to serve on {addr}"), timeout, || {
-            check_alive(name, sdir)?;
-            Ok(rt.block_on(call_once(addr, &ccfg, &Request::Ping)).is_ok())
-        })?;
+    for (name, role, sdir) in started.iter().filter(|s| s.1 != "mgmtd") {
+        serve(&mut layout, name, role, sdir, "serve")?;
     }
+    let mgmtd = layout.mgmtd_addr();
     let mut started: Vec<String> = started.into_iter().map(|(n, _, _)| n).collect();
 
     // Every node and target registered and online.

@@ -85,3 +85,34 @@ fn bad_input_is_refused_clearly() {
     assert_eq!(std::fs::read(fs.path("canary")).unwrap(), b"still here");
     hivefs_ok(&["nodes", "--mount", fs.mnt_s()]);
 }
+
+/// A new file system's port taken by another program between `up`'s choice
+/// and the service's start (another `up` at the same time, say): the
+/// service gets another port, and the file system works.
+#[test]
+fn a_port_taken_before_its_service_started_is_replaced() {
+    let mgmtd = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let storage = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let (m, s) = (mgmtd.local_addr().unwrap().port(), storage.local_addr().unwrap().port());
+    // Services in order: mgmtd, meta1, storage1.
+    let ports = format!("{m},,{s}");
+    let fs = TestFs::up_env(
+        &["--storage", "1", "--targets-per-storage", "1"],
+        &[("HIVEFS_UP_PORTS", ports.as_str())],
+        |_| {},
+    );
+    let layout = std::fs::read_to_string(fs.dir.join("fs.toml")).unwrap();
+    let port_of = |key: &str| -> u16 {
+        let line = layout.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("{key} in {layout}"));
+        line.trim_start_matches(|c: char| !c.is_ascii_digit()).trim_end_matches(']').trim().parse().unwrap()
+    };
+    assert_ne!(port_of("mgmtd_port"), m, "{layout}");
+    assert_ne!(port_of("storage_ports"), s, "{layout}");
+    std::fs::write(fs.path("f"), b"works").unwrap();
+    assert_eq!(std::fs::read(fs.path("f")).unwrap(), b"works");
+    // The file system comes up again on the ports it recorded.
+    fs.down();
+    drop((mgmtd, storage));
+    fs.reup();
+    assert_eq!(std::fs::read(fs.path("f")).unwrap(), b"works");
+}

@@ -42,6 +42,12 @@ impl TestFs {
 
     /// `hivefs up` after `prepare` ran on the (empty) file system directory.
     pub fn up_with(extra: &[&str], prepare: impl FnOnce(&mut TestFs)) -> TestFs {
+        Self::up_env(extra, &[], prepare)
+    }
+
+    /// [`TestFs::up_with`] with environment variables for `hivefs up`; returns
+    /// its stderr too.
+    pub fn up_env(extra: &[&str], env: &[(&str, &str)], prepare: impl FnOnce(&mut TestFs)) -> TestFs {
         let tmp = tempfile::Builder::new().prefix("hivefs-test-").tempdir().expect("tempdir");
         let dir = tmp.path().join("fs");
         let mnt = tmp.path().join("mnt");
@@ -50,7 +56,13 @@ impl TestFs {
         prepare(&mut fs);
         let mut args = vec!["up", "--dir", fs.dir_s(), "--mount", fs.mnt_s()];
         args.extend_from_slice(extra);
-        hivefs_ok(&args);
+        let o = Command::new(hivefs_bin()).args(&args).envs(env.iter().copied()).output().expect("run hivefs");
+        assert!(
+            o.status.success(),
+            "hivefs {args:?} failed:\nstdout: {}\nstderr: {}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
         fs
     }
 
