@@ -212,3 +212,41 @@ fn two_mounts_removing_in_one_directory_both_finish() {
     assert_eq!(std::fs::read_dir(fs.path("d")).unwrap().count(), 0);
     assert_eq!(std::fs::read_dir(other.mnt.join("d")).unwrap().count(), 0);
 }
+
+/// The kernel drops a directory's attributes after each create or unlink in
+/// it and asks for them before the next (its permission check) and for a
+/// `stat`: the mount answers both from the attributes the unlink's answer
+/// carried, which are exactly what the metadata node holds afterwards.
+#[test]
+fn a_directory_this_mount_changed_is_answered_from_the_change() {
+    let fs = TestFs::up(&["--storage", "1"]);
+    let m = counts(&fs);
+    let other = fs.second_mount();
+    std::fs::create_dir(fs.path("d")).unwrap();
+    std::fs::create_dir(fs.path("d/sub")).unwrap();
+    let mut seen = Vec::new();
+    let quiet = (0..10).any(|i| {
+        let f = fs.path(&format!("d/f{i}"));
+        std::fs::write(&f, b"").unwrap();
+        // The create dropped the kernel's copy of d; the unlink's check and
+        // the stat after it need d's attributes.
+        let before = total(&m);
+        std::fs::remove_file(&f).unwrap();
+        let here = std::fs::metadata(fs.path("d")).unwrap();
+        let sent = total(&m) - before;
+        seen.push(sent);
+        // The other mount asks the metadata node (its kernel has no copy).
+        let there = std::fs::metadata(other.mnt.join("d")).unwrap();
+        assert_eq!(
+            (here.nlink(), here.mtime(), here.mtime_nsec(), here.ctime_nsec()),
+            (there.nlink(), there.mtime(), there.mtime_nsec(), there.ctime_nsec()),
+            "the directory as the unlink left it"
+        );
+        // Only the unlink itself (a background lease poll may add one).
+        sent <= 1
+    });
+    assert!(
+        quiet,
+        "metadata requests per unlink + stat of the directory: {seen:?} (without the answer's attributes: 3)"
+    );
+}

@@ -10,6 +10,7 @@
 //! top of it.
 
 mod data;
+mod dirattrs;
 mod leases;
 mod locks;
 
@@ -73,6 +74,9 @@ pub struct Client {
     locks: Arc<locks::LockSession>,
     /// Attribute leases, once turned on (see `leases`).
     leases: std::sync::OnceLock<Arc<leases::LeaseSession>>,
+    /// Directories' attributes after this client's changes, once turned on
+    /// (see `dirattrs`).
+    dir_attrs: std::sync::OnceLock<dirattrs::DirAttrs>,
 }
 
 /// Ids of this client's non-idempotent metadata operations, so that they
@@ -147,6 +151,7 @@ impl Client {
             io_timeout: opts.io_timeout,
             locks: locks::new_session(),
             leases: std::sync::OnceLock::new(),
+            dir_attrs: std::sync::OnceLock::new(),
         }))
     }
 
@@ -154,6 +159,19 @@ impl Client {
     /// lock, a revocation) before it is sent again: below the request timeout.
     fn wait_slice(&self) -> Duration {
         (self.io_timeout / 2).clamp(Duration::from_millis(50), Duration::from_secs(10))
+    }
+
+    /// With leases on: keeps the directory attributes that metadata nodes add
+    /// to the answers of this client's changes, for `ttl` (the time the
+    /// program lets directory attributes be cached anyway; see `dirattrs`).
+    pub fn cache_dir_attrs(&self, ttl: Duration) {
+        let _ = self.dir_attrs.set(dirattrs::DirAttrs::new(ttl));
+    }
+
+    /// A directory's attributes as this client's last change in it left
+    /// them, and for how much longer they may be used.
+    pub fn cached_dir_attr(&self, id: EntryId) -> Option<(EntryAttr, Duration)> {
+        self.dir_attrs.get()?.get(id)
     }
 
     pub fn root(&self) -> Ent {
@@ -187,8 +205,17 @@ impl Client {
             Some(op) => encode_body(&Request::Retryable { op: op.op, req: encode_body(req) }),
         };
         let idempotent = req.is_idempotent() || op.is_some();
+        let dirs = self.dir_attrs.get().map(|d| (d, d.begin(req)));
         let sent = std::time::Instant::now();
-        match pool.rpc(&Request::Leasing { client: self.ops.client, idempotent, req: inner }).await? {
+        let r = pool.rpc(&Request::Leasing { client: self.ops.client, idempotent, req: inner }).await;
+        let (r, parent) = match r {
+            Ok(Reply::WithParent { parent, reply }) => (Ok(*reply), Some(parent)),
+            r => (r, None),
+        };
+        if let Some((d, ticket)) = dirs {
+            d.end(ticket, parent, sent);
+        }
+        match r? {
             Reply::Leased { attr, lease_ms, name_ms } => {
                 session.granted(attr.id, req.names(), sent, lease_ms, name_ms);
                 Ok(Reply::Entry(attr))

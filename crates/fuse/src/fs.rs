@@ -610,8 +610,16 @@ impl Filesystem for HiveFs {
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         run!(self, reply, |inner| {
             let e = inner.ent(ino)?;
-            let a = inner.client.getattr(e).await?;
-            Ok(move |reply: ReplyAttr| inner.send_attr(reply, ino, &a))
+            // A directory this mount just changed: its attributes came with
+            // the change's answer (for the rest of the directory TTL).
+            let (a, cached) = match inner.client.cached_dir_attr(e.id) {
+                Some((a, left)) => (a, Some(left)),
+                None => (inner.client.getattr(e).await?, None),
+            };
+            Ok(move |reply: ReplyAttr| match cached {
+                Some(left) => reply.attr(&left, &inner.to_attr(ino.0, &a)),
+                None => inner.send_attr(reply, ino, &a),
+            })
         })
     }
 
@@ -1208,6 +1216,12 @@ pub fn mount(
                 }
             }
         }));
+        // The kernel drops a directory's attributes after each change in it
+        // and asks again before the next: answered from the changes' answers
+        // for as long as it caches them anyway.
+        if !inner.dir_attr_ttl.is_zero() {
+            inner.client.cache_dir_attrs(inner.dir_attr_ttl);
+        }
     }
     if opts.cache_mode == CacheMode::Paged {
         set_read_ahead(mnt, MAX_IO / 1024);

@@ -422,9 +422,34 @@ impl Namespace {
             }
             _ => (true, None),
         };
-        let name = unwrapped.as_ref().unwrap_or(&inner).names().map(|(p, n)| LeaseKey::Name(p, n.into()));
+        let plain = unwrapped.as_ref().unwrap_or(&inner);
+        let name = plain.names().map(|(p, n)| LeaseKey::Name(p, n.into()));
+        let changed_dir = plain.changed_dir();
         let me = crate::leases::Requester { client, token: since.token };
-        match REQUESTER.scope(me, self.handle_unleased(inner)).await? {
+        let r = self.leased(client, fresh, name, since, REQUESTER.scope(me, self.handle_unleased(inner)).await?);
+        // The client keeps a changed directory's attributes for as long as
+        // it would cache them anyway (client crate's `dirattrs`): read after
+        // the change, so they include it.
+        let reply = r?;
+        match changed_dir.map(|d| self.getattr(d)) {
+            Some(Ok(parent)) if parent.kind == FileKind::Dir => {
+                Ok(Reply::WithParent { parent, reply: Box::new(reply) })
+            }
+            _ => Ok(reply),
+        }
+    }
+
+    /// Leases what a leasing request's answer `r` carries (see `handle_leasing`).
+    fn leased(
+        &self,
+        client: u64,
+        fresh: bool,
+        name: Option<crate::leases::LeaseKey>,
+        since: crate::leases::Mark,
+        r: Reply,
+    ) -> Response {
+        use crate::leases::LeaseKey;
+        match r {
             Reply::Entry(a) if fresh => {
                 let lease_ms = if a.kind != FileKind::Dir && a.owner == self.node {
                     self.leases.grant(client, LeaseKey::Attr(a.id), since)

@@ -578,6 +578,22 @@ impl Request {
         }
     }
 
+    /// The directory whose entries the request changes, when it is one
+    /// directory (a rename's two are not covered): the one whose attributes
+    /// `Reply::WithParent` carries.
+    pub fn changed_dir(&self) -> Option<EntryId> {
+        match self {
+            Request::Create { parent, .. }
+            | Request::CreateOpen { parent, .. }
+            | Request::Mkdir { parent, .. }
+            | Request::Symlink { parent, .. }
+            | Request::Unlink { parent, .. }
+            | Request::Rmdir { parent, .. } => Some(*parent),
+            Request::Link { new_parent, .. } => Some(*new_parent),
+            _ => None,
+        }
+    }
+
     /// Requests that may be sent again after a timeout without changing the outcome.
     pub fn is_idempotent(&self) -> bool {
         matches!(
@@ -725,6 +741,12 @@ pub enum Reply {
         /// A name the client leased changed: it must drop every cached name.
         names: bool,
         upto: u64,
+    },
+    /// Answer to a `Leasing` client's change of a directory's entries: the
+    /// answer, and the directory's attributes as read after the change.
+    WithParent {
+        parent: EntryAttr,
+        reply: Box<Reply>,
     },
 }
 

@@ -1,0 +1,231 @@
+//! Directories' attributes as this client's own changes left them.
+//!
+//! Directory attributes are not leased: a mount lets the kernel keep them
+//! for a short TTL (1 s), so another client's change of a directory shows
+//! within that time. But the kernel drops a directory's attributes after
+//! each change it makes in it (a create, an unlink), and asks again before
+//! the next one (its permission check): a second metadata request per
+//! create and per remove. A metadata node answering a leasing client's
+//! change of a directory's entries adds the directory's attributes as read
+//! after the change (`Reply::WithParent`); they are kept here for the same
+//! TTL, so the mount answers that question itself, with the same promise as
+//! the kernel's cache: this client's own changes at once, others' within the
+//! TTL.
+//!
+//! An answer is kept only when no other change of this client to the same
+//! directory overlapped it (an overlapping one may have been applied after
+//! the read); any change whose directories are not known drops everything.
+//! It must not keep attributes of files (those are leased) nor outlive the TTL.
+
+use hivefs_proto::Request;
+use hivefs_types::attr::EntryAttr;
+use hivefs_types::ids::EntryId;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The directories a request may change the attributes of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Touches {
+    /// None (a read).
+    Nothing,
+    /// This one.
+    Dir(EntryId),
+    /// Not known: any directory.
+    Any,
+}
+
+/// What a change of `req` (sent as a retryable operation or not) touches.
+pub(crate) fn touches(req: &Request) -> Touches {
+    if let Some(dir) = req.changed_dir() {
+        return Touches::Dir(dir);
+    }
+    match req {
+        // A directory's own attributes.
+        Request::SetAttr { id, .. } | Request::SetXattr { id, .. } | Request::RemoveXattr { id, .. } => {
+            Touches::Dir(*id)
+        }
+        // Renames change both parents and a moved directory's own entry.
+        r if r.is_idempotent() || matches!(r, Request::Open { .. } | Request::Release { .. }) => Touches::Nothing,
+        _ => Touches::Any,
+    }
+}
+
+#[derive(Default)]
+struct Busy {
+    /// Changes in flight.
+    inflight: u32,
+    /// Changes started, ever.
+    started: u64,
+}
+
+#[derive(Default)]
+struct State {
+    attrs: HashMap<EntryId, (EntryAttr, Instant)>,
+    busy: HashMap<EntryId, Busy>,
+    /// Changes of unknown directories in flight, and started ever.
+    any: Busy,
+    swept: usize,
+}
+
+pub(crate) struct DirAttrs {
+    ttl: Duration,
+    state: Mutex<State>,
+}
+
+/// A change in flight (from [`DirAttrs::begin`] to [`DirAttrs::end`]).
+pub(crate) struct Ticket {
+    touches: Touches,
+    /// Whether it started with no other change of its directory (or of
+    /// unknown ones) in flight, and the counts of started changes then.
+    alone: bool,
+    started: u64,
+    any_started: u64,
+}
+
+impl DirAttrs {
+    pub(crate) fn new(ttl: Duration) -> DirAttrs {
+        DirAttrs { ttl, state: Mutex::default() }
+    }
+
+    /// A change is about to be sent: what it touches is no longer known.
+    pub(crate) fn begin(&self, req: &Request) -> Ticket {
+        let touches = touches(req);
+        let mut s = self.state.lock().expect("dir attrs");
+        let mut t = Ticket { touches, alone: false, started: 0, any_started: 0 };
+        match touches {
+            Touches::Nothing => {}
+            Touches::Any => {
+                s.attrs.clear();
+                s.any.inflight += 1;
+                s.any.started += 1;
+            }
+            Touches::Dir(id) => {
+                t.alone = s.any.inflight == 0 && s.busy.get(&id).is_none_or(|x| x.inflight == 0);
+                t.any_started = s.any.started;
+                s.attrs.remove(&id);
+                let x = s.busy.entry(id).or_default();
+                x.inflight += 1;
+                x.started += 1;
+                t.started = x.started;
+            }
+        }
+        t
+    }
+
+    /// The change ended; `parent`: the directory's attributes its answer
+    /// carried, `sent`: when it was sent.
+    pub(crate) fn end(&self, t: Ticket, parent: Option<EntryAttr>, sent: Instant) {
+        let mut s = self.state.lock().expect("dir attrs");
+        match t.touches {
+            Touches::Nothing => {}
+            Touches::Any => s.any.inflight -= 1,
+            Touches::Dir(id) => {
+                let mut alone_to_the_end = t.alone && s.any.started == t.any_started;
+                if let Some(x) = s.busy.get_mut(&id) {
+                    x.inflight -= 1;
+                    alone_to_the_end &= x.started == t.started && x.inflight == 0;
+                    if x.inflight == 0 {
+                        s.busy.remove(&id);
+                    }
+                }
+                if let Some(p) = parent.filter(|p| p.id == id && alone_to_the_end) {
+                    let now = Instant::now();
+                    if s.attrs.len() > 2 * s.swept + 1024 {
+                        s.attrs.retain(|_, (_, until)| *until > now);
+                        s.swept = s.attrs.len();
+                    }
+                    s.attrs.insert(id, (p, sent + self.ttl));
+                }
+            }
+        }
+    }
+
+    /// `id`'s attributes and for how much longer they may be used.
+    pub(crate) fn get(&self, id: EntryId) -> Option<(EntryAttr, Duration)> {
+        let s = self.state.lock().expect("dir attrs");
+        let (a, until) = s.attrs.get(&id)?;
+        let left = until.saturating_duration_since(Instant::now());
+        (!left.is_zero()).then(|| (a.clone(), left))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hivefs_types::attr::FileKind;
+
+    fn dir(counter: u64, nlink: u32) -> EntryAttr {
+        EntryAttr {
+            id: EntryId { node: 1, epoch: 1, counter },
+            kind: FileKind::Dir,
+            mode: 0o755,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            nlink,
+            atime: Default::default(),
+            mtime: Default::default(),
+            ctime: Default::default(),
+            rdev: 0,
+            owner: hivefs_types::ids::NodeId(1),
+            pattern: None,
+            dir_pattern: None,
+        }
+    }
+
+    fn unlink(p: &EntryAttr) -> Request {
+        Request::Unlink { parent: p.id, name: b"f".to_vec() }
+    }
+
+    #[test]
+    fn a_lone_change_keeps_the_answer_until_the_ttl() {
+        let c = DirAttrs::new(Duration::from_millis(200));
+        let d = dir(1, 3);
+        let t = c.begin(&unlink(&d));
+        c.end(t, Some(d.clone()), Instant::now());
+        let (a, left) = c.get(d.id).unwrap();
+        assert_eq!(a, d);
+        assert!(left <= Duration::from_millis(200) && !left.is_zero());
+        // A read changes nothing; an answer without attributes drops them.
+        c.end(c.begin(&Request::GetAttr { id: d.id }), None, Instant::now());
+        assert!(c.get(d.id).is_some());
+        c.end(c.begin(&unlink(&d)), None, Instant::now());
+        assert!(c.get(d.id).is_none());
+        // Expired.
+        c.end(c.begin(&unlink(&d)), Some(d.clone()), Instant::now() - Duration::from_millis(300));
+        assert!(c.get(d.id).is_none());
+    }
+
+    #[test]
+    fn overlapping_changes_keep_nothing() {
+        let c = DirAttrs::new(Duration::from_secs(1));
+        let d = dir(1, 3);
+        // Two changes of one directory overlap: neither answer is kept,
+        // whatever order they end in.
+        let (t1, t2) = (c.begin(&unlink(&d)), c.begin(&unlink(&d)));
+        c.end(t2, Some(dir(1, 2)), Instant::now());
+        c.end(t1, Some(dir(1, 3)), Instant::now());
+        assert!(c.get(d.id).is_none());
+        // One started and ended while another was in flight.
+        let t1 = c.begin(&unlink(&d));
+        c.end(c.begin(&unlink(&d)), Some(dir(1, 2)), Instant::now());
+        c.end(t1, Some(dir(1, 3)), Instant::now());
+        assert!(c.get(d.id).is_none());
+        // A change of another directory does not matter; an unknown one does.
+        let e = dir(2, 2);
+        let t = c.begin(&unlink(&d));
+        c.end(c.begin(&unlink(&e)), Some(e.clone()), Instant::now());
+        c.end(t, Some(d.clone()), Instant::now());
+        assert_eq!(c.get(d.id).map(|x| x.0), Some(d.clone()));
+        assert_eq!(c.get(e.id).map(|x| x.0), Some(e.clone()));
+        let rename =
+            Request::Rename { parent: d.id, name: b"a".to_vec(), new_parent: e.id, new_name: b"b".to_vec(), flags: 0 };
+        let t = c.begin(&unlink(&d));
+        let r = c.begin(&rename);
+        assert!(c.get(e.id).is_none(), "an unknown change drops everything");
+        c.end(r, None, Instant::now());
+        c.end(t, Some(d.clone()), Instant::now());
+        assert!(c.get(d.id).is_none());
+    }
+}
