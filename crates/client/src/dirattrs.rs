@@ -91,8 +91,12 @@ impl DirAttrs {
     /// A change is about to be sent: what it touches is no longer known.
     pub(crate) fn begin(&self, req: &Request) -> Ticket {
         let touches = touches(req);
-        let mut s = self.state.lock().expect("dir attrs");
         let mut t = Ticket { touches, alone: false, started: 0, any_started: 0 };
+        if touches == Touches::Nothing {
+            // Reads (most requests) take no lock.
+            return t;
+        }
+        let mut s = self.state.lock().expect("dir attrs");
         match touches {
             Touches::Nothing => {}
             Touches::Any => {
@@ -116,6 +120,9 @@ impl DirAttrs {
     /// The change ended; `parent`: the directory's attributes its answer
     /// carried, `sent`: when it was sent.
     pub(crate) fn end(&self, t: Ticket, parent: Option<EntryAttr>, sent: Instant) {
+        if t.touches == Touches::Nothing {
+            return;
+        }
         let mut s = self.state.lock().expect("dir attrs");
         match t.touches {
             Touches::Nothing => {}

@@ -392,7 +392,7 @@ impl Namespace {
             Request::LeaseWait { client, acked, wait_ms } => {
                 Ok(self.leases.wait(client, acked, Duration::from_millis(wait_ms.into())).await)
             }
-            req => self.handle_unleased(req).await,
+            req => self.handle_unleased(req, None).await,
         }
     }
 
@@ -426,7 +426,8 @@ impl Namespace {
         let name = plain.names().map(|(p, n)| LeaseKey::Name(p, n.into()));
         let changed_dir = plain.changed_dir();
         let me = crate::leases::Requester { client, token: since.token };
-        let r = self.leased(client, fresh, name, since, REQUESTER.scope(me, self.handle_unleased(inner)).await?);
+        let r =
+            self.leased(client, fresh, name, since, REQUESTER.scope(me, self.handle_unleased(inner, unwrapped)).await?);
         // The client keeps a changed directory's attributes for as long as
         // it would cache them anyway (client crate's `dirattrs`): read after
         // the change, so they include it.
@@ -467,12 +468,13 @@ impl Namespace {
         }
     }
 
-    async fn handle_unleased(&self, req: Request) -> Response {
+    /// `body`: a `Retryable` request's body when the caller decoded it already.
+    async fn handle_unleased(&self, req: Request, body: Option<Request>) -> Response {
         if let Some(r) = self.forward_moved(&req).await {
             return r;
         }
         match req {
-            Request::Retryable { op, req } => match decode_body::<Request>(&req) {
+            Request::Retryable { op, req } => match body.map_or_else(|| decode_body::<Request>(&req), Ok) {
                 Ok(Request::Retryable { .. }) => Err(fs_err!(Invalid, "a retryable request may not wrap another")),
                 Ok(inner) => self.handle_op(inner, Some(op)).await,
                 Err(e) => Err(fs_err!(Protocol, "malformed retryable request: {e}")),
