@@ -106,6 +106,13 @@ pub struct MountArgs {
     /// across all clients).
     #[arg(long)]
     pub local_locks: bool,
+    /// Send all chunk I/O over TCP. By default, the chunk files of storage services on
+    /// this machine (same network namespace) are read and written directly through file
+    /// descriptors the service hands over on a local socket: the same files and the
+    /// same page cache, so nothing changes for other clients, without a network round
+    /// trip per request. Targets with a rate limit always go over TCP.
+    #[arg(long)]
+    pub no_short_circuit: bool,
     /// How long the kernel may use a directory's attributes (mode, owner, times) without
     /// asking the metadata node, in milliseconds. Saves the round trips of the kernel's
     /// permission checks on every directory of a path. Changes through this mount are seen
@@ -237,8 +244,24 @@ pub fn mount_record(mnt: &Path) -> Result<MountRecord> {
     toml::from_str(&s).map_err(|e| anyhow!("{}: {e}", rec.display()))
 }
 
+/// Raises the soft limit of open descriptors to the hard one: a mount holds
+/// a descriptor per chunk file it reads or writes directly (short-circuit).
+fn raise_nofile_limit() {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit on a struct owned here.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max.min(1 << 20);
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
+                tracing::debug!("cannot raise the open-file limit: {}", std::io::Error::last_os_error());
+            }
+        }
+    }
+}
+
 pub fn run_mount(a: MountArgs) -> Result<()> {
     init_logging(&a.log_level);
+    raise_nofile_limit();
     let mnt = crate::util::absolute(&a.mountpoint)?;
     hivefs_fuse::check_mountpoint(&mnt).map_err(|e| anyhow!(e))?;
     let secret = match &a.secret_file {
@@ -251,6 +274,7 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
         loop {
             let mut opts = Options::new(a.mgmtd.clone(), secret.clone());
             opts.io_timeout = Duration::from_millis(a.io_timeout_ms.max(100));
+            opts.short_circuit = !a.no_short_circuit;
             match Client::connect(opts).await {
                 Ok(c) => return Ok(c),
                 Err(e) if e.code == hivefs_types::ErrorCode::Auth => return Err(anyhow!("{e}")),

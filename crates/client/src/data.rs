@@ -1,12 +1,15 @@
 //! Striped data path: a byte range is cut along the pattern's chunks into
 //! pieces, and the pieces go to their targets concurrently.
 
+use crate::local::Local;
 use crate::Client;
 use bytes::Bytes;
+use hivefs_net::local::{read_at_cached, read_at_full};
 use hivefs_proto::{Reply, Request};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::ids::{EntryId, TargetId};
 use hivefs_types::pattern::{Pattern, Piece};
+use std::os::unix::fs::FileExt;
 use tokio::task::JoinSet;
 
 /// Largest piece sent in one request (a piece never spans two chunks either).
@@ -28,6 +31,20 @@ fn split_large(pieces: Vec<Piece>) -> Vec<Piece> {
         }
     }
     out
+}
+
+/// Short-circuit pieces of at most this many bytes are read or written on
+/// the calling task (a `pread` of cached pages, a `pwrite` into the page
+/// cache); larger ones on a blocking thread.
+const LOCAL_INLINE_MAX: usize = 64 << 10;
+
+fn local_err(t: TargetId, entry: EntryId, e: std::io::Error) -> FsError {
+    let code = match e.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT) => ErrorCode::NoSpace,
+        Some(libc::EFBIG) => ErrorCode::Invalid,
+        _ => ErrorCode::Io,
+    };
+    FsError::new(code, format!("storage target {t}, file {entry} (chunk file on this host): {e}"))
 }
 
 fn target_err(t: TargetId, entry: EntryId, e: FsError) -> FsError {
@@ -54,8 +71,17 @@ impl Client {
         let mut set = JoinSet::new();
         for p in split_large(pattern.pieces(offset, data.len())) {
             let target = pattern.targets[p.stripe_index];
-            let pool = self.cluster.target_pool(target).await?;
             let payload = data.slice(p.buf_offset..p.buf_offset + p.len);
+            if let Local::File(f) = self.local.file(&self.cluster, target, entry, true).await {
+                let write = move || f.write_all_at(&payload, p.local_offset).map_err(|e| local_err(target, entry, e));
+                if p.len <= LOCAL_INLINE_MAX {
+                    write()?;
+                } else {
+                    set.spawn_blocking(write);
+                }
+                continue;
+            }
+            let pool = self.cluster.target_pool(target).await?;
             set.spawn(async move {
                 let req = Request::WriteChunk { target, entry, offset: p.local_offset };
                 match pool.call(&req, payload).await {
@@ -70,6 +96,52 @@ impl Client {
             r.map_err(|e| FsError::new(ErrorCode::Internal, e.to_string()))??;
         }
         Ok(data.len())
+    }
+
+    /// Writes `data` at `offset` on the calling thread, without the async
+    /// runtime: only when the chunk file of every piece is held here
+    /// (short-circuit) and the write is small; `None` otherwise, having
+    /// written nothing (the caller takes [`Client::write_bytes`]).
+    pub fn write_now(&self, pattern: &Pattern, entry: EntryId, offset: u64, data: &[u8]) -> Option<FsResult<usize>> {
+        if pattern.targets.is_empty() || data.len() > LOCAL_INLINE_MAX {
+            return None;
+        }
+        let pieces = pattern.pieces(offset, data.len());
+        let mut files = Vec::with_capacity(pieces.len());
+        for p in &pieces {
+            files.push(self.local.held_file(&self.cluster, pattern.targets[p.stripe_index], entry)?);
+        }
+        for (p, f) in pieces.iter().zip(files) {
+            let target = pattern.targets[p.stripe_index];
+            if let Err(e) = f.write_all_at(&data[p.buf_offset..p.buf_offset + p.len], p.local_offset) {
+                return Some(Err(local_err(target, entry, e)));
+            }
+        }
+        Some(Ok(data.len()))
+    }
+
+    /// Reads `len` bytes at `offset` on the calling thread, without the
+    /// async runtime: only when the chunk file of every piece is held here
+    /// and the page cache holds the whole range; `None` otherwise (also
+    /// where the range is not all there: a hole or the end of the file), and
+    /// the caller takes [`Client::read`].
+    pub fn read_now(&self, pattern: &Pattern, entry: EntryId, offset: u64, len: usize) -> Option<Vec<u8>> {
+        if pattern.targets.is_empty() || len == 0 {
+            return None;
+        }
+        let pieces = pattern.pieces(offset, len);
+        if let [p] = &pieces[..] {
+            // One piece (the common case): its bytes are the answer.
+            let f = self.local.held_file(&self.cluster, pattern.targets[p.stripe_index], entry)?;
+            return read_at_cached(&f, p.local_offset, p.len).ok().flatten();
+        }
+        let mut buf = vec![0u8; len];
+        for p in pieces {
+            let f = self.local.held_file(&self.cluster, pattern.targets[p.stripe_index], entry)?;
+            let b = read_at_cached(&f, p.local_offset, p.len).ok().flatten()?;
+            buf[p.buf_offset..p.buf_offset + p.len].copy_from_slice(&b);
+        }
+        Some(buf)
     }
 
     /// Reads up to `len` bytes at `offset`. Holes read as zeros; the result is
@@ -87,8 +159,31 @@ impl Client {
             return Ok(Vec::new());
         }
         let mut set = JoinSet::new();
+        let mut buf = vec![0u8; len];
+        let mut short = false;
         for p in split_large(pattern.pieces(offset, len)) {
             let target = pattern.targets[p.stripe_index];
+            match self.local.file(&self.cluster, target, entry, false).await {
+                Local::File(f) => {
+                    if p.len <= LOCAL_INLINE_MAX {
+                        if let Some(b) =
+                            read_at_cached(&f, p.local_offset, p.len).map_err(|e| local_err(target, entry, e))?
+                        {
+                            buf[p.buf_offset..p.buf_offset + p.len].copy_from_slice(&b);
+                            continue;
+                        }
+                    }
+                    set.spawn_blocking(move || {
+                        read_at_full(&f, p.local_offset, p.len).map(|b| (p, b)).map_err(|e| local_err(target, entry, e))
+                    });
+                    continue;
+                }
+                Local::NoChunk => {
+                    short = true;
+                    continue;
+                }
+                Local::Network => {}
+            }
             let pool = self.cluster.target_pool(target).await?;
             set.spawn(async move {
                 let req = Request::ReadChunk { target, entry, offset: p.local_offset, len: p.len as u32 };
@@ -100,8 +195,6 @@ impl Client {
                 .map_err(|e| target_err(target, entry, e))
             });
         }
-        let mut buf = vec![0u8; len];
-        let mut short = false;
         while let Some(r) = set.join_next().await {
             let (p, bytes) = r.map_err(|e| FsError::new(ErrorCode::Internal, e.to_string()))??;
             short |= bytes.len() < p.len;
@@ -118,7 +211,16 @@ impl Client {
     /// The file size the chunk files imply (the truth, as the brief says).
     pub async fn size_from_targets(&self, pattern: &Pattern, entry: EntryId) -> FsResult<u64> {
         let mut set = JoinSet::new();
+        let mut lens = vec![0u64; pattern.targets.len()];
         for (i, &target) in pattern.targets.iter().enumerate() {
+            match self.local.file(&self.cluster, target, entry, false).await {
+                Local::File(f) => {
+                    lens[i] = f.metadata().map_err(|e| local_err(target, entry, e))?.len();
+                    continue;
+                }
+                Local::NoChunk => continue,
+                Local::Network => {}
+            }
             let pool = self.cluster.target_pool(target).await?;
             set.spawn(async move {
                 match pool.rpc(&Request::StatChunk { target, entry }).await {
@@ -128,7 +230,6 @@ impl Client {
                 }
             });
         }
-        let mut lens = vec![0u64; pattern.targets.len()];
         while let Some(r) = set.join_next().await {
             let (i, l) = r.map_err(|e| FsError::new(ErrorCode::Internal, e.to_string()))??;
             lens[i] = l;

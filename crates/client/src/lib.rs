@@ -12,6 +12,7 @@
 mod data;
 mod dirattrs;
 mod leases;
+mod local;
 mod locks;
 
 use hivefs_cluster::Cluster;
@@ -50,11 +51,20 @@ pub struct Options {
     /// `Unavailable`, EIO/ETIMEDOUT through the mount). Never forever.
     pub io_timeout: Duration,
     pub conns_per_peer: usize,
+    /// Read and write the chunk files of storage services on this host
+    /// through descriptors they hand over, not over TCP (see `local`).
+    pub short_circuit: bool,
 }
 
 impl Options {
     pub fn new(mgmtd: impl Into<String>, secret: Option<Secret>) -> Options {
-        Options { mgmtd: mgmtd.into(), secret, io_timeout: Duration::from_secs(30), conns_per_peer: 4 }
+        Options {
+            mgmtd: mgmtd.into(),
+            secret,
+            io_timeout: Duration::from_secs(30),
+            conns_per_peer: 4,
+            short_circuit: true,
+        }
     }
 }
 
@@ -77,6 +87,8 @@ pub struct Client {
     /// Directories' attributes after this client's changes, once turned on
     /// (see `dirattrs`).
     dir_attrs: std::sync::OnceLock<dirattrs::DirAttrs>,
+    /// Chunk files of storage services on this host (see `local`).
+    local: local::LocalChunks,
 }
 
 /// Ids of this client's non-idempotent metadata operations, so that they
@@ -152,6 +164,7 @@ impl Client {
             locks: locks::new_session(),
             leases: std::sync::OnceLock::new(),
             dir_attrs: std::sync::OnceLock::new(),
+            local: local::LocalChunks::new(opts.short_circuit, opts.secret.clone()),
         }))
     }
 
@@ -172,6 +185,12 @@ impl Client {
     /// them, and for how much longer they may be used.
     pub fn cached_dir_attr(&self, id: EntryId) -> Option<(EntryAttr, Duration)> {
         self.dir_attrs.get()?.get(id)
+    }
+
+    /// Chunk-file descriptors of storage services on this host held now
+    /// (short-circuit I/O).
+    pub fn local_chunks_held(&self) -> usize {
+        self.local.held()
     }
 
     pub fn root(&self) -> Ent {
@@ -382,6 +401,7 @@ impl Client {
     }
 
     pub async fn release(&self, e: Ent, write: bool) -> FsResult<()> {
+        self.local.forget(e.id);
         ok(self.meta(e.owner, &Request::Release { id: e.id, write }).await?)
     }
 

@@ -804,6 +804,12 @@ impl Filesystem for HiveFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        // Chunk files held here and cached: answered on this thread.
+        if let Ok(f) = self.inner.file(fh) {
+            if let Some(data) = self.inner.client.read_now(&f.pattern, f.ent.id, offset, size as usize) {
+                return reply.data(&data);
+            }
+        }
         run!(self, reply, |inner| {
             let f = inner.file(fh)?;
             let hint = inner.local_sizes.lock().expect("sizes").get(&f.ent.id).map(|l| l.size).unwrap_or(0);
@@ -824,10 +830,30 @@ impl Filesystem for HiveFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let c = caller(req);
+        // Chunk files held here: written on this thread, unless the write
+        // must first drop suid/sgid or is an append the metadata node places.
+        if let Ok(f) = self.inner.file(fh) {
+            let append = self.inner.global_locks && flags.0 & libc::O_APPEND != 0;
+            if !append && (c.uid == 0 || !f.kill_privs.load(Ordering::Acquire)) {
+                if let Some(r) = self.inner.client.write_now(&f.pattern, f.ent.id, offset, data) {
+                    f.dirty.store(true, Ordering::Release);
+                    return match r {
+                        Ok(n) => {
+                            self.inner.note_write(f.ent.id, offset + n as u64);
+                            reply.written(n as u32)
+                        }
+                        Err(e) => {
+                            debug!("request failed: {e}");
+                            reply.error(errno(&e))
+                        }
+                    };
+                }
+            }
+        }
         // The one copy of the data: out of fuser's buffer; what goes to the
         // targets are slices of it.
         let data = bytes::Bytes::from(data.to_vec());
-        let c = caller(req);
         run!(self, reply, |inner| {
             let f = inner.file(fh)?;
             if c.uid != 0 && f.kill_privs.swap(false, Ordering::AcqRel) {

@@ -29,7 +29,6 @@ use hivefs_types::ids::{EntryId, TargetId};
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::target::CHUNKS_DIR;
@@ -81,7 +80,7 @@ impl ChunkStore {
 
     /// Opens the chunk file for reading and writing; `None` if it does not
     /// exist and `create` is false.
-    fn open(&self, entry: EntryId, create: bool) -> FsResult<Option<File>> {
+    pub(crate) fn open(&self, entry: EntryId, create: bool) -> FsResult<Option<File>> {
         let path = self.chunk_path(entry);
         let open = || OpenOptions::new().read(true).write(true).create(create).mode(0o600).open(&path);
         match open() {
@@ -164,18 +163,7 @@ impl ChunkStore {
     /// Reads `want` bytes at `offset` of a file from [`ChunkStore::open_read`]
     /// (fewer if it was truncated meanwhile); may wait for the disk.
     pub fn read_open(&self, entry: EntryId, f: &File, offset: u64, want: usize) -> FsResult<Vec<u8>> {
-        let mut buf = vec![0u8; want];
-        let mut done = 0;
-        while done < want {
-            match f.read_at(&mut buf[done..], offset + done as u64) {
-                Ok(0) => break, // truncated concurrently
-                Ok(n) => done += n,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.err(entry, &e)),
-            }
-        }
-        buf.truncate(done);
-        Ok(buf)
+        hivefs_net::local::read_at_full(f, offset, want).map_err(|e| self.err(entry, &e))
     }
 
     /// Like [`ChunkStore::read_open`], but only if the whole range is in the
@@ -184,22 +172,7 @@ impl ChunkStore {
     /// cannot tell. Lets the service answer cached reads on its async workers
     /// and send the rest to blocking threads.
     pub fn read_cached(&self, entry: EntryId, f: &File, offset: u64, want: usize) -> FsResult<Option<Vec<u8>>> {
-        let Ok(off) = libc::off_t::try_from(offset) else {
-            return Ok(None);
-        };
-        let mut buf = vec![0u8; want];
-        let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: want };
-        // SAFETY: one iovec describing `buf`, which outlives the call; `f` is an open file.
-        let n = unsafe { libc::preadv2(f.as_raw_fd(), &iov, 1, off, libc::RWF_NOWAIT) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            return match e.raw_os_error() {
-                // Not cached, or no RWF_NOWAIT here: the caller reads the usual way.
-                Some(libc::EAGAIN | libc::EOPNOTSUPP | libc::EINVAL | libc::EINTR) => Ok(None),
-                _ => Err(self.err(entry, &e)),
-            };
-        }
-        Ok((n as usize == want).then_some(buf))
+        hivefs_net::local::read_at_cached(f, offset, want).map_err(|e| self.err(entry, &e))
     }
 
     /// Sets the chunk file's length. A missing file is created unless `len` is 0.
@@ -333,6 +306,7 @@ mod tests {
     use super::*;
     use crate::target::init_target;
     use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::io::AsRawFd;
 
     #[test]
     fn cached_reads_come_from_the_page_cache_only() {

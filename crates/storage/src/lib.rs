@@ -31,7 +31,7 @@ use hivefs_net::{serve, ClientConfig, Handler, Peer, Pool, ServerConfig, ServerH
 use hivefs_proto::{Capacity, Reply, Request, Response, TargetCapacity, MAX_PAYLOAD_LEN};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::fs_err;
-use hivefs_types::ids::{NodeId, NodeType, TargetId};
+use hivefs_types::ids::{EntryId, NodeId, NodeType, TargetId};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -69,6 +69,11 @@ pub struct Config {
     /// `target_rate_limit = "40MiB"` (also `"512k"`, `"1g"`); absent or 0: no limit.
     /// StorageBench (`hivefs bench storage`) and NetBench are not limited.
     pub target_rate_limit: Option<RateSetting>,
+    /// Hand chunk files to clients on this host (same network namespace)
+    /// over an abstract Unix socket, so they read and write them without a
+    /// request over TCP (see `hivefs_net::local`). Targets with a rate limit
+    /// are never handed out.
+    pub short_circuit: bool,
 }
 
 impl Default for Config {
@@ -83,6 +88,7 @@ impl Default for Config {
             heartbeat_interval_ms: 1000,
             fs_uuid: None,
             target_rate_limit: None,
+            short_circuit: true,
         }
     }
 }
@@ -97,6 +103,8 @@ pub struct StorageService {
     pub targets: Vec<TargetId>,
     server: ServerHandle,
     heartbeat: tokio::task::JoinHandle<()>,
+    /// The short-circuit socket, when offered.
+    _local: Option<hivefs_net::local::LocalServer>,
 }
 
 impl StorageService {
@@ -125,6 +133,30 @@ struct StorageHandler {
     /// Empty until registration with mgmtd is complete; requests that arrive
     /// before are answered `Unavailable` (clients retry those).
     ready: OnceLock<Ready>,
+}
+
+/// Hands chunk files to short-circuit clients (`Config::short_circuit`).
+struct LocalOpener {
+    node: NodeId,
+    stores: HashMap<TargetId, Arc<ChunkStore>>,
+    /// Targets with a rate limit: their I/O must pass the service's bucket.
+    limited: std::collections::HashSet<TargetId>,
+}
+
+impl hivefs_net::local::ChunkOpener for LocalOpener {
+    fn open(&self, target: TargetId, entry: EntryId, create: bool) -> FsResult<hivefs_net::local::Offer> {
+        use hivefs_net::local::Offer;
+        if self.limited.contains(&target) {
+            return Ok(Offer::Refused(format!("target {target} has a rate limit (target_rate_limit)")));
+        }
+        let Some(store) = self.stores.get(&target) else {
+            return Ok(Offer::Refused(format!("target {target} is not served by storage node {}", self.node)));
+        };
+        Ok(match store.open(entry, create)? {
+            Some(f) => Offer::File(f),
+            None => Offer::NoChunk,
+        })
+    }
 }
 
 /// Runs blocking file I/O off the async workers.
@@ -408,20 +440,37 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
         None => local_addr.to_string(),
     };
 
-    let mgmt = Arc::new(Pool::new(cfg.mgmtd.clone(), ClientConfig::new(secret)));
+    let mgmt = Arc::new(Pool::new(cfg.mgmtd.clone(), ClientConfig::new(secret.clone())));
     let node =
         hivefs_cluster::register_node(&mgmt, NodeType::Storage, &cfg.dir, &mut identity, &advertise, REGISTER_DEADLINE)
             .await
             .map_err(|source| StorageError::Mgmt { mgmtd: cfg.mgmtd.clone(), source })?;
     let ids = register_targets(&mgmt, node, &mut opened).await?;
 
-    let stores = ids.iter().zip(&opened).map(|(&id, o)| (id, Arc::new(ChunkStore::new(id, &o.dir)))).collect();
+    let stores: HashMap<TargetId, Arc<ChunkStore>> =
+        ids.iter().zip(&opened).map(|(&id, o)| (id, Arc::new(ChunkStore::new(id, &o.dir)))).collect();
     let limits = match rate_limit {
         Some(r) => {
             info!(bytes_per_s = r, targets = ?ids, "target rate limit (target_rate_limit) in force");
             ids.iter().map(|&id| (id, Arc::new(RateLimit::new(r)))).collect()
         }
         None => HashMap::new(),
+    };
+    let local = if cfg.short_circuit {
+        let name = hivefs_net::local::socket_name(node, local_addr.port());
+        let opener = Arc::new(LocalOpener { node, stores: stores.clone(), limited: limits.keys().copied().collect() });
+        match hivefs_net::local::serve_local(&name, node, secret.clone(), opener) {
+            Ok(l) => {
+                debug!(socket = %name, "short-circuit chunk access offered to clients on this host");
+                Some(l)
+            }
+            Err(e) => {
+                warn!(socket = %name, "short-circuit chunk access not offered: cannot listen: {e}");
+                None
+            }
+        }
+    } else {
+        None
     };
     if handler.ready.set(Ready { node, stores, limits }).is_err() {
         unreachable!("the handler is made ready once");
@@ -437,7 +486,7 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
     };
     let heartbeat = tokio::spawn(hb.run());
     info!(%node, addr = %local_addr, targets = ?ids, "storage service started");
-    Ok(StorageService { local_addr, node_id: node, targets: ids, server: server.take(), heartbeat })
+    Ok(StorageService { local_addr, node_id: node, targets: ids, server: server.take(), heartbeat, _local: local })
 }
 
 struct AbortOnDrop(Option<ServerHandle>);
@@ -601,6 +650,27 @@ mod tests {
         let e = e.unwrap_err();
         assert_eq!(e.code, ErrorCode::NotFound);
         assert!(e.message.contains("storage target 6"), "{e}");
+    }
+
+    #[test]
+    fn short_circuit_hands_out_only_unlimited_targets_of_this_node() {
+        use hivefs_net::local::{ChunkOpener, Offer};
+        let d = tempfile::tempdir().unwrap();
+        init_target(d.path(), "fs").unwrap();
+        let store = Arc::new(ChunkStore::new(TargetId(5), d.path()));
+        let stores = HashMap::from([(TargetId(5), store.clone()), (TargetId(7), store.clone())]);
+        let o = LocalOpener { node: NodeId(2), stores, limited: [TargetId(7)].into() };
+        let e = EntryId { node: 1, epoch: 1, counter: 9 };
+        assert!(matches!(o.open(TargetId(5), e, false), Ok(Offer::NoChunk)));
+        let Ok(Offer::File(f)) = o.open(TargetId(5), e, true) else { panic!("no file for a write") };
+        std::os::unix::fs::FileExt::write_all_at(&f, b"direct", 0).unwrap();
+        assert_eq!(store.read(e, 0, 64).unwrap(), b"direct", "the handed-out file is the chunk file");
+        let Ok(Offer::Refused(why)) = o.open(TargetId(7), e, false) else { panic!("rate-limited target handed out") };
+        assert!(why.contains("target 7") && why.contains("rate limit"), "{why}");
+        let Ok(Offer::Refused(why)) = o.open(TargetId(6), e, true) else { panic!("unknown target handed out") };
+        assert!(why.contains("target 6") && why.contains("storage node 2"), "{why}");
+        assert!(toml::from_str::<Config>("short_circuit = false").is_ok_and(|c| !c.short_circuit));
+        assert!(Config::default().short_circuit);
     }
 
     #[tokio::test]

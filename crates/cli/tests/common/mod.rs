@@ -113,9 +113,13 @@ impl TestFs {
         unsafe { libc::kill(pid, libc::SIGKILL) };
         let start = Instant::now();
         while std::fs::metadata(format!("/proc/{pid}")).is_ok() && start.elapsed() < Duration::from_secs(10) {
-            // The process is reaped by init; wait until it is gone or a zombie.
+            // The process is reaped by init; wait until it is gone or a zombie
+            // whose descriptors are closed (the leader turns zombie while its
+            // other threads may still be exiting, sockets still open).
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            if stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')) {
+            let zombie = stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z'));
+            let fds_open = std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|mut d| d.next().is_some());
+            if zombie && !fds_open {
                 break;
             }
             std::thread::sleep(Duration::from_millis(20));

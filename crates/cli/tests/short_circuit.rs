@@ -1,0 +1,97 @@
+//! Short-circuit chunk I/O: a mount on the storage services' machine reads and
+//! writes their chunk files through descriptors they hand over, and stops
+//! doing so when a service dies.
+
+mod common;
+
+use common::*;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::time::Duration;
+
+/// Sends SIGCONT to a stopped service when dropped (also when the test fails).
+struct Stopped(i32);
+
+impl Stopped {
+    fn new(pid: i32) -> Stopped {
+        // SAFETY: stopping a service this test started.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: resuming the service stopped above.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// The data path of a file the mount holds open needs no storage request:
+/// with the storage service stopped (SIGSTOP), writes and reads through the
+/// open file go on, while a mount that sends chunk I/O over TCP times out.
+/// Afterwards the service serves what was written to everyone.
+#[test]
+fn an_open_files_io_goes_past_a_stopped_storage_service() {
+    let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "2"]);
+    let sc = fs.extra_mount("sc", &["--io-timeout-ms", "3000"]);
+    let tcp = fs.extra_mount("tcp", &["--io-timeout-ms", "3000", "--no-short-circuit"]);
+    let first = random_bytes(1, 1 << 20);
+    let second = random_bytes(2, 1 << 20);
+    // 1 MiB over two targets (512 KiB chunks): both chunk files are handed over.
+    let mut f =
+        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(sc.mnt.join("f")).unwrap();
+    f.write_all(&first).unwrap();
+    f.sync_all().unwrap(); // publishes the size, so the TCP mount has bytes to ask for
+
+    let stopped = Stopped::new(fs.pid("storage1"));
+    f.write_all(&second).unwrap();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    let mut back = Vec::new();
+    f.read_to_end(&mut back).unwrap();
+    assert!(back.len() == 2 << 20 && back[..1 << 20] == first[..] && back[1 << 20..] == second[..]);
+    let errno = errno_of(std::fs::read(tcp.mnt.join("f")));
+    assert!(
+        errno == libc::EIO || errno == libc::ETIMEDOUT,
+        "a read over TCP from the stopped service must time out, errno {errno}"
+    );
+    drop(stopped);
+
+    drop(f);
+    let all: Vec<u8> = [first, second].concat();
+    assert!(std::fs::read(tcp.mnt.join("f")).unwrap() == all, "the service serves what went past it");
+    assert!(std::fs::read(fs.path("f")).unwrap() == all);
+}
+
+/// A service that dies takes its descriptors with it: the mount's I/O to its
+/// targets fails as over TCP (never reads or writes the files behind a dead
+/// service's back), and works again once the service is back.
+#[test]
+fn a_dead_storage_services_files_are_not_used_until_it_is_back() {
+    let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "1"]);
+    let sc = fs.extra_mount("sc", &["--io-timeout-ms", "2000"]);
+    let data = random_bytes(3, 256 << 10);
+    let mut f =
+        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(sc.mnt.join("f")).unwrap();
+    f.write_all(&data).unwrap();
+
+    fs.kill9("storage1");
+    f.seek(SeekFrom::Start(0)).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let errno = errno_of(f.read(&mut buf));
+    assert!(errno == libc::EIO || errno == libc::ETIMEDOUT, "read after the service died: errno {errno}");
+    drop(f);
+
+    fs.reup();
+    // The mount asks the new service for descriptors (after a short pause).
+    let mut ok = false;
+    for _ in 0..50 {
+        if std::fs::read(sc.mnt.join("f")).is_ok_and(|b| b == data) {
+            ok = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(ok, "I/O works again once the storage service is back");
+    let log = std::fs::read_to_string(sc.mnt.with_file_name("sc.log")).unwrap();
+    assert!(log.contains("hung up its short-circuit socket"), "the mount noticed the hang-up:\n{log}");
+}

@@ -1,0 +1,648 @@
+//! Short-circuit chunk access for clients on the storage service's host.
+//!
+//! A storage service listens on an abstract Unix socket
+//! ([`socket_name`]); a client on the same host (abstract sockets are
+//! scoped to the network namespace, so an emulated host in another
+//! namespace never reaches it) asks it for a chunk file and gets the open
+//! file descriptor back (`SCM_RIGHTS`), then reads and writes the chunk file
+//! itself: no request crosses TCP, no second process touches the data. The
+//! service stays in charge of which files are handed out (the same chunk
+//! paths it serves, only for targets it offers), and the client hands
+//! nothing back: it drops its descriptors when it closes the file or when
+//! the service's socket hangs up (the service stopped or died).
+//!
+//! Admission: the peer must run as root or as the service's own user (the
+//! chunk files are theirs anyway), and, when the file system has a shared
+//! secret, both sides prove they know it (the challenge/response of
+//! [`crate::auth`]) before any file is handed out.
+//!
+//! Wire format (all integers little-endian):
+//! - hello, service → client: `"HVSC"`, version (1), has-secret (0/1),
+//!   service nonce (32), node id (u32);
+//! - client → service: client nonce (32), then its MAC (32) if has-secret;
+//! - service → client: 0 (admitted) or 1, then its MAC (32) if has-secret;
+//! - request, client → service ([`REQUEST_LEN`] bytes): op (1: open),
+//!   target (u32), entry (node u32, epoch u32, counter u64), flags (bit 0:
+//!   create);
+//! - answer: status (0: descriptor attached, 1: no chunk file, 2: not
+//!   offered, 3: error), message length (u16), message (UTF-8).
+
+use crate::auth::{nonce, Secret};
+use hivefs_types::error::{ErrorCode, FsError};
+use hivefs_types::ids::{EntryId, NodeId, TargetId};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::linux::net::SocketAddrExt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tracing::{debug, warn};
+
+const MAGIC: &[u8; 4] = b"HVSC";
+const VERSION: u8 = 1;
+const HELLO_LEN: usize = 4 + 1 + 1 + 32 + 4;
+/// Length of a request.
+pub const REQUEST_LEN: usize = 1 + 4 + 16 + 1;
+const OP_OPEN: u8 = 1;
+const FLAG_CREATE: u8 = 1;
+/// Longest error message sent back.
+const MESSAGE_MAX: usize = 1024;
+
+/// The abstract socket name of storage node `node` whose TCP service is on
+/// `port`: unique per network namespace, as the port is.
+pub fn socket_name(node: NodeId, port: u16) -> String {
+    format!("hivefs/storage/{node}/{port}")
+}
+
+/// The service's answer to a request for a chunk file.
+#[derive(Debug)]
+pub enum Offer {
+    /// The chunk file, open for reading and writing.
+    File(std::fs::File),
+    /// The chunk file does not exist (and `create` was not asked).
+    NoChunk,
+    /// The service does not hand out this target's files (the reason):
+    /// use the network path.
+    Refused(String),
+}
+
+/// What a storage service plugs in: opens chunk files (may block).
+pub trait ChunkOpener: Send + Sync + 'static {
+    fn open(&self, target: TargetId, entry: EntryId, create: bool) -> Result<Offer, FsError>;
+}
+
+/// A request, decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenRequest {
+    pub target: TargetId,
+    pub entry: EntryId,
+    pub create: bool,
+}
+
+impl OpenRequest {
+    pub fn encode(&self) -> [u8; REQUEST_LEN] {
+        let mut b = [0u8; REQUEST_LEN];
+        b[0] = OP_OPEN;
+        b[1..5].copy_from_slice(&self.target.0.to_le_bytes());
+        b[5..9].copy_from_slice(&self.entry.node.to_le_bytes());
+        b[9..13].copy_from_slice(&self.entry.epoch.to_le_bytes());
+        b[13..21].copy_from_slice(&self.entry.counter.to_le_bytes());
+        b[21] = if self.create { FLAG_CREATE } else { 0 };
+        b
+    }
+
+    pub fn decode(b: &[u8; REQUEST_LEN]) -> Result<OpenRequest, String> {
+        if b[0] != OP_OPEN {
+            return Err(format!("unknown operation {}", b[0]));
+        }
+        if b[21] & !FLAG_CREATE != 0 {
+            return Err(format!("unknown flags {:#x}", b[21]));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        Ok(OpenRequest {
+            target: TargetId(u32_at(1)),
+            entry: EntryId {
+                node: u32_at(5),
+                epoch: u32_at(9),
+                counter: u64::from_le_bytes(b[13..21].try_into().expect("8 bytes")),
+            },
+            create: b[21] & FLAG_CREATE != 0,
+        })
+    }
+}
+
+/// A running short-circuit listener; stops (new connections and served
+/// ones) when dropped.
+pub struct LocalServer {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for LocalServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Listens on the abstract socket `name` for clients of storage node `node`.
+/// Must run inside a tokio runtime.
+pub fn serve_local(
+    name: &str,
+    node: NodeId,
+    secret: Option<Secret>,
+    opener: Arc<dyn ChunkOpener>,
+) -> io::Result<LocalServer> {
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+    let std_listener = std::os::unix::net::UnixListener::bind_addr(&addr)?;
+    std_listener.set_nonblocking(true)?;
+    let listener = tokio::net::UnixListener::from_std(std_listener)?;
+    let task = tokio::spawn(async move {
+        // Served connections stop with the listener (abort of this task).
+        let mut conns = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                r = listener.accept() => match r {
+                    Ok((stream, _)) => {
+                        let (secret, opener) = (secret.clone(), opener.clone());
+                        conns.spawn(async move {
+                            if let Err(e) = serve_conn(stream, node, secret, opener).await {
+                                debug!("short-circuit connection ended: {e}");
+                            }
+                        });
+                    }
+                    Err(e) => {
+                        warn!("short-circuit socket: accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                },
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            }
+        }
+    });
+    Ok(LocalServer { task })
+}
+
+/// Whether a peer running as `uid` may have chunk files: root, or the user
+/// the service runs as.
+fn admitted_uid(uid: u32) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    uid == 0 || uid == unsafe { libc::geteuid() }
+}
+
+async fn serve_conn(
+    mut s: tokio::net::UnixStream,
+    node: NodeId,
+    secret: Option<Secret>,
+    opener: Arc<dyn ChunkOpener>,
+) -> io::Result<()> {
+    let cred = s.peer_cred()?;
+    if !admitted_uid(cred.uid()) {
+        warn!(uid = cred.uid(), pid = ?cred.pid(), "short-circuit client refused: runs as another user");
+        return Ok(());
+    }
+    let ns = nonce();
+    let mut hello = Vec::with_capacity(HELLO_LEN);
+    hello.extend_from_slice(MAGIC);
+    hello.push(VERSION);
+    hello.push(u8::from(secret.is_some()));
+    hello.extend_from_slice(&ns);
+    hello.extend_from_slice(&node.0.to_le_bytes());
+    s.write_all(&hello).await?;
+    let mut nc = [0u8; 32];
+    s.read_exact(&mut nc).await?;
+    if let Some(secret) = &secret {
+        let mut mac = [0u8; 32];
+        s.read_exact(&mut mac).await?;
+        if !secret.verify(b"client", &ns, &nc, &mac) {
+            warn!(pid = ?cred.pid(), "short-circuit client refused: wrong shared secret");
+            s.write_all(&[1]).await?;
+            return Ok(());
+        }
+        let mut ok = vec![0u8];
+        ok.extend_from_slice(&secret.mac(b"server", &nc, &ns));
+        s.write_all(&ok).await?;
+    } else {
+        s.write_all(&[0]).await?;
+    }
+    loop {
+        let mut req = [0u8; REQUEST_LEN];
+        match s.read_exact(&mut req).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        let req = match OpenRequest::decode(&req) {
+            Ok(r) => r,
+            Err(e) => {
+                // A malformed request ends the connection: its framing is lost.
+                warn!(pid = ?cred.pid(), "short-circuit client sent a malformed request: {e}");
+                send_answer(&s, 3, &format!("malformed request: {e}"), None).await?;
+                return Ok(());
+            }
+        };
+        let o = opener.clone();
+        let r = tokio::task::spawn_blocking(move || o.open(req.target, req.entry, req.create))
+            .await
+            .unwrap_or_else(|e| Err(FsError::new(ErrorCode::Internal, format!("chunk open task failed: {e}"))));
+        match r {
+            Ok(Offer::File(f)) => send_answer(&s, 0, "", Some(f.as_raw_fd())).await?,
+            Ok(Offer::NoChunk) => send_answer(&s, 1, "", None).await?,
+            Ok(Offer::Refused(why)) => send_answer(&s, 2, &why, None).await?,
+            Err(e) => send_answer(&s, 3, &e.to_string(), None).await?,
+        }
+    }
+}
+
+fn answer_bytes(status: u8, message: &str) -> Vec<u8> {
+    let mut m = message.as_bytes();
+    if m.len() > MESSAGE_MAX {
+        let mut end = MESSAGE_MAX;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        m = &m[..end];
+    }
+    let mut b = Vec::with_capacity(3 + m.len());
+    b.push(status);
+    b.extend_from_slice(&(m.len() as u16).to_le_bytes());
+    b.extend_from_slice(m);
+    b
+}
+
+async fn send_answer(s: &tokio::net::UnixStream, status: u8, message: &str, fd: Option<RawFd>) -> io::Result<()> {
+    let b = answer_bytes(status, message);
+    let mut sent = 0;
+    while sent < b.len() {
+        s.writable().await?;
+        // The descriptor rides on the first bytes only.
+        let fd = if sent == 0 { fd } else { None };
+        match s.try_io(Interest::WRITABLE, || send_with_fd(s.as_raw_fd(), &b[sent..], fd)) {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Room for the control message of one descriptor.
+const CMSG_SPACE_ONE_FD: usize = 24;
+
+#[repr(C)]
+union CmsgBuf {
+    buf: [u8; CMSG_SPACE_ONE_FD],
+    _align: libc::cmsghdr,
+}
+
+fn send_with_fd(sock: RawFd, data: &[u8], fd: Option<RawFd>) -> io::Result<usize> {
+    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut _, iov_len: data.len() };
+    let mut cmsg = CmsgBuf { buf: [0; CMSG_SPACE_ONE_FD] };
+    // SAFETY: msghdr is plain data; every pointer set below outlives sendmsg.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(fd) = fd {
+        // SAFETY: CMSG_SPACE/CMSG_LEN are pure computations.
+        let (space, len) = unsafe { (libc::CMSG_SPACE(4) as usize, libc::CMSG_LEN(4) as usize) };
+        assert!(space <= CMSG_SPACE_ONE_FD);
+        // SAFETY: `cmsg` is aligned for cmsghdr and large enough for one
+        // header plus one descriptor (checked above).
+        unsafe {
+            msg.msg_control = cmsg.buf.as_mut_ptr().cast();
+            msg.msg_controllen = space as _;
+            let h = libc::CMSG_FIRSTHDR(&msg);
+            (*h).cmsg_level = libc::SOL_SOCKET;
+            (*h).cmsg_type = libc::SCM_RIGHTS;
+            (*h).cmsg_len = len as _;
+            std::ptr::copy_nonoverlapping((&fd as *const RawFd).cast::<u8>(), libc::CMSG_DATA(h), 4);
+        }
+    }
+    // SAFETY: `msg` describes valid buffers (see above).
+    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// Reads into `data`; returns the byte count and the descriptor that came
+/// with them, if any (close-on-exec).
+fn recv_with_fd(sock: RawFd, data: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+    let mut cmsg = CmsgBuf { buf: [0; CMSG_SPACE_ONE_FD] };
+    // SAFETY: msghdr is plain data; every pointer set below outlives recvmsg.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    // SAFETY: the buffer is aligned and CMSG_SPACE_ONE_FD bytes long.
+    unsafe {
+        msg.msg_control = cmsg.buf.as_mut_ptr().cast();
+        msg.msg_controllen = CMSG_SPACE_ONE_FD as _;
+    }
+    let n = loop {
+        // SAFETY: `msg` describes valid buffers.
+        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    let mut got = None;
+    // SAFETY: walking the control messages recvmsg filled in, within msg_controllen.
+    unsafe {
+        let mut h = libc::CMSG_FIRSTHDR(&msg);
+        while !h.is_null() {
+            if (*h).cmsg_level == libc::SOL_SOCKET && (*h).cmsg_type == libc::SCM_RIGHTS {
+                let count = ((*h).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
+                for i in 0..count {
+                    let mut fd: RawFd = -1;
+                    std::ptr::copy_nonoverlapping(libc::CMSG_DATA(h).add(4 * i), (&mut fd as *mut RawFd).cast(), 4);
+                    let owned = OwnedFd::from_raw_fd(fd);
+                    if got.is_none() {
+                        got = Some(owned);
+                    } // else dropped: closed
+                }
+            }
+            h = libc::CMSG_NXTHDR(&msg, h);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "descriptor truncated"));
+    }
+    Ok((n, got))
+}
+
+/// Reads up to `len` bytes at `offset` of a chunk file: fewer only at its
+/// end (also when it was truncated meanwhile).
+pub fn read_at_full(f: &std::fs::File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; len];
+    let mut done = 0;
+    while done < len {
+        match f.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(done);
+    Ok(buf)
+}
+
+/// [`read_at_full`], but only if the page cache holds the whole range
+/// (`preadv2` with `RWF_NOWAIT`): `None` when reading would wait for the
+/// disk, when only part of it is cached or the file ends inside it, or when
+/// the kernel cannot tell. Lets async code read cached pages on its own
+/// thread and send the rest to blocking threads.
+pub fn read_at_cached(f: &std::fs::File, offset: u64, len: usize) -> io::Result<Option<Vec<u8>>> {
+    let Ok(off) = libc::off_t::try_from(offset) else {
+        return Ok(None);
+    };
+    let mut buf = vec![0u8; len];
+    let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: len };
+    // SAFETY: one iovec describing `buf`, which outlives the call; `f` is an open file.
+    let n = unsafe { libc::preadv2(f.as_raw_fd(), &iov, 1, off, libc::RWF_NOWAIT) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            // Not cached, or no RWF_NOWAIT here: the caller reads the usual way.
+            Some(libc::EAGAIN | libc::EOPNOTSUPP | libc::EINVAL | libc::EINTR) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    Ok((n as usize == len).then_some(buf))
+}
+
+/// A client's connection to one storage service's short-circuit socket.
+/// Blocking: used for the rare opens (once per file and target).
+pub struct LocalConn {
+    stream: std::os::unix::net::UnixStream,
+    node: NodeId,
+    /// One request and its answer at a time.
+    exchange: std::sync::Mutex<()>,
+}
+
+/// How long a client waits for a short-circuit answer before giving up on it.
+const CONN_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn proto_err(node: NodeId, what: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("short-circuit socket of storage node {node}: {what}"))
+}
+
+fn peer_uid(sock: RawFd) -> io::Result<u32> {
+    // SAFETY: ucred is plain data, and getsockopt writes at most its size.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: valid socket, buffer and length.
+    let r = unsafe {
+        libc::getsockopt(sock, libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len)
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.uid)
+}
+
+impl LocalConn {
+    /// Connects to storage node `node`'s socket `name`. `Ok(None)`: nobody
+    /// listens there (the service is on another host, or does not offer
+    /// short-circuit access). An error: something answered but not as
+    /// expected (wrong node, secret mismatch, another user's process).
+    pub fn connect(name: &str, node: NodeId, secret: Option<&Secret>) -> io::Result<Option<LocalConn>> {
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+        let mut stream = match std::os::unix::net::UnixStream::connect_addr(&addr) {
+            Ok(s) => s,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ECONNREFUSED | libc::ENOENT)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        stream.set_read_timeout(Some(CONN_TIMEOUT))?;
+        stream.set_write_timeout(Some(CONN_TIMEOUT))?;
+        let uid = peer_uid(stream.as_raw_fd())?;
+        if !admitted_uid(uid) {
+            return Err(proto_err(node, format_args!("served by a process of user {uid}, not root or this user")));
+        }
+        let mut hello = [0u8; HELLO_LEN];
+        stream.read_exact(&mut hello)?;
+        if &hello[..4] != MAGIC || hello[4] != VERSION {
+            return Err(proto_err(node, "not a HiveFS short-circuit socket of this version"));
+        }
+        let has_secret = hello[5] != 0;
+        let ns: [u8; 32] = hello[6..38].try_into().expect("32 bytes");
+        let their_node = NodeId(u32::from_le_bytes(hello[38..42].try_into().expect("4 bytes")));
+        if their_node != node {
+            return Err(proto_err(node, format_args!("answered as node {their_node}")));
+        }
+        match (has_secret, secret) {
+            (true, None) => return Err(proto_err(node, "it needs a shared secret and this client has none")),
+            (false, Some(_)) => return Err(proto_err(node, "it has no shared secret and this client has one")),
+            _ => {}
+        }
+        let nc = nonce();
+        let mut out = nc.to_vec();
+        if let Some(s) = secret {
+            out.extend_from_slice(&s.mac(b"client", &ns, &nc));
+        }
+        stream.write_all(&out)?;
+        let mut status = [0u8];
+        stream.read_exact(&mut status)?;
+        if status[0] != 0 {
+            return Err(proto_err(node, "refused this client (shared secret)"));
+        }
+        if let Some(s) = secret {
+            let mut mac = [0u8; 32];
+            stream.read_exact(&mut mac)?;
+            if !s.verify(b"server", &nc, &ns, &mac) {
+                return Err(proto_err(node, "did not prove it knows the shared secret"));
+            }
+        }
+        Ok(Some(LocalConn { stream, node, exchange: std::sync::Mutex::new(()) }))
+    }
+
+    /// Asks for `target`'s chunk file of `entry` (created if `create`).
+    pub fn open(&self, target: TargetId, entry: EntryId, create: bool) -> io::Result<Result<Offer, FsError>> {
+        let _one = self.exchange.lock().unwrap_or_else(|p| p.into_inner());
+        let mut stream = &self.stream;
+        stream.write_all(&OpenRequest { target, entry, create }.encode())?;
+        let mut head = [0u8; 3];
+        let (mut n, fd) = recv_with_fd(self.stream.as_raw_fd(), &mut head)?;
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short-circuit socket closed"));
+        }
+        while n < head.len() {
+            let m = stream.read(&mut head[n..])?;
+            if m == 0 {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short-circuit socket closed"));
+            }
+            n += m;
+        }
+        let mut msg = vec![0u8; u16::from_le_bytes([head[1], head[2]]) as usize];
+        stream.read_exact(&mut msg)?;
+        let msg = String::from_utf8_lossy(&msg).into_owned();
+        Ok(match (head[0], fd) {
+            (0, Some(fd)) => Ok(Offer::File(std::fs::File::from(fd))),
+            (0, None) => return Err(proto_err(self.node, "answered without the descriptor")),
+            (1, _) => Ok(Offer::NoChunk),
+            (2, _) => Ok(Offer::Refused(msg)),
+            (3, _) => Err(FsError::new(ErrorCode::Io, msg)),
+            (s, _) => return Err(proto_err(self.node, format_args!("unknown answer status {s}"))),
+        })
+    }
+
+    /// False once the service's end hung up (it stopped or died): the
+    /// descriptors it handed out must not be used any more.
+    pub fn alive(&self) -> bool {
+        let mut p = libc::pollfd { fd: self.stream.as_raw_fd(), events: libc::POLLRDHUP, revents: 0 };
+        // SAFETY: one valid pollfd, no waiting.
+        let r = unsafe { libc::poll(&mut p, 1, 0) };
+        r == 0 || (r > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) == 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    const E: EntryId = EntryId { node: 1, epoch: 2, counter: 0xAB };
+
+    #[test]
+    fn requests_round_trip_and_garbage_is_refused() {
+        for create in [false, true] {
+            let r = OpenRequest { target: TargetId(7), entry: E, create };
+            assert_eq!(OpenRequest::decode(&r.encode()), Ok(r));
+        }
+        let mut b = OpenRequest { target: TargetId(7), entry: E, create: true }.encode();
+        b[0] = 9;
+        assert!(OpenRequest::decode(&b).unwrap_err().contains("unknown operation"));
+        b[0] = OP_OPEN;
+        b[21] = 0x81;
+        assert!(OpenRequest::decode(&b).unwrap_err().contains("unknown flags"));
+    }
+
+    /// Hands out files below a directory: `<dir>/<target>-<counter>`;
+    /// target 9 is refused.
+    struct DirOpener(std::path::PathBuf);
+
+    impl ChunkOpener for DirOpener {
+        fn open(&self, target: TargetId, entry: EntryId, create: bool) -> Result<Offer, FsError> {
+            if target == TargetId(9) {
+                return Ok(Offer::Refused("target 9 is rate-limited".into()));
+            }
+            let p = self.0.join(format!("{target}-{}", entry.counter));
+            match std::fs::OpenOptions::new().read(true).write(true).create(create).open(&p) {
+                Ok(f) => Ok(Offer::File(f)),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Offer::NoChunk),
+                Err(e) => Err(FsError::new(ErrorCode::Io, format!("{}: {e}", p.display()))),
+            }
+        }
+    }
+
+    fn name(tag: &str) -> String {
+        format!("hivefs-test/{}/{tag}/{}", std::process::id(), nonce()[0])
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn descriptors_are_handed_out_and_the_hang_up_is_seen() {
+        let d = tempfile::tempdir().unwrap();
+        let name = name("fds");
+        let server = serve_local(&name, NodeId(3), None, Arc::new(DirOpener(d.path().into()))).unwrap();
+        let (n, root) = (name.clone(), d.path().to_path_buf());
+        let c = tokio::task::spawn_blocking(move || LocalConn::connect(&n, NodeId(3), None))
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("listening");
+        let c = tokio::task::spawn_blocking(move || {
+            assert!(matches!(c.open(TargetId(1), E, false).unwrap(), Ok(Offer::NoChunk)));
+            let Ok(Offer::File(f)) = c.open(TargetId(1), E, true).unwrap() else { panic!("no file") };
+            f.write_all_at(b"through the descriptor", 0).unwrap();
+            assert_eq!(std::fs::read(root.join("1-171")).unwrap(), b"through the descriptor");
+            let Ok(Offer::Refused(why)) = c.open(TargetId(9), E, true).unwrap() else { panic!("not refused") };
+            assert!(why.contains("rate-limited"), "{why}");
+            assert!(c.alive());
+            c
+        })
+        .await
+        .unwrap();
+        drop(server);
+        // The service's end closes with its task.
+        let mut hung_up = false;
+        for _ in 0..100 {
+            if !c.alive() {
+                hung_up = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(hung_up, "a stopped service's socket must read as hung up");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn wrong_node_secret_or_no_listener_is_not_a_connection() {
+        let d = tempfile::tempdir().unwrap();
+        let name = name("auth");
+        let s = Secret::from_bytes(b"right");
+        let _server = serve_local(&name, NodeId(3), Some(s.clone()), Arc::new(DirOpener(d.path().into()))).unwrap();
+        let n = name.clone();
+        tokio::task::spawn_blocking(move || {
+            let e = LocalConn::connect(&n, NodeId(4), Some(&s)).err().expect("wrong node");
+            assert!(e.to_string().contains("answered as node 3"), "{e}");
+            let e = LocalConn::connect(&n, NodeId(3), None).err().expect("no secret");
+            assert!(e.to_string().contains("needs a shared secret"), "{e}");
+            let e = LocalConn::connect(&n, NodeId(3), Some(&Secret::from_bytes(b"wrong"))).err().expect("wrong secret");
+            assert!(e.to_string().contains("refused"), "{e}");
+            let c = LocalConn::connect(&n, NodeId(3), Some(&s)).unwrap().expect("right secret");
+            assert!(matches!(c.open(TargetId(1), E, false).unwrap(), Ok(Offer::NoChunk)));
+            assert!(LocalConn::connect(&format!("{n}/nobody"), NodeId(3), None).unwrap().is_none());
+        })
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_malformed_request_gets_an_error_and_the_connection_ends() {
+        let d = tempfile::tempdir().unwrap();
+        let name = name("bad");
+        let _server = serve_local(&name, NodeId(3), None, Arc::new(DirOpener(d.path().into()))).unwrap();
+        tokio::task::spawn_blocking(move || {
+            let mut c = LocalConn::connect(&name, NodeId(3), None).unwrap().unwrap();
+            let mut b = OpenRequest { target: TargetId(1), entry: E, create: false }.encode();
+            b[0] = 77;
+            c.stream.write_all(&b).unwrap();
+            let mut head = [0u8; 3];
+            c.stream.read_exact(&mut head).unwrap();
+            assert_eq!(head[0], 3);
+            let mut msg = vec![0u8; u16::from_le_bytes([head[1], head[2]]) as usize];
+            c.stream.read_exact(&mut msg).unwrap();
+            assert!(String::from_utf8_lossy(&msg).contains("unknown operation 77"));
+            let mut rest = Vec::new();
+            assert_eq!(c.stream.read_to_end(&mut rest).unwrap(), 0, "the connection ends");
+        })
+        .await
+        .unwrap();
+    }
+}
