@@ -4,7 +4,7 @@
 use crate::local::Local;
 use crate::Client;
 use bytes::Bytes;
-use hivefs_net::local::{read_at_cached, read_at_full};
+use hivefs_net::local::{read_at_cached, read_at_cached_into, read_at_full_into};
 use hivefs_proto::{Reply, Request};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::ids::{EntryId, TargetId};
@@ -161,21 +161,19 @@ impl Client {
         let mut set = JoinSet::new();
         let mut buf = vec![0u8; len];
         let mut short = false;
+        // Pieces of chunk files held here that the page cache does not hold
+        // (or large ones): read by one blocking task straight into `buf`.
+        let mut from_disk = Vec::new();
         for p in split_large(pattern.pieces(offset, len)) {
             let target = pattern.targets[p.stripe_index];
             match self.local.file(&self.cluster, target, entry, false).await {
                 Local::File(f) => {
-                    if p.len <= LOCAL_INLINE_MAX {
-                        if let Some(b) =
-                            read_at_cached(&f, p.local_offset, p.len).map_err(|e| local_err(target, entry, e))?
-                        {
-                            buf[p.buf_offset..p.buf_offset + p.len].copy_from_slice(&b);
-                            continue;
-                        }
+                    let dst = &mut buf[p.buf_offset..p.buf_offset + p.len];
+                    if p.len > LOCAL_INLINE_MAX
+                        || !read_at_cached_into(&f, p.local_offset, dst).map_err(|e| local_err(target, entry, e))?
+                    {
+                        from_disk.push((p, target, f));
                     }
-                    set.spawn_blocking(move || {
-                        read_at_full(&f, p.local_offset, p.len).map(|b| (p, b)).map_err(|e| local_err(target, entry, e))
-                    });
                     continue;
                 }
                 Local::NoChunk => {
@@ -194,6 +192,22 @@ impl Client {
                 }
                 .map_err(|e| target_err(target, entry, e))
             });
+        }
+        if !from_disk.is_empty() {
+            let read = move || {
+                let mut short = false;
+                for (p, target, f) in from_disk {
+                    let n = read_at_full_into(&f, p.local_offset, &mut buf[p.buf_offset..p.buf_offset + p.len])
+                        .map_err(|e| local_err(target, entry, e))?;
+                    short |= n < p.len;
+                }
+                Ok((buf, short))
+            };
+            let (b, s) = tokio::task::spawn_blocking(read)
+                .await
+                .map_err(|e| FsError::new(ErrorCode::Internal, e.to_string()))??;
+            buf = b;
+            short |= s;
         }
         while let Some(r) = set.join_next().await {
             let (p, bytes) = r.map_err(|e| FsError::new(ErrorCode::Internal, e.to_string()))??;

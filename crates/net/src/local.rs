@@ -358,10 +358,18 @@ fn recv_with_fd(sock: RawFd, data: &mut [u8]) -> io::Result<(usize, Option<Owned
 /// Reads up to `len` bytes at `offset` of a chunk file: fewer only at its
 /// end (also when it was truncated meanwhile).
 pub fn read_at_full(f: &std::fs::File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
-    use std::os::unix::fs::FileExt;
     let mut buf = vec![0u8; len];
+    let n = read_at_full_into(f, offset, &mut buf)?;
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// [`read_at_full`] into `buf`; returns the bytes read (fewer than
+/// `buf.len()` only at the end of the file).
+pub fn read_at_full_into(f: &std::fs::File, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+    use std::os::unix::fs::FileExt;
     let mut done = 0;
-    while done < len {
+    while done < buf.len() {
         match f.read_at(&mut buf[done..], offset + done as u64) {
             Ok(0) => break,
             Ok(n) => done += n,
@@ -369,8 +377,7 @@ pub fn read_at_full(f: &std::fs::File, offset: u64, len: usize) -> io::Result<Ve
             Err(e) => return Err(e),
         }
     }
-    buf.truncate(done);
-    Ok(buf)
+    Ok(done)
 }
 
 /// [`read_at_full`], but only if the page cache holds the whole range
@@ -379,22 +386,27 @@ pub fn read_at_full(f: &std::fs::File, offset: u64, len: usize) -> io::Result<Ve
 /// the kernel cannot tell. Lets async code read cached pages on its own
 /// thread and send the rest to blocking threads.
 pub fn read_at_cached(f: &std::fs::File, offset: u64, len: usize) -> io::Result<Option<Vec<u8>>> {
-    let Ok(off) = libc::off_t::try_from(offset) else {
-        return Ok(None);
-    };
     let mut buf = vec![0u8; len];
-    let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: len };
+    Ok(read_at_cached_into(f, offset, &mut buf)?.then_some(buf))
+}
+
+/// [`read_at_cached`] into `buf`: true if it was filled.
+pub fn read_at_cached_into(f: &std::fs::File, offset: u64, buf: &mut [u8]) -> io::Result<bool> {
+    let Ok(off) = libc::off_t::try_from(offset) else {
+        return Ok(false);
+    };
+    let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     // SAFETY: one iovec describing `buf`, which outlives the call; `f` is an open file.
     let n = unsafe { libc::preadv2(f.as_raw_fd(), &iov, 1, off, libc::RWF_NOWAIT) };
     if n < 0 {
         let e = io::Error::last_os_error();
         return match e.raw_os_error() {
             // Not cached, or no RWF_NOWAIT here: the caller reads the usual way.
-            Some(libc::EAGAIN | libc::EOPNOTSUPP | libc::EINVAL | libc::EINTR) => Ok(None),
+            Some(libc::EAGAIN | libc::EOPNOTSUPP | libc::EINVAL | libc::EINTR) => Ok(false),
             _ => Err(e),
         };
     }
-    Ok((n as usize == len).then_some(buf))
+    Ok(n as usize == buf.len())
 }
 
 /// A client's connection to one storage service's short-circuit socket.
