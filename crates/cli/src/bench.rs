@@ -226,6 +226,11 @@ pub struct Target {
     /// --mgmtd and --secret-file, or the only HiveFS mount of this machine).
     #[arg(long)]
     pub native: bool,
+    /// With --native: send all chunk I/O over TCP, also to storage services on this
+    /// machine, whose chunk files the native client otherwise reads and writes directly
+    /// (short-circuit). Measures the network path on one host.
+    #[arg(long, requires = "native")]
+    pub no_short_circuit: bool,
     /// Number of ranks (threads; with --processes, spread over that many processes).
     #[arg(long, default_value_t = 2)]
     pub ranks: u32,
@@ -444,7 +449,8 @@ fn backend(t: &Target, c: &Conn) -> Result<Chosen> {
                 _ => p.to_string_lossy().into_owned(),
             },
         };
-        let opts = Options::new(r.mgmtd.clone(), r.secret.clone());
+        let mut opts = Options::new(r.mgmtd.clone(), r.secret.clone());
+        opts.short_circuit = !t.no_short_circuit;
         let n = Native::connect(opts, &inside).with_context(|| format!("native client, directory /{inside}"))?;
         return Ok((Arc::new(n), Some(FsConn { mgmtd: r.mgmtd, secret: r.secret }), mnt));
     }
