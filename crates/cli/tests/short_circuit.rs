@@ -37,7 +37,8 @@ fn an_open_files_io_goes_past_a_stopped_storage_service() {
     let tcp = fs.extra_mount("tcp", &["--io-timeout-ms", "3000", "--no-short-circuit"]);
     let first = random_bytes(1, 1 << 20);
     let second = random_bytes(2, 1 << 20);
-    // 1 MiB over two targets (512 KiB chunks): both chunk files are handed over.
+    // 1 MiB over two targets (512 KiB chunks), then the size from both chunk files
+    // (fsync): the second access to each fetches its descriptor.
     let mut f =
         std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(sc.mnt.join("f")).unwrap();
     f.write_all(&first).unwrap();
@@ -73,10 +74,14 @@ fn a_dead_storage_services_files_are_not_used_until_it_is_back() {
     let mut f =
         std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(sc.mnt.join("f")).unwrap();
     f.write_all(&data).unwrap();
+    // A chunk file's descriptor is fetched at its second access (a read here).
+    f.seek(SeekFrom::Start(0)).unwrap();
+    let mut buf = vec![0u8; 4096];
+    f.read_exact(&mut buf).unwrap();
+    assert!(buf[..] == data[..4096]);
 
     fs.kill9("storage1");
     f.seek(SeekFrom::Start(0)).unwrap();
-    let mut buf = vec![0u8; 4096];
     let errno = errno_of(f.read(&mut buf));
     assert!(errno == libc::EIO || errno == libc::ETIMEDOUT, "read after the service died: errno {errno}");
     drop(f);

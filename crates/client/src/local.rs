@@ -5,8 +5,9 @@
 //! Same bytes, same files: the service serves the very same chunk files to
 //! other clients, and the kernel's page cache is shared, so every read here
 //! sees every completed write of any client, as on the network path.
-//! Descriptors are kept per (file, target) until the file is released by
-//! this client, and all of a service's are dropped as soon as its socket
+//! A descriptor is fetched at the second access to a chunk file (one access
+//! over TCP costs what the fetch would) and kept until the file is released
+//! by this client, and all of a service's are dropped as soon as its socket
 //! hangs up (it stopped or died): from then on requests go over TCP and
 //! fail or wait as they always did. A target the service does not offer
 //! (rate-limited) and a service that does not answer (another host, an older
@@ -66,6 +67,9 @@ struct State {
     /// Per file: (target, node serving it, descriptor).
     files: HashMap<EntryId, Vec<(TargetId, NodeId, Arc<File>)>>,
     count: usize,
+    /// Chunk files accessed once over the network since their file was last
+    /// released here: the next access fetches the descriptor.
+    seen: HashMap<EntryId, Vec<TargetId>>,
     /// Targets their service does not hand out.
     refused: HashSet<TargetId>,
 }
@@ -125,7 +129,7 @@ impl LocalChunks {
             if st.refused.contains(&target) {
                 return Local::Network;
             }
-            match st.nodes.get(&node) {
+            let conn = match st.nodes.get(&node) {
                 Some(NodeState::Conn(c)) if !c.alive() => {
                     info!("storage node {node} hung up its short-circuit socket: its chunk I/O goes over the network");
                     st.drop_node(node, RETRY_FAILED);
@@ -137,7 +141,20 @@ impl LocalChunks {
                 },
                 Some(NodeState::Later(t)) if Instant::now() < *t => return Local::Network,
                 _ => None,
+            };
+            // A descriptor costs a round trip to the service, as much as the
+            // request it saves: fetched on the second access to a chunk file
+            // only, so a small file written or read once stays on the
+            // network path and a file used more gains from the second access on.
+            if st.seen.len() >= self.files_max {
+                st.seen.clear();
             }
+            let seen = st.seen.entry(entry).or_default();
+            if !seen.contains(&target) {
+                seen.push(target);
+                return Local::Network;
+            }
+            conn
         };
         let conn = match conn {
             Some(c) => c,
@@ -257,6 +274,7 @@ impl LocalChunks {
         if let Some(v) = st.files.remove(&entry) {
             st.count -= v.len();
         }
+        st.seen.remove(&entry);
     }
 
     /// Descriptors held (for tests and monitoring).
