@@ -4,7 +4,7 @@
 use crate::local::Local;
 use crate::Client;
 use bytes::Bytes;
-use hivefs_net::local::{read_at_cached, read_at_cached_into, read_at_full_into};
+use hivefs_net::local::{chunk_io_code, read_at_cached, read_at_cached_into, read_at_full_into};
 use hivefs_proto::{Reply, Request};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::ids::{EntryId, TargetId};
@@ -39,12 +39,7 @@ fn split_large(pieces: Vec<Piece>) -> Vec<Piece> {
 const LOCAL_INLINE_MAX: usize = 64 << 10;
 
 fn local_err(t: TargetId, entry: EntryId, e: std::io::Error) -> FsError {
-    let code = match e.raw_os_error() {
-        Some(libc::ENOSPC | libc::EDQUOT) => ErrorCode::NoSpace,
-        Some(libc::EFBIG) => ErrorCode::Invalid,
-        _ => ErrorCode::Io,
-    };
-    FsError::new(code, format!("storage target {t}, file {entry} (chunk file on this host): {e}"))
+    FsError::new(chunk_io_code(&e), format!("storage target {t}, file {entry} (chunk file on this host): {e}"))
 }
 
 fn target_err(t: TargetId, entry: EntryId, e: FsError) -> FsError {

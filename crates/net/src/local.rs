@@ -355,6 +355,18 @@ fn recv_with_fd(sock: RawFd, data: &mut [u8]) -> io::Result<(usize, Option<Owned
     Ok((n, got))
 }
 
+/// The error code of a failed chunk-file operation: a full (or over-quota)
+/// file system is `NoSpace`, a file too large `Invalid`, the rest `Io`.
+/// Shared by the storage service and short-circuit clients, so both paths
+/// report the same failure the same way.
+pub fn chunk_io_code(e: &io::Error) -> ErrorCode {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT) => ErrorCode::NoSpace,
+        Some(libc::EFBIG) => ErrorCode::Invalid,
+        _ => ErrorCode::Io,
+    }
+}
+
 /// Reads up to `len` bytes at `offset` of a chunk file: fewer only at its
 /// end (also when it was truncated meanwhile).
 pub fn read_at_full(f: &std::fs::File, offset: u64, len: usize) -> io::Result<Vec<u8>> {

@@ -19,7 +19,7 @@
 
 use crate::chunks::ChunkStore;
 use hivefs_proto::TargetBench;
-use hivefs_types::error::{ErrorCode, FsError, FsResult};
+use hivefs_types::error::{FsError, FsResult};
 use hivefs_types::fs_err;
 use hivefs_types::ids::TargetId;
 use std::collections::BTreeSet;
@@ -148,10 +148,7 @@ impl Drop for Scratch {
 pub fn run_target(target: TargetId, dir: &Path, p: &Params) -> FsResult<TargetBench> {
     p.validate()?;
     let io_err = |what: &str, path: &Path, e: std::io::Error| {
-        let code = match e.raw_os_error() {
-            Some(libc::ENOSPC | libc::EDQUOT) => ErrorCode::NoSpace,
-            _ => ErrorCode::Io,
-        };
+        let code = hivefs_net::local::chunk_io_code(&e);
         FsError::new(code, format!("storage bench on target {target}: {what} {}: {e}", path.display()))
     };
     let bytes = p.bytes_moved();
@@ -270,6 +267,7 @@ fn drop_cache(path: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hivefs_types::error::ErrorCode;
 
     fn params(bytes: u64, block: u32, threads: u32) -> Params {
         Params { bytes_per_target: bytes, block_bytes: block, threads, direct: false }

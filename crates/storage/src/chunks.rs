@@ -23,7 +23,7 @@
 //! run-to-run noise. A cache would also add invalidation races with unlink.
 
 use hivefs_proto::UNLINK_CHUNKS_MAX;
-use hivefs_types::error::{ErrorCode, FsError, FsResult};
+use hivefs_types::error::{FsError, FsResult};
 use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, TargetId};
 use std::fs::{File, OpenOptions};
@@ -70,12 +70,7 @@ impl ChunkStore {
     }
 
     fn err(&self, entry: EntryId, e: &std::io::Error) -> FsError {
-        let code = match e.raw_os_error() {
-            Some(libc::ENOSPC | libc::EDQUOT) => ErrorCode::NoSpace,
-            Some(libc::EFBIG) => ErrorCode::Invalid,
-            _ => ErrorCode::Io,
-        };
-        FsError::new(code, format!("target {}, chunk {entry}: {e}", self.target))
+        FsError::new(hivefs_net::local::chunk_io_code(e), format!("target {}, chunk {entry}: {e}", self.target))
     }
 
     /// Opens the chunk file for reading and writing; `None` if it does not
@@ -305,6 +300,7 @@ impl ChunkStore {
 mod tests {
     use super::*;
     use crate::target::init_target;
+    use hivefs_types::error::ErrorCode;
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::io::AsRawFd;
 
