@@ -4,7 +4,7 @@
 use crate::local::Local;
 use crate::Client;
 use bytes::Bytes;
-use hivefs_net::local::{chunk_io_code, read_at_cached, read_at_cached_into, read_at_full_into};
+use hivefs_net::local::{chunk_io_code, read_at_cached_into, read_at_full_into};
 use hivefs_proto::{Reply, Request};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::ids::{EntryId, TargetId};
@@ -103,8 +103,9 @@ impl Client {
         }
         let pieces = pattern.pieces(offset, data.len());
         let mut files = Vec::with_capacity(pieces.len());
-        for p in &pieces {
-            files.push(self.local.held_file(&self.cluster, pattern.targets[p.stripe_index], entry)?);
+        let targets = pieces.iter().map(|p| pattern.targets[p.stripe_index]);
+        if !self.local.held_files(&self.cluster, entry, targets, &mut files) {
+            return None;
         }
         for (p, f) in pieces.iter().zip(files) {
             let target = pattern.targets[p.stripe_index];
@@ -125,16 +126,17 @@ impl Client {
             return None;
         }
         let pieces = pattern.pieces(offset, len);
-        if let [p] = &pieces[..] {
-            // One piece (the common case): its bytes are the answer.
-            let f = self.local.held_file(&self.cluster, pattern.targets[p.stripe_index], entry)?;
-            return read_at_cached(&f, p.local_offset, p.len).ok().flatten();
+        let mut files = Vec::with_capacity(pieces.len());
+        let targets = pieces.iter().map(|p| pattern.targets[p.stripe_index]);
+        if !self.local.held_files(&self.cluster, entry, targets, &mut files) {
+            return None;
         }
         let mut buf = vec![0u8; len];
-        for p in pieces {
-            let f = self.local.held_file(&self.cluster, pattern.targets[p.stripe_index], entry)?;
-            let b = read_at_cached(&f, p.local_offset, p.len).ok().flatten()?;
-            buf[p.buf_offset..p.buf_offset + p.len].copy_from_slice(&b);
+        for (p, f) in pieces.iter().zip(files) {
+            let dst = &mut buf[p.buf_offset..p.buf_offset + p.len];
+            if !read_at_cached_into(&f, p.local_offset, dst).ok()? {
+                return None;
+            }
         }
         Some(buf)
     }

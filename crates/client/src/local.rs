@@ -90,6 +90,20 @@ impl State {
         }
     }
 
+    /// Node `node`'s connection if it is up; a connection whose service hung
+    /// up is dropped with all its descriptors.
+    fn live_conn(&mut self, node: NodeId) -> Option<Arc<LocalConn>> {
+        match self.nodes.get(&node) {
+            Some(NodeState::Conn(c)) if c.alive() => Some(c.clone()),
+            Some(NodeState::Conn(_)) => {
+                info!("storage node {node} hung up its short-circuit socket: its chunk I/O goes over the network");
+                self.drop_node(node, RETRY_FAILED);
+                None
+            }
+            _ => None,
+        }
+    }
+
     /// Forgets node `node`'s connection and descriptors.
     fn drop_node(&mut self, node: NodeId, retry: Duration) {
         self.nodes.insert(node, NodeState::Later(Instant::now() + retry));
@@ -130,15 +144,14 @@ impl LocalChunks {
                 return Local::Network;
             }
             let conn = match st.nodes.get(&node) {
-                Some(NodeState::Conn(c)) if !c.alive() => {
-                    info!("storage node {node} hung up its short-circuit socket: its chunk I/O goes over the network");
-                    st.drop_node(node, RETRY_FAILED);
-                    return Local::Network;
+                Some(NodeState::Conn(_)) => {
+                    let c = st.live_conn(node);
+                    match (&c, st.cached(target, entry)) {
+                        (None, _) => return Local::Network,
+                        (Some(_), Some((n, f))) if n == node => return Local::File(f),
+                        _ => c,
+                    }
                 }
-                Some(NodeState::Conn(c)) => match st.cached(target, entry) {
-                    Some((n, f)) if n == node => return Local::File(f),
-                    _ => Some(c.clone()),
-                },
                 Some(NodeState::Later(t)) if Instant::now() < *t => return Local::Network,
                 _ => None,
             };
@@ -245,24 +258,45 @@ impl LocalChunks {
         }
     }
 
-    /// The chunk file of `target` for `entry` if a descriptor is held now
-    /// (never waits: no connection or request is made).
-    pub(crate) fn held_file(&self, cluster: &Cluster, target: TargetId, entry: EntryId) -> Option<Arc<File>> {
+    /// The chunk files of `entry` on `targets`, in order, if a descriptor is
+    /// held now for every one of them (appended to `out`; false, with `out`
+    /// unspecified, otherwise). Never waits: no connection or request is
+    /// made. One lock, one look at the cluster view and one liveness check
+    /// per storage node for the whole request.
+    pub(crate) fn held_files(
+        &self,
+        cluster: &Cluster,
+        entry: EntryId,
+        targets: impl Iterator<Item = TargetId>,
+        out: &mut Vec<Arc<File>>,
+    ) -> bool {
         if !self.enabled {
-            return None;
+            return false;
         }
+        let view = cluster.view();
         let mut st = self.state.lock().expect("local chunks");
-        let (node, f) = st.cached(target, entry)?;
-        match st.nodes.get(&node) {
-            Some(NodeState::Conn(c)) if c.alive() => {}
-            _ => {
-                info!("storage node {node} hung up its short-circuit socket: its chunk I/O goes over the network");
-                st.drop_node(node, RETRY_FAILED);
-                return None;
+        // Nodes found alive in this request (a request spans a few at most;
+        // beyond four, a node may be checked again).
+        let mut alive = [NodeId(0); 4];
+        let mut n_alive = 0;
+        for target in targets {
+            let Some((node, f)) = st.cached(target, entry) else { return false };
+            if !alive[..n_alive].contains(&node) {
+                if st.live_conn(node).is_none() {
+                    return false;
+                }
+                if n_alive < alive.len() {
+                    alive[n_alive] = node;
+                    n_alive += 1;
+                }
             }
+            // The target may have moved to another node since (a new view).
+            if view.targets.get(&target).map(|t| t.node) != Some(node) {
+                return false;
+            }
+            out.push(f);
         }
-        // The target may have moved to another node since (a new view).
-        (cluster.view().targets.get(&target).map(|t| t.node) == Some(node)).then_some(f)
+        true
     }
 
     /// Drops the descriptors of `entry`'s chunk files (the file was released).
