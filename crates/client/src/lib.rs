@@ -187,12 +187,6 @@ impl Client {
         self.dir_attrs.get()?.get(id)
     }
 
-    /// Chunk-file descriptors of storage services on this host held now
-    /// (short-circuit I/O).
-    pub fn local_chunks_held(&self) -> usize {
-        self.local.held()
-    }
-
     pub fn root(&self) -> Ent {
         self.root
     }

@@ -310,11 +310,6 @@ impl LocalChunks {
         }
         st.seen.remove(&entry);
     }
-
-    /// Descriptors held (for tests and monitoring).
-    pub(crate) fn held(&self) -> usize {
-        self.state.lock().expect("local chunks").count
-    }
 }
 
 #[cfg(test)]
