@@ -114,12 +114,13 @@ impl TestFs {
         let start = Instant::now();
         while std::fs::metadata(format!("/proc/{pid}")).is_ok() && start.elapsed() < Duration::from_secs(10) {
             // The process is reaped by init; wait until it is gone or a zombie
-            // whose descriptors are closed (the leader turns zombie while its
-            // other threads may still be exiting, sockets still open).
+            // without other threads: the leader turns zombie while its other
+            // threads may still be exiting, holding the shared descriptors
+            // (sockets) open, and the leader's own fd directory is empty then.
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
             let zombie = stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z'));
-            let fds_open = std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|mut d| d.next().is_some());
-            if zombie && !fds_open {
+            let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+            if zombie && threads <= 1 {
                 break;
             }
             std::thread::sleep(Duration::from_millis(20));
