@@ -144,8 +144,14 @@ pub fn serve_local(
                     Ok((stream, _)) => {
                         let (secret, opener) = (secret.clone(), opener.clone());
                         conns.spawn(async move {
-                            if let Err(e) = serve_conn(stream, node, secret, opener).await {
-                                debug!("short-circuit connection ended: {e}");
+                            match serve_conn(stream, node, secret, opener).await {
+                                Ok(()) => {}
+                                // A client that exits or drops its socket mid-exchange.
+                                Err(e) if matches!(
+                                    e.kind(),
+                                    io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe | io::ErrorKind::UnexpectedEof
+                                ) => debug!("short-circuit client went away: {e}"),
+                                Err(e) => warn!("short-circuit connection ended by an error: {e}"),
                             }
                         });
                     }
