@@ -508,14 +508,28 @@ where
         let handler = handler.clone();
         let tx = tx.clone();
         let peer = peer.clone();
-        tokio::spawn(async move {
+        let fut = async move {
             let (resp, payload) = handler.handle(req, frame.payload, &peer).await;
             let _ = tx.send(Outgoing { request_id: rid, body: encode_body(&resp), payload, _held: Some(held) }).await;
-        });
+        };
+        // A large future is boxed once instead of being copied by value
+        // through the spawn's frames into its task (see SPAWN_BOX_MIN).
+        if std::mem::size_of_val(&fut) > SPAWN_BOX_MIN {
+            tokio::spawn(Box::pin(fut));
+        } else {
+            tokio::spawn(fut);
+        }
     }
     drop(tx);
     let _ = writer.await;
 }
+
+/// Request futures larger than this many bytes are boxed before they are
+/// spawned. The metadata handler's future is about 9 KiB (the largest state
+/// of any request it serves); spawning it by value copied it several times
+/// per request, 4-5 % of the metadata node's CPU in memcpy. The storage
+/// handler's (about 1.3 KiB) stays unboxed.
+const SPAWN_BOX_MIN: usize = 2048;
 
 /// Helper for handlers: a reply without payload.
 pub fn reply(r: Result<Reply, FsError>) -> (Response, Vec<u8>) {
