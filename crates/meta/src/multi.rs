@@ -1077,7 +1077,7 @@ impl Namespace {
         if let Some(r) = self.recorded(op).await? {
             return r;
         }
-        let chooser = self.read(|t| load_dirx(&t.dirx, parent))?.and_then(|x| x.chooser).unwrap_or_default();
+        let chooser = self.read(|t| load_dirx(t.dirx_table()?, parent))?.and_then(|x| x.chooser).unwrap_or_default();
         let owner = self.choose_owner(chooser);
         if owner == self.node() {
             return self.submit_op(op, Mutation::Mkdir { parent, name, mode, uid, gid }).await;
@@ -1356,7 +1356,7 @@ impl Namespace {
 
     /// Carries an intent from its remote step to its commit (or undo).
     pub(crate) async fn drive(&self, intent: EntryId) -> Response {
-        let Some(rec) = self.read(|t| load_intent(&t.intents, intent))? else {
+        let Some(rec) = self.read(|t| load_intent(t.intent_table()?, intent))? else {
             return Err(fs_err!(Busy, "cross-node operation {intent} already finished"));
         };
         let op = rec.op;
@@ -1489,7 +1489,7 @@ impl Namespace {
     pub fn load_pending(&self) -> FsResult<Vec<(EntryId, Intent)>> {
         let list = self.read(|t| {
             let mut out = Vec::new();
-            for r in t.intents.iter()? {
+            for r in t.intent_table()?.iter()? {
                 let (k, v) = r?;
                 let id = EntryId::from_bytes(k.value())
                     .ok_or_else(|| OpError::Fatal(format!("intent key of {} bytes", k.value().len())))?;
@@ -1521,7 +1521,7 @@ impl Namespace {
     pub fn intents_text(&self) -> FsResult<Vec<String>> {
         let list = self.read(|t| {
             let mut out = Vec::new();
-            for r in t.intents.iter()? {
+            for r in t.intent_table()?.iter()? {
                 let (k, v) = r?;
                 let s = match decode::<Intent>("intent", format_args!("{:?}", k.value()), v.value()) {
                     Ok(i) => i.to_string(),
@@ -1540,7 +1540,7 @@ impl Namespace {
         let remote = self.read(|t| {
             if name == b".." {
                 let p = dir_inode(&t.inodes, parent)?;
-                let owner = load_dirx(&t.dirx, parent)?.and_then(|x| x.parent_owner).filter(|o| *o != node);
+                let owner = load_dirx(t.dirx_table()?, parent)?.and_then(|x| x.parent_owner).filter(|o| *o != node);
                 return Ok(owner.map(|o| (p.parent.unwrap_or(EntryId::ROOT), o)));
             }
             if name == b"." {
@@ -1582,7 +1582,7 @@ impl Namespace {
                 let node = self.node();
                 self.read(|t| {
                     let i = dir_inode(&t.inodes, id)?;
-                    let owner = load_dirx(&t.dirx, id)?.and_then(|x| x.parent_owner).unwrap_or(node);
+                    let owner = load_dirx(t.dirx_table()?, id)?.and_then(|x| x.parent_owner).unwrap_or(node);
                     Ok(Reply::DirParent { parent: i.parent.unwrap_or(EntryId::ROOT), owner })
                 })
             }
@@ -1591,7 +1591,7 @@ impl Namespace {
                 // A directory being replaced that lives on another node goes
                 // first (emptiness checked there, atomically with its removal).
                 let victim = self.read(|t| {
-                    if t.peer_done.get(id_key(intent).as_slice())?.is_some() {
+                    if t.peer_done_table()?.get(id_key(intent).as_slice())?.is_some() {
                         return Ok(None);
                     }
                     Ok(load_dentry(&t.dentries, new_parent, &new_name)?.filter(|d| d.id != id && d.owner != node))
@@ -1660,7 +1660,7 @@ impl Namespace {
     pub(crate) fn meta_chooser(&self, id: EntryId) -> FsResult<MetaChooser> {
         self.read(|t| {
             dir_inode(&t.inodes, id)?;
-            Ok(load_dirx(&t.dirx, id)?.and_then(|x| x.chooser).unwrap_or_default())
+            Ok(load_dirx(t.dirx_table()?, id)?.and_then(|x| x.chooser).unwrap_or_default())
         })
     }
 

@@ -1055,27 +1055,65 @@ fn drop_disposal(t: &mut Tables<'_>, ids: &[EntryId]) -> OpResult<Reply> {
 type Rt = redb::ReadOnlyTable<&'static [u8], &'static [u8]>;
 
 /// Read-side tables of one read transaction.
-pub struct ReadTables {
+/// The tables of one read transaction. Names and inodes, which nearly every
+/// read needs, are opened at once; the others on first use (opening a table
+/// looks it up in the store's table tree, a cost every request paid for all
+/// seven).
+pub struct ReadTables<'txn> {
+    txn: &'txn redb::ReadTransaction,
     pub dentries: Rt,
     pub inodes: Rt,
-    pub xattrs: Rt,
-    pub disposal: Rt,
-    pub intents: Rt,
-    pub dirx: Rt,
-    pub peer_done: Rt,
+    xattrs: std::cell::OnceCell<Rt>,
+    disposal: std::cell::OnceCell<Rt>,
+    intents: std::cell::OnceCell<Rt>,
+    dirx: std::cell::OnceCell<Rt>,
+    peer_done: std::cell::OnceCell<Rt>,
 }
 
-impl ReadTables {
-    pub fn open(txn: &redb::ReadTransaction) -> OpResult<ReadTables> {
+impl<'txn> ReadTables<'txn> {
+    pub fn open(txn: &'txn redb::ReadTransaction) -> OpResult<ReadTables<'txn>> {
         Ok(ReadTables {
+            txn,
             dentries: txn.open_table(crate::store::DENTRIES)?,
             inodes: txn.open_table(crate::store::INODES)?,
-            xattrs: txn.open_table(crate::store::XATTRS)?,
-            disposal: txn.open_table(crate::store::DISPOSAL)?,
-            intents: txn.open_table(crate::store::INTENTS)?,
-            dirx: txn.open_table(crate::store::DIRX)?,
-            peer_done: txn.open_table(crate::store::PEER_DONE)?,
+            xattrs: Default::default(),
+            disposal: Default::default(),
+            intents: Default::default(),
+            dirx: Default::default(),
+            peer_done: Default::default(),
         })
+    }
+
+    fn lazy<'a>(
+        &self,
+        cell: &'a std::cell::OnceCell<Rt>,
+        def: redb::TableDefinition<'static, &'static [u8], &'static [u8]>,
+    ) -> OpResult<&'a Rt> {
+        if let Some(t) = cell.get() {
+            return Ok(t);
+        }
+        let t = self.txn.open_table(def)?;
+        Ok(cell.get_or_init(|| t))
+    }
+
+    pub fn xattr_table(&self) -> OpResult<&Rt> {
+        self.lazy(&self.xattrs, crate::store::XATTRS)
+    }
+
+    pub fn disposal_table(&self) -> OpResult<&Rt> {
+        self.lazy(&self.disposal, crate::store::DISPOSAL)
+    }
+
+    pub fn intent_table(&self) -> OpResult<&Rt> {
+        self.lazy(&self.intents, crate::store::INTENTS)
+    }
+
+    pub fn dirx_table(&self) -> OpResult<&Rt> {
+        self.lazy(&self.dirx, crate::store::DIRX)
+    }
+
+    pub fn peer_done_table(&self) -> OpResult<&Rt> {
+        self.lazy(&self.peer_done, crate::store::PEER_DONE)
     }
 
     pub fn getattr(&self, id: EntryId, owner: NodeId) -> OpResult<EntryAttr> {
@@ -1135,7 +1173,7 @@ impl ReadTables {
     pub fn getxattr(&self, id: EntryId, name: &[u8]) -> OpResult<Vec<u8>> {
         check_xattr_name(name)?;
         inode(&self.inodes, id)?;
-        match self.xattrs.get(child_key(id, name).as_slice())? {
+        match self.xattr_table()?.get(child_key(id, name).as_slice())? {
             Some(v) => Ok(v.value().to_vec()),
             None => Err(fs_err!(NoData, "extended attribute {} of {id} does not exist", q(name)).into()),
         }
@@ -1143,7 +1181,7 @@ impl ReadTables {
 
     pub fn listxattr(&self, id: EntryId) -> OpResult<Vec<Vec<u8>>> {
         inode(&self.inodes, id)?;
-        Ok(scan_children(&self.xattrs, id, None)?.map(|r| r.map(|(n, _)| n)).collect::<Result<_, _>>()?)
+        Ok(scan_children(self.xattr_table()?, id, None)?.map(|r| r.map(|(n, _)| n)).collect::<Result<_, _>>()?)
     }
 
     /// Disposal records in id order, starting after `after`; at most `max`.
@@ -1154,7 +1192,7 @@ impl ReadTables {
             None => (std::ops::Bound::Unbounded, std::ops::Bound::Unbounded),
         };
         let mut out = Vec::new();
-        for r in self.disposal.range::<&[u8]>(bounds)? {
+        for r in self.disposal_table()?.range::<&[u8]>(bounds)? {
             let (k, v) = r?;
             let id = EntryId::from_bytes(k.value())
                 .ok_or_else(|| OpError::Fatal(format!("disposal key of {} bytes", k.value().len())))?;
@@ -1167,6 +1205,6 @@ impl ReadTables {
     }
 
     pub fn disposal(&self, id: EntryId) -> OpResult<Option<Disposal>> {
-        get_record(&self.disposal, "disposal", id)
+        get_record(self.disposal_table()?, "disposal", id)
     }
 }

@@ -730,7 +730,7 @@ async fn xattrs() {
     // Removing the inode removes its xattrs.
     h.ok(unlink(ROOT, "f")).await;
     assert_eq!(h.code(Request::ListXattr { id: f.id }).await, ErrorCode::NotFound);
-    let left = h.ns().read(|t| Ok(scan_children(&t.xattrs, f.id, None)?.count())).unwrap();
+    let left = h.ns().read(|t| Ok(scan_children(t.xattr_table()?, f.id, None)?.count())).unwrap();
     assert_eq!(left, 0);
 }
 
