@@ -446,6 +446,19 @@ pub fn up(a: UpArgs) -> Result<()> {
             && targets.iter().filter(|t| t.reachability == Reachability::Online && t.capacity.total_bytes > 0).count()
                 >= want_targets)
     })?;
+    // Every metadata node loads the view mgmtd now has. mgmtd pushes a new
+    // view when a target registers, but only to the metadata nodes online at
+    // that moment; one that registered later may hold an older view until its
+    // periodic refresh, and would stripe the first files over fewer targets.
+    let metas = match rt.block_on(call_once(&mgmtd, &ccfg, &Request::ListNodes { node_type: Some(NodeType::Meta) })) {
+        Ok(Reply::Nodes(n)) => n,
+        Ok(r) => bail!("mgmtd {mgmtd} answered {r:?} to a node list"),
+        Err(e) => bail!("mgmtd {mgmtd}: cannot list the metadata nodes: {e}"),
+    };
+    for n in metas.iter().filter(|n| n.reachability == Reachability::Online) {
+        rt.block_on(call_once(&n.addr, &ccfg, &Request::RefreshView))
+            .map_err(|e| anyhow!("metadata node {} ({}) cannot load the cluster view: {e}", n.id, n.addr))?;
+    }
 
     let client_opts = Options::new(mgmtd.clone(), ccfg.secret.clone());
     if first_up {
