@@ -427,6 +427,7 @@ pub fn up(a: UpArgs) -> Result<()> {
 
     // Every node and target registered and online.
     let want_targets = (layout.storage * layout.targets_per_storage) as usize;
+    let mut metas = Vec::new();
     wait_until("all services to register with mgmtd", timeout, || {
         for (name, _, _, sdir) in layout.services(&dir) {
             check_alive(&name, &sdir)?;
@@ -440,24 +441,20 @@ pub fn up(a: UpArgs) -> Result<()> {
             _ => return Ok(false),
         };
         let online =
-            |t: NodeType| nodes.iter().filter(|n| n.node_type == t && n.reachability == Reachability::Online).count();
-        Ok(online(NodeType::Meta) >= layout.meta as usize
-            && online(NodeType::Storage) >= layout.storage as usize
+            |t: NodeType| nodes.iter().filter(move |n| n.node_type == t && n.reachability == Reachability::Online);
+        metas = online(NodeType::Meta).map(|n| (n.id, n.addr.clone())).collect();
+        Ok(metas.len() >= layout.meta as usize
+            && online(NodeType::Storage).count() >= layout.storage as usize
             && targets.iter().filter(|t| t.reachability == Reachability::Online && t.capacity.total_bytes > 0).count()
                 >= want_targets)
     })?;
-    // Every metadata node loads the view mgmtd now has. mgmtd pushes a new
-    // view when a target registers, but only to the metadata nodes online at
-    // that moment; one that registered later may hold an older view until its
-    // periodic refresh, and would stripe the first files over fewer targets.
-    let metas = match rt.block_on(call_once(&mgmtd, &ccfg, &Request::ListNodes { node_type: Some(NodeType::Meta) })) {
-        Ok(Reply::Nodes(n)) => n,
-        Ok(r) => bail!("mgmtd {mgmtd} answered {r:?} to a node list"),
-        Err(e) => bail!("mgmtd {mgmtd}: cannot list the metadata nodes: {e}"),
-    };
-    for n in metas.iter().filter(|n| n.reachability == Reachability::Online) {
-        rt.block_on(call_once(&n.addr, &ccfg, &Request::RefreshView))
-            .map_err(|e| anyhow!("metadata node {} ({}) cannot load the cluster view: {e}", n.id, n.addr))?;
+    // Every metadata node loads the view mgmtd has now. A node's view can lag
+    // mgmtd's: pushes on registration are given up after 2 s, and between its
+    // periodic refreshes (every 2 s) a node does not see a target turn usable;
+    // the first files would then be striped over fewer targets.
+    for (id, addr) in &metas {
+        rt.block_on(call_once(addr, &ccfg, &Request::RefreshView))
+            .map_err(|e| anyhow!("metadata node {id} ({addr}) cannot load the cluster view: {e}"))?;
     }
 
     let client_opts = Options::new(mgmtd.clone(), ccfg.secret.clone());

@@ -1054,7 +1054,6 @@ fn drop_disposal(t: &mut Tables<'_>, ids: &[EntryId]) -> OpResult<Reply> {
 
 type Rt = redb::ReadOnlyTable<&'static [u8], &'static [u8]>;
 
-/// Read-side tables of one read transaction.
 /// The tables of one read transaction. Names and inodes, which nearly every
 /// read needs, are opened at once; the others on first use (opening a table
 /// looks it up in the store's table tree, a cost every request paid for all
