@@ -11,6 +11,7 @@ command -v setfacl >/dev/null || need+=(acl)
 command -v getfattr >/dev/null || need+=(attr)
 command -v rsvg-convert >/dev/null || need+=(librsvg2-bin)
 command -v python3 >/dev/null || need+=(python3)
+command -v rsync >/dev/null || need+=(rsync)
 command -v tc >/dev/null || need+=(iproute2)
 if ((${#need[@]})); then
   echo "installing: ${need[*]}"

@@ -241,3 +241,66 @@ fn o_append_from_two_mounts_never_overwrites() {
     }
     assert_eq!(next, [N, N]);
 }
+
+/// `fcntl(F_OFD_GETLK)`: the conflicting lock as (type, start, len, pid).
+fn ofd_getlk(f: &File, typ: i32, start: i64, len: i64) -> (i32, i64, i64) {
+    let mut l = flock_struct(typ, start, len);
+    // SAFETY: a valid descriptor and a valid `struct flock` (l_pid 0, as OFD locks need).
+    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_GETLK, &mut l) };
+    assert_eq!(r, 0, "F_OFD_GETLK: {}", std::io::Error::last_os_error());
+    (i32::from(l.l_type), l.l_start, l.l_len)
+}
+
+#[test]
+fn open_file_description_locks_belong_to_the_description() {
+    use std::os::unix::process::CommandExt;
+    let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "1"]);
+    std::fs::write(fs.path("o"), vec![0u8; 4096]).unwrap();
+    // Two open file descriptions of one process: OFD locks of one conflict
+    // with the other's, and with this process's POSIX locks.
+    let a = rw(&fs.path("o"));
+    let b = rw(&fs.path("o"));
+    assert_eq!(setlk(&a, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 100), 0);
+    assert_eq!(setlk(&b, libc::F_OFD_SETLK, libc::F_WRLCK, 50, 10), libc::EAGAIN);
+    assert_eq!(ofd_getlk(&b, libc::F_RDLCK, 0, 0), (libc::F_WRLCK, 0, 100));
+    assert_eq!(setlk(&b, libc::F_SETLK, libc::F_WRLCK, 0, 10), libc::EAGAIN);
+    // A second mount sees it too.
+    let m2 = fs.second_mount();
+    let c = rw(&m2.mnt.join("o"));
+    assert_eq!(ofd_getlk(&c, libc::F_WRLCK, 10, 1), (libc::F_WRLCK, 0, 100));
+
+    // Closing a duplicate keeps the lock (the description lives on).
+    drop(a.try_clone().unwrap());
+    assert_eq!(ofd_getlk(&b, libc::F_WRLCK, 0, 0).0, libc::F_WRLCK);
+
+    // Shared with a child process: kept after this process closes its
+    // descriptor, released when the child's (the last) one closes.
+    let fd = a.as_raw_fd();
+    let mut cmd = std::process::Command::new("sleep");
+    cmd.arg("1");
+    // SAFETY: dup2 is async-signal-safe; only this child gets the descriptor (as fd 9, no CLOEXEC).
+    unsafe {
+        cmd.pre_exec(move || if libc::dup2(fd, 9) < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) });
+    }
+    let mut child = cmd.spawn().unwrap();
+    drop(a);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(ofd_getlk(&b, libc::F_WRLCK, 0, 0).0, libc::F_WRLCK, "released while a child holds the description");
+    child.wait().unwrap();
+    wait_for("the lock's release after the last close", 10, || ofd_getlk(&b, libc::F_WRLCK, 0, 0).0 == libc::F_UNLCK);
+
+    // F_OFD_SETLKW waits for the holder's last close.
+    assert_eq!(setlk(&c, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 0), 0);
+    let (tx, rx) = mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        tx.send(setlk(&b, libc::F_OFD_SETLKW, libc::F_RDLCK, 0, 10)).unwrap();
+        b
+    });
+    assert!(still_blocked(&rx), "F_OFD_SETLKW returned while another description held the range");
+    drop(c);
+    assert_eq!(rx.recv_timeout(Duration::from_secs(30)).expect("F_OFD_SETLKW granted after close"), 0);
+    let b = waiter.join().unwrap();
+    let d = rw(&fs.path("o"));
+    assert_eq!(ofd_getlk(&d, libc::F_WRLCK, 0, 0), (libc::F_RDLCK, 0, 10));
+    drop(b);
+}

@@ -5,7 +5,7 @@ use crate::local::Local;
 use crate::Client;
 use bytes::Bytes;
 use hivefs_net::local::{chunk_io_code, read_at_cached_into, read_at_full_into};
-use hivefs_proto::{Reply, Request};
+use hivefs_proto::{Reply, Request, FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::ids::{EntryId, TargetId};
 use hivefs_types::pattern::{Pattern, Piece};
@@ -246,6 +246,103 @@ impl Client {
             lens[i] = l;
         }
         Ok(pattern.size_from_chunk_lens(&lens))
+    }
+
+    /// Sends `req(stripe index, target)` to every target of the stripe that
+    /// `req` gives a request for, concurrently; the answers in stripe order.
+    async fn on_targets(
+        &self,
+        pattern: &Pattern,
+        entry: EntryId,
+        req: impl Fn(usize, TargetId) -> Option<Request>,
+    ) -> FsResult<Vec<(usize, Reply)>> {
+        let mut set = JoinSet::new();
+        for (i, &target) in pattern.targets.iter().enumerate() {
+            let Some(r) = req(i, target) else { continue };
+            let pool = self.cluster.target_pool(target).await?;
+            set.spawn(async move { pool.rpc(&r).await.map(|a| (i, a)).map_err(|e| target_err(target, entry, e)) });
+        }
+        let mut out = Vec::new();
+        while let Some(r) = set.join_next().await {
+            out.push(r.map_err(|e| FsError::new(ErrorCode::Internal, e.to_string()))??);
+        }
+        out.sort_by_key(|(i, _)| *i);
+        Ok(out)
+    }
+
+    /// fallocate(2) of the file's `[offset, offset+len)`: each target's part
+    /// of the range (one local range per target). Allocations run with
+    /// KEEP_SIZE on every target first, so a target out of space fails the
+    /// call with no size changed anywhere; only then does the target holding
+    /// the range's last byte grow its chunk file (the file's size follows
+    /// from the chunk files).
+    pub async fn fallocate(&self, pattern: &Pattern, entry: EntryId, mode: u32, offset: u64, len: u64) -> FsResult<()> {
+        if pattern.targets.is_empty() {
+            return Err(FsError::new(ErrorCode::Invalid, format!("file {entry} has an empty stripe pattern")));
+        }
+        let end = offset.checked_add(len).filter(|_| len > 0).ok_or_else(|| {
+            FsError::new(ErrorCode::Invalid, format!("file {entry}: fallocate of {len} bytes at {offset}"))
+        })?;
+        let keep = mode & FALLOC_KEEP_SIZE != 0;
+        let grows = !keep && mode & FALLOC_PUNCH_HOLE == 0;
+        let first = if grows { mode | FALLOC_KEEP_SIZE } else { mode };
+        self.on_targets(pattern, entry, |i, target| {
+            let (lo, hi) = pattern.local_range(i, offset, end)?;
+            Some(Request::FallocateChunk { target, entry, mode: first, offset: lo, len: hi - lo })
+        })
+        .await?;
+        if grows {
+            let (last, _) = pattern.locate(end - 1);
+            self.on_targets(pattern, entry, |i, target| {
+                let (lo, hi) = pattern.local_range(i, offset, end).filter(|_| i == last)?;
+                Some(Request::FallocateChunk { target, entry, mode: 0, offset: lo, len: hi - lo })
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// lseek(2) SEEK_DATA (`hole: false`) or SEEK_HOLE (`hole: true`) from
+    /// `offset` of a file of `size` bytes: `None` for ENXIO. Each target is
+    /// asked once, from the first byte at or after `offset` it stores: the
+    /// next data is the earliest any target has; the next hole is where
+    /// the first target's run of data ends (the end of a chunk file, or a
+    /// missing one, is a hole up to the file's size), or the end of the file.
+    pub async fn seek(
+        &self,
+        pattern: &Pattern,
+        entry: EntryId,
+        offset: u64,
+        size: u64,
+        hole: bool,
+    ) -> FsResult<Option<u64>> {
+        if offset >= size || pattern.targets.is_empty() {
+            return Ok(None);
+        }
+        let from = |i: usize| pattern.local_at_or_after(i, offset);
+        let answers = self
+            .on_targets(pattern, entry, |i, target| Some(Request::SeekChunk { target, entry, offset: from(i), hole }))
+            .await?;
+        let mut best: Option<u64> = None;
+        for (i, a) in answers {
+            let found = match a {
+                Reply::Seek(found) => found,
+                r => return Err(FsError::new(ErrorCode::Protocol, format!("odd seek reply {r:?}"))),
+            };
+            let local = match (found, hole) {
+                (Some(l), _) => l,
+                // Past the end of this chunk file: a hole right there.
+                (None, true) => from(i),
+                (None, false) => continue,
+            };
+            let at = pattern.file_offset(i, local);
+            best = Some(best.map_or(at, |b| b.min(at)));
+        }
+        Ok(match (best, hole) {
+            (Some(at), _) if at < size => Some(at),
+            (_, true) => Some(size),
+            _ => None,
+        })
     }
 
     /// Flushes the file's chunk files to disk on every target.

@@ -403,6 +403,31 @@ impl Client {
         entry(self.meta(e.owner, &Request::UpdateSize { id: e.id, size, mtime }).await?)
     }
 
+    /// Finds the metadata node storing `id`'s inode, knowing only the id (a
+    /// file handle, an inode number the kernel forgot): the node that minted
+    /// it first (where a file stays unless a rename moved it), then every
+    /// other metadata node.
+    pub async fn locate(&self, id: EntryId) -> FsResult<EntryAttr> {
+        if id.is_root() {
+            return self.getattr(self.root).await;
+        }
+        let view = self.cluster.view();
+        let mut nodes: Vec<NodeId> =
+            view.nodes.values().filter(|n| n.node_type == NodeType::Meta && n.id.0 != id.node).map(|n| n.id).collect();
+        nodes.sort();
+        nodes.insert(0, NodeId(id.node));
+        let mut unreachable = None;
+        for owner in nodes {
+            match self.getattr(Ent { id, owner }).await {
+                Ok(a) => return Ok(a),
+                Err(e) if e.code == ErrorCode::NotFound => {}
+                Err(e) => unreachable = Some(e),
+            }
+        }
+        Err(unreachable
+            .unwrap_or_else(|| FsError::new(ErrorCode::NotFound, format!("entry {id} is on no metadata node"))))
+    }
+
     /// Walks a path (relative to the root, components separated by '/').
     pub async fn resolve(&self, path: &str) -> FsResult<EntryAttr> {
         let mut cur = self.getattr(self.root).await?;

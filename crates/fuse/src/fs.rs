@@ -191,11 +191,18 @@ struct Inner {
     /// Files this mount has set global locks on: closing them drops the
     /// closing owner's locks at the metadata node.
     locked: Mutex<HashSet<EntryId>>,
+    /// Lock owners that set locks through each open file handle. The last
+    /// close of an open file description (its release) drops them: open
+    /// file description locks (F_OFD_SETLK) are owned by the description,
+    /// and the kernel does not say which owners those are.
+    handle_lock_owners: Mutex<HashMap<u64, HashSet<u64>>>,
     /// Tells the kernel to drop cached attributes (set once mounted).
     notifier: std::sync::OnceLock<fuser::Notifier>,
     /// The session's `/dev/fuse`, for `FUSE_NOTIFY_INC_EPOCH`; `None` when
     /// the kernel does not take it (names then are not leased).
     epoch_fd: std::sync::OnceLock<std::fs::File>,
+    /// Unmounts the session (set once mounted; used when it ends).
+    unmounter: std::sync::OnceLock<Mutex<fuser::SessionUnmounter>>,
 }
 
 pub struct HiveFs {
@@ -258,6 +265,31 @@ fn stale(ino: u64) -> FsError {
 impl Inner {
     fn ent(&self, ino: INodeNo) -> FsResult<Ent> {
         self.inodes.lock().expect("inodes").get(ino.0).ok_or_else(|| stale(ino.0))
+    }
+
+    /// Runs `op` on the entry behind `ino`. A file's inode moves with a
+    /// rename to another metadata node; when another client moved it, the
+    /// node this mount knows answers "not found": then the entry is found
+    /// again by its id and `op` runs once more there (nothing was applied
+    /// on the refusing node).
+    async fn on_ent<T, F, Fut>(&self, ino: INodeNo, op: F) -> FsResult<T>
+    where
+        F: Fn(Ent) -> Fut,
+        Fut: std::future::Future<Output = FsResult<T>>,
+    {
+        let e = self.ent(ino)?;
+        match op(e).await {
+            Err(err) if err.code == ErrorCode::NotFound && !e.id.is_root() => {
+                let Ok(found) = self.client.locate(e.id).await.map(|a| Ent::from(&a)) else { return Err(err) };
+                if found.owner == e.owner {
+                    return Err(err);
+                }
+                debug!("{} moved from metadata node {} to {}", e.id, e.owner, found.owner);
+                self.inodes.lock().expect("inodes").update(found);
+                op(found).await
+            }
+            r => r,
+        }
     }
 
     fn to_attr(&self, ino: u64, a: &EntryAttr) -> FileAttr {
@@ -576,7 +608,10 @@ impl Filesystem for HiveFs {
         let wanted = InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_ASYNC_DIO
             | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
-            | InitFlags::FUSE_ATOMIC_O_TRUNC;
+            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            // Inode numbers are stable ids: file handles (name_to_handle_at,
+            // NFS re-export) stay valid after the kernel forgets an inode.
+            | InitFlags::FUSE_EXPORT_SUPPORT;
         for flag in wanted.iter() {
             let _ = config.add_capabilities(flag);
         }
@@ -594,12 +629,39 @@ impl Filesystem for HiveFs {
         Ok(())
     }
 
+    /// The session ended: the kernel unmounted the file system (an
+    /// unmount from outside, `hivefs down`) or the stop signal did. The
+    /// mount is released here, where an unmount that already happened is
+    /// expected, instead of when the session is dropped (which would try it
+    /// again and warn about a mount point that is no longer there).
+    fn destroy(&mut self) {
+        if let Some(u) = self.inner.unmounter.get() {
+            if let Err(e) = u.lock().expect("unmounter").unmount() {
+                debug!("unmount at the end of the session: {e} (already unmounted)");
+            }
+        }
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = name_bytes(name);
         run!(self, reply, |inner| {
-            let p = inner.ent(parent)?;
+            let p = match inner.ent(parent) {
+                Ok(p) => p,
+                // A file handle of an inode the kernel forgot: it asks for
+                // "." (and ".." of directories) of the handle's number.
+                Err(e) => match EntryId::from_ino(parent.0) {
+                    Some(id) if name == b"." || name == b".." => Ent::from(&inner.client.locate(id).await?),
+                    _ => return Err(e),
+                },
+            };
+            if name == b"." {
+                let a = inner.client.getattr(p).await?;
+                return Ok(Box::new(move |reply: ReplyEntry| inner.send_entry(reply, &a, None))
+                    as Box<dyn FnOnce(ReplyEntry) + Send>);
+            }
             let a = inner.client.lookup(p, &name).await?;
-            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a, Some((p.id, &name))))
+            Ok(Box::new(move |reply: ReplyEntry| inner.send_entry(reply, &a, Some((p.id, &name))))
+                as Box<dyn FnOnce(ReplyEntry) + Send>)
         })
     }
 
@@ -614,7 +676,7 @@ impl Filesystem for HiveFs {
             // the change's answer (for the rest of the directory TTL).
             let (a, cached) = match inner.client.cached_dir_attr(e.id) {
                 Some((a, left)) => (a, Some(left)),
-                None => (inner.client.getattr(e).await?, None),
+                None => (inner.on_ent(ino, |e| inner.client.getattr(e)).await?, None),
             };
             Ok(move |reply: ReplyAttr| match cached {
                 Some(left) => reply.attr(&left, &inner.to_attr(ino.0, &a)),
@@ -645,10 +707,9 @@ impl Filesystem for HiveFs {
             SetAttr { mode: mode.map(|m| m & 0o7777), uid, gid, size, atime: settime(atime), mtime: settime(mtime) };
         let c = caller(req);
         run!(self, reply, |inner| {
-            let e = inner.ent(ino)?;
-            let a = inner.client.setattr(e, set, c).await?;
+            let a = inner.on_ent(ino, |e| inner.client.setattr(e, set.clone(), c)).await?;
             if let Some(s) = size {
-                inner.set_local_size(e.id, s);
+                inner.set_local_size(a.id, s);
             }
             Ok(move |reply: ReplyAttr| inner.send_attr(reply, ino, &a))
         })
@@ -656,7 +717,7 @@ impl Filesystem for HiveFs {
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         run!(self, reply, |inner| {
-            let t = inner.client.readlink(inner.ent(ino)?).await?;
+            let t = inner.on_ent(ino, |e| inner.client.readlink(e)).await?;
             Ok(move |reply: ReplyData| reply.data(&t))
         })
     }
@@ -739,7 +800,7 @@ impl Filesystem for HiveFs {
         let newname = name_bytes(newname);
         run!(self, reply, |inner| {
             let np = inner.ent(newparent)?;
-            let a = inner.client.link(inner.ent(ino)?, np, &newname).await?;
+            let a = inner.on_ent(ino, |e| inner.client.link(e, np, &newname)).await?;
             Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a, Some((np.id, &newname))))
         })
     }
@@ -747,7 +808,7 @@ impl Filesystem for HiveFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let c = caller(req);
         run!(self, reply, |inner| {
-            let (fh, f) = inner.open_file(inner.ent(ino)?, flags.0, c).await?;
+            let (fh, f) = inner.on_ent(ino, |e| inner.open_file(e, flags.0, c)).await?;
             let open_flags = inner.cache_mode.open_flags(flags.0, inner.global_locks, f.unchanged);
             Ok(move |reply: ReplyOpen| reply.opened(FileHandle(fh), open_flags))
         })
@@ -910,10 +971,16 @@ impl Filesystem for HiveFs {
     ) {
         run!(self, reply, |inner| {
             let f = inner.files.lock().expect("files").remove(&fh.0);
+            let owners = inner.handle_lock_owners.lock().expect("lock owners").remove(&fh.0);
             if let Some(f) = f {
-                // The last close of an open file description drops its flock locks.
-                if let Some(owner) = lock_owner {
-                    inner.drop_locks(f.ent, owner).await;
+                // The last close of an open file description drops its flock
+                // and OFD locks. Every process that locked through it closed
+                // it before (each close drops the closer's fcntl locks), so
+                // no other owner's lock goes with them.
+                let mut owners = owners.unwrap_or_default();
+                owners.extend(lock_owner.map(|o| o.0));
+                for owner in owners {
+                    inner.drop_locks(f.ent, LockOwner(owner)).await;
                 }
                 inner.forget_locked(f.ent.id);
                 let r = inner.publish_size(&f).await;
@@ -948,7 +1015,7 @@ impl Filesystem for HiveFs {
         &self,
         req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         lock_owner: LockOwner,
         start: u64,
         end: u64,
@@ -957,6 +1024,9 @@ impl Filesystem for HiveFs {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
+        if typ != libc::F_UNLCK {
+            self.inner.handle_lock_owners.lock().expect("lock owners").entry(fh.0).or_default().insert(lock_owner.0);
+        }
         locks::setlk(self, req, ino, lock_owner, start, end, typ, pid, sleep, reply)
     }
 
@@ -1003,8 +1073,7 @@ impl Filesystem for HiveFs {
                 loop {
                     inner.fill_dir(&mut h).await?;
                     let Some(e) = h.buf.front() else { break };
-                    let ino = inner.inodes.lock().expect("inodes").peek_ino(&e.id);
-                    if reply.add(INodeNo(ino), h.next_off, file_type(e.kind), OsStr::from_bytes(&e.name)) {
+                    if reply.add(INodeNo(e.id.ino()), h.next_off, file_type(e.kind), OsStr::from_bytes(&e.name)) {
                         break;
                     }
                     h.buf.pop_front();
@@ -1023,6 +1092,84 @@ impl Filesystem for HiveFs {
     fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
         self.inner.dirs.lock().expect("dirs").remove(&fh.0);
         reply.ok();
+    }
+
+    /// Allocation, punching and zeroing on the storage targets, for every
+    /// chunk the range covers (`Client::fallocate`). The kernel refuses
+    /// other modes (EOPNOTSUPP), bad ranges (EINVAL, EFBIG), directories and
+    /// descriptors not open for writing before asking.
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        run!(self, reply, |inner| {
+            let f = inner.file(fh)?;
+            let mode = mode as u32;
+            let r = inner.client.fallocate(&f.pattern, f.ent.id, mode, offset, length).await;
+            if mode != hivefs_proto::FALLOC_KEEP_SIZE {
+                // Contents or size changed (also when some target failed):
+                // the size and times go to the metadata node now.
+                if mode & hivefs_proto::FALLOC_KEEP_SIZE == 0 && r.is_ok() {
+                    inner.note_write(f.ent.id, offset + length);
+                }
+                f.dirty.store(true, Ordering::Release);
+                inner.publish_size(&f).await?;
+            }
+            r?;
+            Ok(move |reply: ReplyEmpty| reply.ok())
+        })
+    }
+
+    /// SEEK_DATA and SEEK_HOLE over the striped file (the kernel answers
+    /// the other kinds of seek itself).
+    fn lseek(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: fuser::ReplyLseek) {
+        run!(self, reply, |inner| {
+            let f = inner.file(fh)?;
+            let hole = match whence {
+                libc::SEEK_DATA => false,
+                libc::SEEK_HOLE => true,
+                _ => return Err(FsError::new(ErrorCode::Invalid, format!("lseek whence {whence}"))),
+            };
+            let hint = inner.local_sizes.lock().expect("sizes").get(&f.ent.id).map_or(0, |l| l.size);
+            let size = inner.client.size_from_targets(&f.pattern, f.ent.id).await?.max(hint);
+            let found = match u64::try_from(offset) {
+                Ok(o) => inner.client.seek(&f.pattern, f.ent.id, o, size, hole).await?,
+                Err(_) => return Err(FsError::new(ErrorCode::Invalid, format!("lseek to offset {offset}"))),
+            };
+            Ok(move |reply: fuser::ReplyLseek| match found {
+                Some(at) => reply.offset(at as i64),
+                None => reply.error(Errno::from_i32(libc::ENXIO)),
+            })
+        })
+    }
+
+    /// Every namespace change is committed by its metadata node before it is
+    /// acknowledged (and on disk with `sync = true`), so a directory has
+    /// nothing left to commit.
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    /// HiveFS has no ioctls: ENOTTY ("not a typewriter"), as local file
+    /// systems answer unknown requests, without a log line per call.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(Errno::from_i32(libc::ENOTTY));
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -1057,9 +1204,8 @@ impl Filesystem for HiveFs {
     ) {
         let (name, value) = (name_bytes(name), value.to_vec());
         run!(self, reply, |inner| {
-            let ent = inner.ent(ino)?;
-            inner.forget_caps(ent.id);
-            inner.client.setxattr(ent, &name, &value, flags as u32).await?;
+            inner.forget_caps(inner.ent(ino)?.id);
+            inner.on_ent(ino, |e| inner.client.setxattr(e, &name, &value, flags as u32)).await?;
             Ok(move |reply: ReplyEmpty| reply.ok())
         })
     }
@@ -1067,11 +1213,10 @@ impl Filesystem for HiveFs {
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let name = name_bytes(name);
         run!(self, reply, |inner| {
-            let ent = inner.ent(ino)?;
             let v = if inner.cache_mode == CacheMode::Paged && name == CAPS_XATTR {
-                inner.caps(ent).await?
+                inner.on_ent(ino, |e| inner.caps(e)).await?
             } else {
-                inner.client.getxattr(ent, &name).await?
+                inner.on_ent(ino, |e| inner.client.getxattr(e, &name)).await?
             };
             Ok(move |reply: ReplyXattr| xattr_reply(reply, &v, size))
         })
@@ -1082,7 +1227,7 @@ impl Filesystem for HiveFs {
         // (the kernel already refuses others to read or write them).
         let privileged = req.uid() == 0;
         run!(self, reply, |inner| {
-            let names = inner.client.listxattr(inner.ent(ino)?).await?;
+            let names = inner.on_ent(ino, |e| inner.client.listxattr(e)).await?;
             let mut v = Vec::new();
             for n in names.into_iter().filter(|n| privileged || !n.starts_with(b"trusted.")) {
                 v.extend_from_slice(&n);
@@ -1095,9 +1240,8 @@ impl Filesystem for HiveFs {
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name_bytes(name);
         run!(self, reply, |inner| {
-            let ent = inner.ent(ino)?;
-            inner.forget_caps(ent.id);
-            inner.client.removexattr(ent, &name).await?;
+            inner.forget_caps(inner.ent(ino)?.id);
+            inner.on_ent(ino, |e| inner.client.removexattr(e, &name)).await?;
             Ok(move |reply: ReplyEmpty| reply.ok())
         })
     }
@@ -1189,8 +1333,10 @@ pub fn mount(
             cache_mode: opts.cache_mode,
             opened_versions: Mutex::default(),
             locked: Mutex::default(),
+            handle_lock_owners: Mutex::default(),
             notifier: std::sync::OnceLock::new(),
             epoch_fd: std::sync::OnceLock::new(),
+            unmounter: std::sync::OnceLock::new(),
         }),
         rt,
     };
@@ -1252,6 +1398,7 @@ pub fn mount(
     if opts.cache_mode == CacheMode::Paged {
         set_read_ahead(mnt, MAX_IO / 1024);
     }
+    let _ = inner.unmounter.set(Mutex::new(session.unmount_callable()));
     let mut unmounter = session.unmount_callable();
     let mnt_s = mnt.display().to_string();
     std::thread::spawn(move || {

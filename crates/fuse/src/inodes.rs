@@ -1,13 +1,19 @@
 //! Inode numbers handed to the kernel, and the entries they stand for.
 //!
-//! Entry ids are 128 bits; the kernel wants 64-bit inode numbers. Numbers are
-//! assigned on first sight and kept while the kernel holds a reference
-//! (lookup count), so memory follows what the kernel caches, not the size of
-//! the file system.
+//! An entry's inode number is [`EntryId::ino`], a pure function of its id:
+//! the same on every mount, after the kernel forgot the inode, after
+//! restarts, and for every hard link. The kernel's node id is that number
+//! too (it is never reused for another entry, so the generation is always
+//! 0). This table maps the numbers the kernel holds references to (lookup
+//! count) to where the entries live, so memory follows what the kernel
+//! caches, not the size of the file system. A number the kernel comes back
+//! with after forgetting it (a file handle, NFS re-export) is resolved from
+//! the id again (`EntryId::from_ino`).
 
 use hivefs_client::Ent;
 use hivefs_types::ids::EntryId;
 use std::collections::HashMap;
+use tracing::error;
 
 pub const ROOT_INO: u64 = 1;
 
@@ -18,58 +24,46 @@ struct Node {
 
 pub struct Inodes {
     by_ino: HashMap<u64, Node>,
-    by_id: HashMap<EntryId, u64>,
-    next: u64,
 }
 
 impl Inodes {
     pub fn new(root: Ent) -> Inodes {
+        debug_assert_eq!(root.id.ino(), ROOT_INO);
         let mut by_ino = HashMap::new();
         by_ino.insert(ROOT_INO, Node { ent: root, nlookup: 1 });
-        let mut by_id = HashMap::new();
-        by_id.insert(root.id, ROOT_INO);
-        Inodes { by_ino, by_id, next: ROOT_INO + 1 }
+        Inodes { by_ino }
     }
 
     /// The inode number for `ent`, taking one kernel reference.
     pub fn remember(&mut self, ent: Ent) -> u64 {
-        if let Some(&ino) = self.by_id.get(&ent.id) {
-            let n = self.by_ino.get_mut(&ino).expect("by_id and by_ino agree");
-            n.nlookup += 1;
-            n.ent = ent; // the owner may have changed (rename across nodes)
-            return ino;
+        let ino = ent.id.ino();
+        let n = self.by_ino.entry(ino).or_insert(Node { ent, nlookup: 0 });
+        if n.ent.id != ent.id {
+            // Only ids outside the exact space (a store from before its
+            // bounds) have hashed numbers that can meet; the newer wins.
+            error!("inode number {ino:#x} of {} is also that of {}: the older entry is shadowed", ent.id, n.ent.id);
         }
-        let ino = self.next;
-        self.next += 1;
-        self.by_ino.insert(ino, Node { ent, nlookup: 1 });
-        self.by_id.insert(ent.id, ino);
+        n.nlookup += 1;
+        n.ent = ent; // the owner may have changed (rename across nodes)
         ino
     }
 
     /// Updates where a known entry lives (a file moved to another metadata
     /// node by a rename), without taking a reference.
     pub fn update(&mut self, ent: Ent) {
-        if let Some(n) = self.by_id.get(&ent.id).and_then(|ino| self.by_ino.get_mut(ino)) {
+        if let Some(n) = self.by_ino.get_mut(&ent.id.ino()).filter(|n| n.ent.id == ent.id) {
             n.ent = ent;
         }
     }
 
-    /// The inode number the kernel knows `id` by, if it knows it.
+    /// The inode number the kernel knows `id` by, if it holds a reference.
     pub fn ino_of(&self, id: &EntryId) -> Option<u64> {
-        self.by_id.get(id).copied()
+        let ino = id.ino();
+        self.by_ino.get(&ino).filter(|n| n.ent.id == *id).map(|_| ino)
     }
 
     pub fn get(&self, ino: u64) -> Option<Ent> {
         self.by_ino.get(&ino).map(|n| n.ent)
-    }
-
-    /// Inode number for a directory listing without taking a reference:
-    /// the known number, or a stable hash that cannot collide with assigned ones.
-    pub fn peek_ino(&self, id: &EntryId) -> u64 {
-        self.by_id
-            .get(id)
-            .copied()
-            .unwrap_or_else(|| (1 << 63) | (id.counter ^ (u64::from(id.node) << 40) ^ (u64::from(id.epoch) << 20)))
     }
 
     pub fn forget(&mut self, ino: u64, n: u64) {
@@ -79,9 +73,7 @@ impl Inodes {
         if let Some(node) = self.by_ino.get_mut(&ino) {
             node.nlookup = node.nlookup.saturating_sub(n);
             if node.nlookup == 0 {
-                let id = node.ent.id;
                 self.by_ino.remove(&ino);
-                self.by_id.remove(&id);
             }
         }
     }
@@ -98,18 +90,33 @@ mod tests {
     use hivefs_types::ids::NodeId;
 
     #[test]
-    fn numbers_live_while_referenced() {
+    fn numbers_are_the_ids_and_live_while_referenced() {
         let root = Ent { id: EntryId::ROOT, owner: NodeId(1) };
         let mut t = Inodes::new(root);
         let e = Ent { id: EntryId { node: 1, epoch: 1, counter: 9 }, owner: NodeId(1) };
         let a = t.remember(e);
+        assert_eq!(a, e.id.ino());
         assert_eq!(t.remember(e), a);
         t.forget(a, 1);
         assert_eq!(t.get(a), Some(e));
+        assert_eq!(t.ino_of(&e.id), Some(a));
         t.forget(a, 1);
         assert_eq!(t.get(a), None);
+        assert_eq!(t.ino_of(&e.id), None);
         assert_eq!(t.len(), 1);
+        // Forgotten and found again: the same number.
+        assert_eq!(t.remember(e), a);
         t.forget(ROOT_INO, 10);
         assert_eq!(t.get(ROOT_INO), Some(root));
+    }
+
+    #[test]
+    fn a_moved_entry_keeps_its_number() {
+        let mut t = Inodes::new(Ent { id: EntryId::ROOT, owner: NodeId(1) });
+        let id = EntryId { node: 2, epoch: 5, counter: 3 };
+        let a = t.remember(Ent { id, owner: NodeId(2) });
+        t.update(Ent { id, owner: NodeId(3) });
+        assert_eq!(t.get(a), Some(Ent { id, owner: NodeId(3) }));
+        assert_eq!(t.remember(Ent { id, owner: NodeId(3) }), a);
     }
 }

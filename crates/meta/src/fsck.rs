@@ -238,7 +238,7 @@ fn lost_found(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId) -> OpResult<Re
     let (lid, mut lfi) = match lf {
         Some(x) => x,
         None => {
-            let lid = ctx.mint();
+            let lid = ctx.mint()?;
             let lfi = Inode {
                 kind: FileKind::Dir,
                 mode: 0o700,

@@ -519,7 +519,7 @@ pub(crate) fn apply(t: &mut Tables<'_>, ctx: &mut crate::ops::Ctx<'_>, m: MultiM
             i.nlink = 2;
             i.dir_pattern = Some(pdir.dir_pattern.clone().unwrap_or_default());
             i.parent = Some(parent);
-            let id = ctx.mint();
+            let id = ctx.mint()?;
             t.put_dentry(parent, &name, &Dentry { id, kind: FileKind::Dir, owner })?;
             pdir.nlink += 1;
             touch_dir(&mut pdir, ctx.now);

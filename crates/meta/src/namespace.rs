@@ -135,7 +135,8 @@ impl Namespace {
         let mut state = WriterState {
             node: opts.node,
             epoch: store.epoch,
-            counter: 0,
+            epoch_saved: store.epoch,
+            counter: store.counter,
             targets: targets.clone(),
             rr: 0,
             rng: match opts.seed {

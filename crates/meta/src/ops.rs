@@ -17,7 +17,7 @@ use crate::store::{
 };
 use hivefs_proto::{DirEntry, Reply, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CREATE, XATTR_REPLACE};
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
-use hivefs_types::error::{FsError, FsResult};
+use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, NodeId};
 use hivefs_types::pattern::{validate_chunk_size, DirPattern, Pattern};
@@ -171,9 +171,23 @@ pub struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    pub(crate) fn mint(&mut self) -> EntryId {
+    /// A new entry id. Ids stay inside the space whose inode numbers are
+    /// one-to-one ([`EntryId::ino`]): after the last counter of an epoch the
+    /// node moves to the next epoch, which the writer persists in the same
+    /// transaction (a restart then starts beyond it).
+    pub(crate) fn mint(&mut self) -> FsResult<EntryId> {
+        if *self.counter >= EntryId::MAX_COUNTER {
+            if self.epoch >= EntryId::MAX_EPOCH {
+                return Err(FsError::new(
+                    ErrorCode::NoSpace,
+                    format!("metadata node {}: entry ids exhausted (epoch {})", self.node, self.epoch),
+                ));
+            }
+            self.epoch += 1;
+            *self.counter = 0;
+        }
         *self.counter += 1;
-        EntryId { node: self.node.0, epoch: self.epoch, counter: *self.counter }
+        Ok(EntryId { node: self.node.0, epoch: self.epoch, counter: *self.counter })
     }
 }
 
@@ -503,7 +517,7 @@ fn create(
     let mut i = new_inode(kind, mode, uid, gid, ctx.now);
     i.rdev = rdev;
     i.pattern = pattern;
-    let id = ctx.mint();
+    let id = ctx.mint()?;
     t.put_inode(id, &i)?;
     t.put_dentry(parent, name, &Dentry { id, kind, owner: ctx.node })?;
     touch_dir(&mut pdir, ctx.now);
@@ -533,7 +547,7 @@ fn mkdir(
     i.dir_pattern = Some(pdir.dir_pattern.clone().unwrap_or_default());
     i.parent = Some(parent);
     let chooser = crate::multi::load_dirx(&t.dirx, parent)?.and_then(|x| x.chooser);
-    let id = ctx.mint();
+    let id = ctx.mint()?;
     t.put_inode(id, &i)?;
     if chooser.is_some() {
         crate::multi::put_dirx(t, id, &crate::multi::DirExtra { parent_owner: None, chooser })?;
@@ -577,7 +591,7 @@ fn symlink(
     let mut i = new_inode(FileKind::Symlink, mode, uid, gid, ctx.now);
     i.size = target.len() as u64;
     i.symlink = Some(target);
-    let id = ctx.mint();
+    let id = ctx.mint()?;
     t.put_inode(id, &i)?;
     t.put_dentry(parent, name, &Dentry { id, kind: FileKind::Symlink, owner: ctx.node })?;
     touch_dir(&mut pdir, ctx.now);

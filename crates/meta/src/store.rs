@@ -263,6 +263,9 @@ pub const DEFAULT_CACHE_BYTES: u64 = 64 << 20;
 pub struct Store {
     pub db: Database,
     pub epoch: u32,
+    /// The last id counter taken in `epoch` (0 after open; tests start near
+    /// the end of an epoch).
+    pub counter: u64,
     pub path: PathBuf,
 }
 
@@ -316,14 +319,14 @@ impl Store {
             }
             let old = sys_t.get(sys::EPOCH).map_err(|e| db_err(&e))?.map(|v| v.value()).unwrap_or(0);
             let epoch = old + 1;
-            if epoch > u64::from(u32::MAX) {
-                return Err(db_err(&"boot epoch exhausted (2^32 starts)"));
+            if epoch > u64::from(EntryId::MAX_EPOCH) {
+                return Err(db_err(&format!("entry ids exhausted: epoch {epoch} is beyond {}", EntryId::MAX_EPOCH)));
             }
             sys_t.insert(sys::EPOCH, epoch).map_err(|e| db_err(&e))?;
             epoch as u32
         };
         txn.commit().map_err(|e| db_err(&e))?;
-        Ok(Store { db, epoch, path: p })
+        Ok(Store { db, epoch, counter: 0, path: p })
     }
 }
 

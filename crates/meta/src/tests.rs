@@ -1034,6 +1034,39 @@ async fn everything_survives_a_restart_and_ids_stay_unique() {
 }
 
 #[tokio::test]
+async fn the_epoch_moves_on_before_ids_leave_the_inode_number_space() {
+    let mut h = H::new().await;
+    h.ns.take().unwrap().close();
+    let c = h.clock.clone();
+    let opts = NamespaceOptions {
+        dir: h.dir.path().to_path_buf(),
+        sync: true,
+        node: NodeId(1),
+        seed: Some(42),
+        clock: Some(Arc::new(move || ts(c.load(Ordering::SeqCst)))),
+        min_free_bytes: 0,
+    };
+    let mut store = crate::store::Store::open(&h.dir.path().join(crate::namespace::DB_FILE), true).unwrap();
+    let epoch = store.epoch;
+    store.counter = EntryId::MAX_COUNTER - 1;
+    h.ns = Some(Namespace::from_store(store, opts, h.t.clone()).unwrap());
+    let a = h.create(ROOT, "a").await;
+    let b = h.create(ROOT, "b").await;
+    let d = h.mkdir(ROOT, "d").await;
+    assert_eq!((a.id.epoch, a.id.counter), (epoch, EntryId::MAX_COUNTER));
+    assert_eq!((b.id.epoch, b.id.counter), (epoch + 1, 1));
+    assert_eq!((d.id.epoch, d.id.counter), (epoch + 1, 2));
+    for x in [&a, &b, &d] {
+        assert!(x.id.has_exact_ino(), "{}", x.id);
+    }
+    // The moved-on epoch was committed with the ids: the next start is beyond it.
+    h.reopen();
+    assert_eq!(h.ns().epoch(), epoch + 2);
+    let e = h.create(ROOT, "e").await;
+    assert_eq!((e.id.epoch, e.id.counter), (epoch + 2, 1));
+}
+
+#[tokio::test]
 async fn sync_false_store_works_and_persists() {
     let mut h = H::with(FakeTargets::with_targets(2), false).await;
     let f = h.create(ROOT, "f").await;

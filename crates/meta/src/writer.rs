@@ -55,8 +55,13 @@ pub struct WriterStats {
 /// Everything the writer thread owns besides the database.
 pub struct WriterState {
     pub node: NodeId,
+    /// Epoch of the ids minted now: the boot epoch, moved on when an epoch's
+    /// counters are used up.
     pub epoch: u32,
-    /// Last EntryId counter minted in this boot.
+    /// The epoch the store holds (committed); a larger `epoch` is written
+    /// with the next batch.
+    pub epoch_saved: u32,
+    /// Last EntryId counter minted in this epoch.
     pub counter: u64,
     pub targets: Arc<dyn DataTargets>,
     /// Round-robin cursor of the target choosers.
@@ -266,6 +271,7 @@ pub fn run_batch(db: &Database, st: &mut WriterState, muts: Vec<Queued>) -> Vec<
         };
         return fail_all(code, &e.to_string());
     }
+    st.epoch_saved = st.epoch;
     if wake {
         st.disposal_wakeup.notify_one();
     }
@@ -359,6 +365,7 @@ fn apply_all(
         results.push((r, std::mem::take(&mut t.touched)));
     }
     let (files_delta, dirs_delta, wake) = (ctx.files_delta, ctx.dirs_delta, ctx.disposal_queued);
+    st.epoch = ctx.epoch;
     st.counter = counter;
     if let (true, Some(rt)) = (sweep_due, retry_records.as_mut()) {
         replies::sweep(rt, now_ms, &mut st.reply_sweep.0)?;
@@ -366,6 +373,11 @@ fn apply_all(
     }
     drop(retry_records);
     drop(t);
+    if st.epoch > st.epoch_saved {
+        // Ids of the new epoch are in this batch: a restart must start beyond it.
+        let mut s = txn.open_table(SYSTEM).map_err(|e| e.to_string())?;
+        s.insert(sys::EPOCH, u64::from(st.epoch)).map_err(|e| e.to_string())?;
+    }
     if files_delta != 0 || dirs_delta != 0 {
         let mut s = txn.open_table(SYSTEM).map_err(|e| e.to_string())?;
         for (key, d) in [(sys::FILES, files_delta), (sys::DIRS, dirs_delta)] {

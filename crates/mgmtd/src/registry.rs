@@ -52,7 +52,7 @@
 
 use hivefs_types::error::{ErrorCode, FsError};
 use hivefs_types::fs_err;
-use hivefs_types::ids::{NodeId, NodeType, PoolId, TargetId};
+use hivefs_types::ids::{EntryId, NodeId, NodeType, PoolId, TargetId};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::path::Path;
@@ -296,6 +296,10 @@ impl Registry {
         }
         let slot = self.next_ids.slot(node_type).expect("mgmt nodes were refused above");
         let id = NodeId(*slot);
+        if node_type == NodeType::Meta && id.0 > EntryId::MAX_NODE {
+            // A metadata node's id is part of the ids (and inode numbers) it mints.
+            return Err(fs_err!(NoSpace, "metadata node ids are exhausted ({} at most)", EntryId::MAX_NODE));
+        }
         *slot = slot.checked_add(1).ok_or_else(|| fs_err!(NoSpace, "{node_type} node ids are exhausted"))?;
         self.nodes.push(NodeRecord {
             node_type,

@@ -369,6 +369,8 @@ pub fn chunk_io_code(e: &io::Error) -> ErrorCode {
     match e.raw_os_error() {
         Some(libc::ENOSPC | libc::EDQUOT) => ErrorCode::NoSpace,
         Some(libc::EFBIG) => ErrorCode::Invalid,
+        // A mode of fallocate(2) the target's file system does not have.
+        Some(libc::EOPNOTSUPP) => ErrorCode::NotSupported,
         _ => ErrorCode::Io,
     }
 }

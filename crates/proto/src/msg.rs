@@ -501,7 +501,38 @@ pub enum Request {
         acked: u64,
         wait_ms: u32,
     },
+
+    // ---- storage (continued) ----
+    /// fallocate(2) of local `[offset, offset+len)` of a chunk file. `mode`:
+    /// 0 (allocate; the chunk file grows to `offset+len`),
+    /// [`FALLOC_KEEP_SIZE`] (allocate only), [`FALLOC_PUNCH_HOLE`]` |
+    /// KEEP_SIZE` (free; reads as zeroes), [`FALLOC_ZERO_RANGE`] with or
+    /// without KEEP_SIZE (zeroes, allocated). Any other mode is refused with
+    /// `NotSupported`. Allocations create a missing chunk file; punching and
+    /// zeroing within the size leave a missing one missing (it reads as zeroes).
+    FallocateChunk {
+        target: TargetId,
+        entry: EntryId,
+        mode: u32,
+        offset: u64,
+        len: u64,
+    },
+    /// Where the chunk file's next data (`hole: false`, lseek's SEEK_DATA)
+    /// or hole (`hole: true`, SEEK_HOLE; the end of the chunk file counts as
+    /// one) is at or after local `offset`: `Reply::Seek(None)` where there is
+    /// none (lseek's ENXIO; a missing chunk file has neither).
+    SeekChunk {
+        target: TargetId,
+        entry: EntryId,
+        offset: u64,
+        hole: bool,
+    },
 }
+
+/// `FallocateChunk` mode bits, as Linux's fallocate(2) numbers them.
+pub const FALLOC_KEEP_SIZE: u32 = 0x01;
+pub const FALLOC_PUNCH_HOLE: u32 = 0x02;
+pub const FALLOC_ZERO_RANGE: u32 = 0x10;
 
 /// Most entries one `UnlinkChunks` request may carry.
 pub const UNLINK_CHUNKS_MAX: usize = 1024;
@@ -637,6 +668,8 @@ impl Request {
                 | Request::LeaseWait { .. }
                 | Request::GetMetaChooser { .. }
                 | Request::FsckIntents
+                | Request::FallocateChunk { .. }
+                | Request::SeekChunk { .. }
         )
     }
 }
@@ -748,6 +781,8 @@ pub enum Reply {
         parent: EntryAttr,
         reply: Box<Reply>,
     },
+    /// Answer to `SeekChunk`: the local offset found (`None`: lseek's ENXIO).
+    Seek(Option<u64>),
 }
 
 /// How a new directory's owner (metadata node) is chosen; a per-directory

@@ -22,12 +22,13 @@
 //! write streams with and without a cache showed no difference beyond
 //! run-to-run noise. A cache would also add invalidation races with unlink.
 
-use hivefs_proto::UNLINK_CHUNKS_MAX;
-use hivefs_types::error::{FsError, FsResult};
+use hivefs_proto::{FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE, FALLOC_ZERO_RANGE, UNLINK_CHUNKS_MAX};
+use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, TargetId};
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -178,6 +179,89 @@ impl ChunkStore {
         match self.open(entry, len > 0)? {
             Some(f) => f.set_len(len).map_err(|e| self.err(entry, &e)),
             None => Ok(()),
+        }
+    }
+
+    /// fallocate(2) of `[offset, offset+len)` (see `Request::FallocateChunk`
+    /// for the modes). An allocation that runs out of space frees what it
+    /// allocated beyond the chunk file's end and leaves the length as it was.
+    pub fn fallocate(&self, entry: EntryId, mode: u32, offset: u64, len: u64) -> FsResult<()> {
+        let range_err = || {
+            fs_err!(
+                Invalid,
+                "target {}, chunk {entry}: fallocate of {len} bytes at {offset} is out of range",
+                self.target
+            )
+        };
+        let end = offset.checked_add(len).filter(|&e| e <= OFFSET_MAX && len > 0).ok_or_else(range_err)?;
+        let keep = mode & FALLOC_KEEP_SIZE != 0;
+        let op = mode & !FALLOC_KEEP_SIZE;
+        if !(op == 0 || op == FALLOC_ZERO_RANGE || (op == FALLOC_PUNCH_HOLE && keep)) {
+            return Err(fs_err!(NotSupported, "target {}, chunk {entry}: fallocate mode {mode:#x}", self.target));
+        }
+        // Punching or zeroing without growing: a missing chunk file reads as zeroes already.
+        let create = op == 0 || (op == FALLOC_ZERO_RANGE && !keep);
+        let Some(f) = self.open(entry, create)? else { return Ok(()) };
+        let old_len = f.metadata().map_err(|e| self.err(entry, &e))?.len();
+        match op {
+            FALLOC_PUNCH_HOLE => self.falloc(entry, &f, FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE, offset, len),
+            FALLOC_ZERO_RANGE => match self.falloc(entry, &f, mode, offset, len) {
+                // The backing file system cannot zero in place: free the
+                // range, then allocate it again (unwritten: reads as zeroes).
+                Err(e) if e.code == ErrorCode::NotSupported => {
+                    self.falloc(entry, &f, FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE, offset, len)?;
+                    self.allocate(entry, &f, keep, offset, end, old_len)
+                }
+                r => r,
+            },
+            _ => self.allocate(entry, &f, keep, offset, end, old_len),
+        }
+    }
+
+    /// Allocates `[offset, end)`, then (unless `keep`) grows the file to
+    /// `end`; out of space, frees what lies beyond `old_len` again.
+    fn allocate(&self, entry: EntryId, f: &File, keep: bool, offset: u64, end: u64, old_len: u64) -> FsResult<()> {
+        if let Err(e) = self.falloc(entry, f, FALLOC_KEEP_SIZE, offset, end - offset) {
+            let from = offset.max(old_len);
+            if end > from {
+                let _ = self.falloc(entry, f, FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE, from, end - from);
+            }
+            return Err(e);
+        }
+        if !keep && end > old_len {
+            f.set_len(end).map_err(|e| self.err(entry, &e))?;
+        }
+        Ok(())
+    }
+
+    fn falloc(&self, entry: EntryId, f: &File, mode: u32, offset: u64, len: u64) -> FsResult<()> {
+        // SAFETY: fallocate(2) on an open descriptor; offsets were checked to fit off_t.
+        let r = unsafe { libc::fallocate(f.as_raw_fd(), mode as i32, offset as i64, len as i64) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(self.err(entry, &std::io::Error::last_os_error()))
+        }
+    }
+
+    /// The next data (`hole: false`) or hole (`hole: true`) of the chunk
+    /// file at or after `offset`, as lseek(2) SEEK_DATA / SEEK_HOLE find it;
+    /// `None` where lseek says ENXIO, and for a missing chunk file.
+    pub fn seek(&self, entry: EntryId, offset: u64, hole: bool) -> FsResult<Option<u64>> {
+        if offset > OFFSET_MAX {
+            return Ok(None);
+        }
+        let Some(f) = self.open(entry, false)? else { return Ok(None) };
+        let whence = if hole { libc::SEEK_HOLE } else { libc::SEEK_DATA };
+        // SAFETY: lseek(2) on an open descriptor this function owns.
+        let r = unsafe { libc::lseek(f.as_raw_fd(), offset as i64, whence) };
+        if r >= 0 {
+            return Ok(Some(r as u64));
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::ENXIO) => Ok(None),
+            _ => Err(self.err(entry, &e)),
         }
     }
 
@@ -376,6 +460,46 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         s.fsync(E).unwrap();
         s.fsync(EntryId { counter: 99, ..E }).unwrap();
+    }
+
+    #[test]
+    fn fallocate_modes_and_seek() {
+        use std::os::unix::fs::MetadataExt;
+        let (_d, s) = store();
+        let e = EntryId { node: 1, epoch: 1, counter: 77 };
+        let blocks = |s: &ChunkStore| std::fs::metadata(s.chunk_path(e)).map(|m| m.blocks()).unwrap_or(0);
+        // Punching or zeroing a missing chunk file within its size: nothing to do.
+        s.fallocate(e, FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE, 0, 4096).unwrap();
+        assert!(!s.chunk_path(e).exists());
+        assert_eq!(s.seek(e, 0, false).unwrap(), None);
+        // Mode 0 allocates and grows; KEEP_SIZE allocates only.
+        s.fallocate(e, 0, 0, 1 << 20).unwrap();
+        assert_eq!(s.stat(e).unwrap(), 1 << 20);
+        assert!(blocks(&s) >= 2048, "{} blocks", blocks(&s));
+        s.fallocate(e, FALLOC_KEEP_SIZE, 1 << 20, 1 << 20).unwrap();
+        assert_eq!(s.stat(e).unwrap(), 1 << 20);
+        assert!(blocks(&s) >= 4096);
+        // Data, a punched hole, zeroes.
+        s.write(e, 0, &[7u8; 1 << 20]).unwrap();
+        s.fallocate(e, FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE, 256 << 10, 256 << 10).unwrap();
+        assert_eq!(s.read(e, (256 << 10) - 1, 2).unwrap(), vec![7, 0]);
+        assert_eq!(s.seek(e, 256 << 10, true).unwrap(), Some(256 << 10));
+        assert_eq!(s.seek(e, 256 << 10, false).unwrap(), Some(512 << 10));
+        s.fallocate(e, FALLOC_ZERO_RANGE, 600 << 10, 8).unwrap();
+        assert_eq!(s.read(e, (600 << 10) - 1, 10).unwrap(), vec![7, 0, 0, 0, 0, 0, 0, 0, 0, 7]);
+        // ZERO_RANGE without KEEP_SIZE grows the file.
+        s.fallocate(e, FALLOC_ZERO_RANGE, 2 << 20, 100).unwrap();
+        assert_eq!(s.stat(e).unwrap(), (2 << 20) + 100);
+        assert_eq!(s.seek(e, (2 << 20) + 100, false).unwrap(), None);
+        // Modes that would move data are refused, as are empty and overflowing ranges.
+        for (mode, off, len, code) in [
+            (0x08, 0, 4096, ErrorCode::NotSupported), // COLLAPSE_RANGE
+            (FALLOC_PUNCH_HOLE, 0, 4096, ErrorCode::NotSupported),
+            (0, 0, 0, ErrorCode::Invalid),
+            (0, OFFSET_MAX, 1, ErrorCode::Invalid),
+        ] {
+            assert_eq!(s.fallocate(e, mode, off, len).unwrap_err().code, code, "mode {mode:#x}");
+        }
     }
 
     #[test]

@@ -273,6 +273,14 @@ impl Ready {
                 Ok(s) => blocking(move || s.stat(entry)).await.map(Reply::ChunkLen),
                 Err(e) => Err(e),
             },
+            Request::FallocateChunk { target, entry, mode, offset, len } => match self.store(target) {
+                Ok(s) => blocking(move || s.fallocate(entry, mode, offset, len)).await.map(|()| Reply::Ok),
+                Err(e) => Err(e),
+            },
+            Request::SeekChunk { target, entry, offset, hole } => match self.store(target) {
+                Ok(s) => blocking(move || s.seek(entry, offset, hole)).await.map(Reply::Seek),
+                Err(e) => Err(e),
+            },
             Request::FsyncChunk { target, entry } => match self.store(target) {
                 Ok(s) => blocking(move || s.fsync(entry)).await.map(|()| Reply::Ok),
                 Err(e) => Err(e),

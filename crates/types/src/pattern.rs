@@ -121,6 +121,38 @@ impl Pattern {
         (idx, local)
     }
 
+    /// The file offset of byte `local` of stripe target `idx`'s chunk file
+    /// (inverse of [`Pattern::locate`]).
+    pub fn file_offset(&self, idx: usize, local: u64) -> u64 {
+        let (cs, n) = (self.cs(), self.targets.len() as u64);
+        ((local / cs) * n + idx as u64) * cs + local % cs
+    }
+
+    /// The offset in stripe target `idx`'s chunk file of the first byte of
+    /// the file at or after `offset` that the target stores. Per target the
+    /// mapping is monotonic, so the target's part of any file range
+    /// `[a, b)` is the one local range `[at_or_after(a), at_or_after(b))`.
+    pub fn local_at_or_after(&self, idx: usize, offset: u64) -> u64 {
+        let (cs, n) = (self.cs(), self.targets.len() as u64);
+        let chunk = offset / cs;
+        let here = chunk % n;
+        let idx = idx as u64;
+        if here == idx {
+            (chunk / n) * cs + offset % cs
+        } else {
+            // The next chunk of the file that lies on `idx`.
+            let next = if idx > here { chunk - here + idx } else { chunk - here + n + idx };
+            (next / n) * cs
+        }
+    }
+
+    /// The local range of stripe target `idx` holding the file's bytes in
+    /// `[start, end)`, if it holds any.
+    pub fn local_range(&self, idx: usize, start: u64, end: u64) -> Option<(u64, u64)> {
+        let (lo, hi) = (self.local_at_or_after(idx, start), self.local_at_or_after(idx, end));
+        (hi > lo).then_some((lo, hi))
+    }
+
     /// Splits `[offset, offset+len)` into per-chunk pieces in file order.
     pub fn pieces(&self, offset: u64, len: usize) -> Vec<Piece> {
         let mut out = Vec::with_capacity(len / self.chunk_size as usize + 2);
@@ -180,6 +212,35 @@ mod tests {
 
     fn pat(cs: u32, n: u32) -> Pattern {
         Pattern { kind: PatternKind::Raid0, chunk_size: cs, targets: (1..=n).map(TargetId).collect() }
+    }
+
+    proptest! {
+        #[test]
+        fn local_ranges_are_the_pieces_of_a_range(
+            cs_log in 12u32..16, n in 1u32..6, start in 0u64..200_000, len in 0u64..200_000,
+        ) {
+            let p = pat(1 << cs_log, n);
+            for o in [start, start + len] {
+                let (idx, local) = p.locate(o);
+                prop_assert_eq!(p.file_offset(idx, local), o);
+                prop_assert_eq!(p.local_at_or_after(idx, o), local);
+            }
+            // Every piece of the range lies inside its target's local range, and
+            // the pieces of a target add up to it.
+            let pieces = p.pieces(start, len as usize);
+            for idx in 0..n as usize {
+                let mine: Vec<_> = pieces.iter().filter(|x| x.stripe_index == idx).collect();
+                match p.local_range(idx, start, start + len) {
+                    None => prop_assert!(mine.is_empty()),
+                    Some((lo, hi)) => {
+                        prop_assert_eq!(mine.iter().map(|x| x.len as u64).sum::<u64>(), hi - lo);
+                        prop_assert_eq!(mine[0].local_offset, lo);
+                        let last = mine[mine.len() - 1];
+                        prop_assert_eq!(last.local_offset + last.len as u64, hi);
+                    }
+                }
+            }
+        }
     }
 
     #[test]
