@@ -87,7 +87,7 @@ fn fallocate_modes_match_the_local_disk_and_reach_every_chunk() {
         (PUNCH_HOLE | KEEP_SIZE, 100 << 10, 300 << 10, "shrink"), // over 5 chunks on 4 targets
         (ZERO_RANGE, 700 << 10, (20 << 10) + 5, "any"),
         (ZERO_RANGE | KEEP_SIZE, (3 << 20) - 10, 100, "any"),
-        (ZERO_RANGE, (3 << 20) + 7, 1000, "any"),       // grows the file
+        (ZERO_RANGE, (3 << 20) + 7, 1000, "any"), // grows the file
         (PUNCH_HOLE | KEEP_SIZE, 0, (3 << 20) + 1007, "shrink"), // all of the file
     ];
     for (i, (mode, off, len, alloc)) in steps.into_iter().enumerate() {

@@ -38,6 +38,16 @@ fn split_large(pieces: Vec<Piece>) -> Vec<Piece> {
 /// cache); larger ones on a blocking thread.
 const LOCAL_INLINE_MAX: usize = 64 << 10;
 
+/// Copy pieces a server-side copy keeps in flight.
+pub const COPY_IN_FLIGHT: usize = 16;
+
+async fn join_one(set: &mut JoinSet<FsResult<()>>) -> FsResult<()> {
+    match set.join_next().await {
+        Some(r) => r.map_err(|e| FsError::new(ErrorCode::Internal, e.to_string()))?,
+        None => Ok(()),
+    }
+}
+
 fn local_err(t: TargetId, entry: EntryId, e: std::io::Error) -> FsError {
     FsError::new(chunk_io_code(&e), format!("storage target {t}, file {entry} (chunk file on this host): {e}"))
 }
@@ -343,6 +353,60 @@ impl Client {
             (_, true) => Some(size),
             _ => None,
         })
+    }
+
+    /// Server-side copy of `len` bytes from `src_off` of file `src` to
+    /// `dst_off` of file `dst` (copy_file_range): cut where either file's
+    /// chunks end, each piece is one `CopyChunk` to the destination piece's
+    /// target, at most [`COPY_IN_FLIGHT`] at a time. The caller limits `len`
+    /// to the source's size.
+    pub async fn copy_range(
+        &self,
+        (src_pat, src): (&Pattern, EntryId),
+        src_off: u64,
+        (dst_pat, dst): (&Pattern, EntryId),
+        dst_off: u64,
+        len: u64,
+    ) -> FsResult<u64> {
+        if src_pat.targets.is_empty() || dst_pat.targets.is_empty() {
+            return Err(FsError::new(ErrorCode::Invalid, format!("file {src} or {dst} has an empty stripe pattern")));
+        }
+        let (src_cs, dst_cs) = (u64::from(src_pat.chunk_size), u64::from(dst_pat.chunk_size));
+        let mut set = JoinSet::new();
+        let mut done = 0u64;
+        while done < len {
+            let (i, o) = (src_off + done, dst_off + done);
+            let take = (len - done).min(src_cs - i % src_cs).min(dst_cs - o % dst_cs).min(MAX_PIECE as u64);
+            let (si, sl) = src_pat.locate(i);
+            let (di, dl) = dst_pat.locate(o);
+            let (src_target, target) = (src_pat.targets[si], dst_pat.targets[di]);
+            let req = Request::CopyChunk {
+                target,
+                entry: dst,
+                offset: dl,
+                src_target,
+                src_entry: src,
+                src_offset: sl,
+                len: take as u32,
+            };
+            let pool = self.cluster.target_pool(target).await?;
+            if set.len() >= COPY_IN_FLIGHT {
+                join_one(&mut set).await?;
+            }
+            set.spawn(async move {
+                match pool.rpc(&req).await {
+                    Ok(Reply::Written(n)) if u64::from(n) == take => Ok(()),
+                    Ok(r) => Err(FsError::new(ErrorCode::Io, format!("short or odd copy reply {r:?}"))),
+                    Err(e) => Err(e),
+                }
+                .map_err(|e| target_err(target, dst, e))
+            });
+            done += take;
+        }
+        while !set.is_empty() {
+            join_one(&mut set).await?;
+        }
+        Ok(len)
     }
 
     /// Flushes the file's chunk files to disk on every target.

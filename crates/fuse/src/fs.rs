@@ -1126,6 +1126,44 @@ impl Filesystem for HiveFs {
         })
     }
 
+    /// A server-side copy (`Client::copy_range`): the storage targets copy
+    /// the chunks among themselves, the bytes do not pass through here. The
+    /// kernel refuses overlapping ranges of one file (EINVAL), sizes past the
+    /// largest (EFBIG) and files of other file systems (EXDEV) itself, and
+    /// falls back to reading and writing when this answers EOPNOTSUPP.
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        _ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        run!(self, reply, |inner| {
+            let (src, dst) = (inner.file(fh_in)?, inner.file(fh_out)?);
+            // Only what the source has: short at its end, nothing past it.
+            let hint = inner.local_sizes.lock().expect("sizes").get(&src.ent.id).map_or(0, |l| l.size);
+            let size = inner.client.size_from_targets(&src.pattern, src.ent.id).await?.max(hint);
+            let len = len.min(size.saturating_sub(offset_in)).min(u64::from(u32::MAX) & !0xfff);
+            if len > 0 {
+                let r = inner
+                    .client
+                    .copy_range((&src.pattern, src.ent.id), offset_in, (&dst.pattern, dst.ent.id), offset_out, len)
+                    .await;
+                // Even a failed copy may have written some pieces: publish.
+                dst.dirty.store(true, Ordering::Release);
+                r?;
+                inner.note_write(dst.ent.id, offset_out + len);
+            }
+            Ok(move |reply: ReplyWrite| reply.written(len as u32))
+        })
+    }
+
     /// SEEK_DATA and SEEK_HOLE over the striped file (the kernel answers
     /// the other kinds of seek itself).
     fn lseek(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: fuser::ReplyLseek) {

@@ -527,6 +527,22 @@ pub enum Request {
         offset: u64,
         hole: bool,
     },
+    /// Server-side copy (copy_file_range): `len` bytes (at most
+    /// `MAX_PAYLOAD_LEN`) from `src_offset` of `src_entry`'s chunk file on
+    /// `src_target` to `offset` of `entry`'s chunk file on `target`, sent to
+    /// `target`'s node. It copies within its own disks, or reads the source
+    /// from the node of `src_target`; the bytes never pass through the
+    /// client. Source bytes past the source chunk file's end are zeroes.
+    /// Answer: `Written(len)`.
+    CopyChunk {
+        target: TargetId,
+        entry: EntryId,
+        offset: u64,
+        src_target: TargetId,
+        src_entry: EntryId,
+        src_offset: u64,
+        len: u32,
+    },
 }
 
 /// `FallocateChunk` mode bits, as Linux's fallocate(2) numbers them.
@@ -670,6 +686,7 @@ impl Request {
                 | Request::FsckIntents
                 | Request::FallocateChunk { .. }
                 | Request::SeekChunk { .. }
+                | Request::CopyChunk { .. }
         )
     }
 }

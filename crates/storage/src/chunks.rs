@@ -265,6 +265,85 @@ impl ChunkStore {
         }
     }
 
+    /// Copies `len` bytes from `src_offset` of `src_entry`'s chunk file in
+    /// `src` (a target of this node, maybe this one) to `offset` of
+    /// `entry`'s: in the kernel (copy_file_range(2), a reflink where the file
+    /// system shares extents), through a buffer where it cannot (targets on
+    /// different file systems). Bytes past the source's end are written as
+    /// zeroes, so exactly `len` bytes land.
+    pub fn copy_from(
+        &self,
+        entry: EntryId,
+        offset: u64,
+        src: &ChunkStore,
+        src_entry: EntryId,
+        src_offset: u64,
+        len: u32,
+    ) -> FsResult<u32> {
+        let end = offset.checked_add(u64::from(len)).filter(|&e| e <= OFFSET_MAX);
+        if end.is_none() || src_offset > OFFSET_MAX {
+            return Err(fs_err!(
+                Invalid,
+                "target {}, chunk {entry}: copy to offset {offset} is out of range",
+                self.target
+            ));
+        }
+        if len == 0 {
+            return Ok(0);
+        }
+        let dst = self.open(entry, true)?.expect("open with create yields a file");
+        let mut done = 0u64;
+        if let Some(from) = src.open(src_entry, false)? {
+            done = self.copy_in_kernel(entry, &from, src_offset, &dst, offset, u64::from(len))?;
+            if done < u64::from(len) {
+                // Not in the kernel, or the source ended: the rest through a buffer.
+                let rest = src.read(src_entry, src_offset + done, len - done as u32)?;
+                dst.write_all_at(&rest, offset + done).map_err(|e| self.err(entry, &e))?;
+                done += rest.len() as u64;
+            }
+        }
+        if done < u64::from(len) {
+            let zeroes = vec![0u8; (u64::from(len) - done) as usize];
+            dst.write_all_at(&zeroes, offset + done).map_err(|e| self.err(entry, &e))?;
+        }
+        Ok(len)
+    }
+
+    /// copy_file_range(2) until `len` bytes are copied, the source ends, or
+    /// the kernel cannot copy between these files; returns the bytes copied.
+    fn copy_in_kernel(
+        &self,
+        entry: EntryId,
+        from: &File,
+        src_off: u64,
+        to: &File,
+        off: u64,
+        len: u64,
+    ) -> FsResult<u64> {
+        let mut done = 0u64;
+        while done < len {
+            let mut i = (src_off + done) as i64;
+            let mut o = (off + done) as i64;
+            // SAFETY: copy_file_range(2) between two open descriptors with explicit offsets.
+            let r = unsafe {
+                libc::copy_file_range(from.as_raw_fd(), &mut i, to.as_raw_fd(), &mut o, (len - done) as usize, 0)
+            };
+            match r {
+                0 => break,
+                n if n > 0 => done += n as u64,
+                _ => {
+                    let e = std::io::Error::last_os_error();
+                    match e.raw_os_error() {
+                        Some(libc::EXDEV | libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL) => break,
+                        Some(libc::EINTR) => continue,
+                        _ => return Err(self.err(entry, &e)),
+                    }
+                }
+            }
+        }
+        Ok(done)
+    }
+
     /// Removes the chunk file; a missing one is not an error (idempotent).
     pub fn unlink(&self, entry: EntryId) -> FsResult<()> {
         match std::fs::remove_file(self.chunk_path(entry)) {
@@ -500,6 +579,22 @@ mod tests {
         ] {
             assert_eq!(s.fallocate(e, mode, off, len).unwrap_err().code, code, "mode {mode:#x}");
         }
+    }
+
+    #[test]
+    fn copies_between_chunk_files_pad_with_zeroes() {
+        let (_d, s) = store();
+        let (a, b) = (EntryId { node: 1, epoch: 1, counter: 1 }, EntryId { node: 1, epoch: 1, counter: 2 });
+        s.write(a, 0, b"0123456789").unwrap();
+        s.write(b, 0, &[b'x'; 20]).unwrap();
+        // From the middle of a into b, past a's end: zeroes for the rest.
+        assert_eq!(s.copy_from(b, 2, &s, a, 4, 10).unwrap(), 10);
+        assert_eq!(s.read(b, 0, 20).unwrap(), b"xx456789\0\0\0\0xxxxxxxx");
+        // From a missing chunk file: all zeroes; into a missing one: created.
+        let c = EntryId { node: 1, epoch: 1, counter: 3 };
+        assert_eq!(s.copy_from(c, 4, &s, EntryId { node: 9, epoch: 9, counter: 9 }, 0, 3).unwrap(), 3);
+        assert_eq!(s.read(c, 0, 10).unwrap(), vec![0u8; 7]);
+        assert_eq!(s.copy_from(c, OFFSET_MAX, &s, a, 0, 1).unwrap_err().code, ErrorCode::Invalid);
     }
 
     #[test]

@@ -124,6 +124,8 @@ impl Drop for StorageService {
 /// What the handler needs once registration is done.
 struct Ready {
     node: NodeId,
+    /// Other storage nodes, for copies whose source is elsewhere.
+    cluster: Arc<hivefs_cluster::Cluster>,
     stores: HashMap<TargetId, Arc<ChunkStore>>,
     /// Per-target rate limits (`target_rate_limit`); empty when unlimited.
     limits: HashMap<TargetId, Arc<RateLimit>>,
@@ -210,6 +212,45 @@ impl Ready {
             .ok_or_else(|| fs_err!(NotFound, "storage target {target} is not served by storage node {}", self.node))
     }
 
+    /// `Request::CopyChunk`: within this node's disks, or reading the source
+    /// from the node that serves it.
+    #[allow(clippy::too_many_arguments)]
+    async fn copy_chunk(
+        &self,
+        target: TargetId,
+        entry: EntryId,
+        offset: u64,
+        src_target: TargetId,
+        src_entry: EntryId,
+        src_offset: u64,
+        len: u32,
+    ) -> FsResult<u32> {
+        if len > MAX_PAYLOAD_LEN {
+            return Err(fs_err!(
+                Invalid,
+                "target {target}, chunk {entry}: copy of {len} bytes exceeds the limit of {MAX_PAYLOAD_LEN}"
+            ));
+        }
+        let dst = self.store(target)?;
+        self.throttle(target, u64::from(len)).await;
+        if let Some(src) = self.stores.get(&src_target).cloned() {
+            self.throttle(src_target, u64::from(len)).await;
+            return blocking(move || dst.copy_from(entry, offset, &src, src_entry, src_offset, len)).await;
+        }
+        let read = Request::ReadChunk { target: src_target, entry: src_entry, offset: src_offset, len };
+        let pool = self.cluster.target_pool(src_target).await?;
+        let mut data = match pool.call(&read, Vec::new()).await {
+            Ok((Reply::Data, data)) => data,
+            Ok((r, _)) => return Err(fs_err!(Protocol, "storage target {src_target}: odd read reply {r:?}")),
+            Err(e) => {
+                return Err(FsError::new(e.code, format!("copy from storage target {src_target}: {}", e.message)))
+            }
+        };
+        // Past the source chunk file's end: zeroes.
+        data.resize(len as usize, 0);
+        chunk_io(data.len(), move || dst.write(entry, offset, &data)).await
+    }
+
     /// Waits for `target`'s rate limit, if it has one, to admit `bytes`.
     async fn throttle(&self, target: TargetId, bytes: u64) {
         if let Some(l) = self.limits.get(&target) {
@@ -281,6 +322,9 @@ impl Ready {
                 Ok(s) => blocking(move || s.seek(entry, offset, hole)).await.map(Reply::Seek),
                 Err(e) => Err(e),
             },
+            Request::CopyChunk { target, entry, offset, src_target, src_entry, src_offset, len } => {
+                self.copy_chunk(target, entry, offset, src_target, src_entry, src_offset, len).await.map(Reply::Written)
+            }
             Request::FsyncChunk { target, entry } => match self.store(target) {
                 Ok(s) => blocking(move || s.fsync(entry)).await.map(|()| Reply::Ok),
                 Err(e) => Err(e),
@@ -480,7 +524,8 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
     } else {
         None
     };
-    if handler.ready.set(Ready { node, stores, limits }).is_err() {
+    let cluster = hivefs_cluster::Cluster::new(&cfg.mgmtd, hivefs_net::Pools::new(ClientConfig::new(secret.clone())));
+    if handler.ready.set(Ready { node, cluster, stores, limits }).is_err() {
         unreachable!("the handler is made ready once");
     }
     let hb = Heartbeat {
@@ -634,8 +679,12 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         init_target(d.path(), "fs").unwrap();
         let store = Arc::new(ChunkStore::new(TargetId(5), d.path()));
-        let ready =
-            Ready { node: NodeId(2), stores: HashMap::from([(TargetId(5), store.clone())]), limits: HashMap::new() };
+        let ready = Ready {
+            node: NodeId(2),
+            cluster: hivefs_cluster::Cluster::new("127.0.0.1:1", hivefs_net::Pools::new(ClientConfig::new(None))),
+            stores: HashMap::from([(TargetId(5), store.clone())]),
+            limits: HashMap::new(),
+        };
         let ids: Vec<EntryId> = (1..=6).map(|c| EntryId { node: 1, epoch: 1, counter: c }).collect();
         for id in &ids[..3] {
             store.write(*id, 0, b"chunk").unwrap();
