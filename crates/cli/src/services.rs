@@ -129,6 +129,14 @@ pub struct MountArgs {
     /// bypass the cache in both modes (the metadata node picks their offset).
     #[arg(long, default_value = "native", value_parser = ["native", "paged"])]
     pub cache_mode: String,
+    /// When reads move access times (kept by the metadata nodes, seen by every client).
+    /// `noatime`: never (no metadata request for reads). `relatime`: Linux's default rule,
+    /// a read moves the access time when it is not newer than the modification or change
+    /// time, or is a day old (one request per open file or directory that is read, only
+    /// committed when the rule says so). `strictatime`: every read (requests coalesced per
+    /// file: one in flight at a time; directories once per open).
+    #[arg(long, default_value = "noatime", value_parser = ["noatime", "relatime", "strictatime"])]
+    pub atime: String,
     /// Log level.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -308,6 +316,7 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
         global_file_locks: !a.local_locks,
         dir_attr_ttl: std::time::Duration::from_millis(a.dir_attr_ttl_ms),
         cache_mode: a.cache_mode.parse().map_err(|e: String| anyhow::anyhow!(e))?,
+        atime: a.atime.parse().map_err(|e: String| anyhow::anyhow!(e))?,
     };
     info!("mounting HiveFS (mgmtd {}) on {}", a.mgmtd, mnt.display());
     let r = hivefs_fuse::mount(client, rt.handle().clone(), &mnt, &opts, stop_rx);

@@ -228,3 +228,91 @@ fn posix_conformance_three_meta() {
     let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "2", "--meta", "3"]);
     run_suite(&fs);
 }
+
+/// (atime, ctime) of `p` as (seconds, nanoseconds) pairs.
+fn a_c(p: &Path) -> ((i64, i64), (i64, i64)) {
+    let st = std::fs::metadata(p).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    ((st.atime(), st.atime_nsec()), (st.ctime(), st.ctime_nsec()))
+}
+
+/// Reads `p` (a file: its contents; a directory: its entries).
+fn read_it(p: &Path) {
+    if p.is_dir() {
+        std::fs::read_dir(p).unwrap().for_each(drop);
+    } else {
+        std::fs::read(p).unwrap();
+    }
+}
+
+/// Waits until `f` holds (reports go to the metadata node in the background).
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !f() {
+        assert!(start.elapsed() < std::time::Duration::from_secs(10), "{what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn access_times_follow_the_mount_option() {
+    let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "1"]);
+    let rel = fs.extra_mount("rel", &["--atime", "relatime"]);
+    let strict = fs.extra_mount("strict", &["--atime", "strictatime"]);
+    let old = libc::timespec { tv_sec: 1_600_000_000, tv_nsec: 0 };
+    for name in ["f", "d"] {
+        let p = fs.path(name);
+        if name == "f" {
+            write_file(&p, b"data");
+        } else {
+            std::fs::create_dir(&p).unwrap();
+            write_file(&p.join("x"), b"");
+        }
+        // noatime (hivefs up's mount): a read changes nothing.
+        let before = a_c(&p);
+        read_it(&p);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert_eq!(a_c(&p), before, "{name}: noatime");
+
+        // relatime: an access time not newer than the change time moves...
+        read_it(&rel.mnt.join(name));
+        eventually(&format!("{name}: relatime moves an old access time"), || a_c(&p).0 > before.0);
+        let (a1, c1) = a_c(&p);
+        assert_eq!(c1, before.1, "{name}: the change time stays");
+        // ...a newer one does not (until the file changes or a day passes).
+        read_it(&rel.mnt.join(name));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert_eq!(a_c(&p).0, a1, "{name}: relatime, access time newer than the change");
+        // An access time a day old moves again (the day rule itself: the meta unit tests).
+        let day_old = libc::timespec { tv_sec: now_secs() - 2 * 86_400, tv_nsec: 0 };
+        let omit = libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT };
+        set_times(&p, day_old, omit);
+        let before = a_c(&p);
+        read_it(&rel.mnt.join(name));
+        eventually(&format!("{name}: relatime moves a day-old access time"), || a_c(&p).0 > before.0);
+
+        // strictatime: every read.
+        set_times(&p, old, omit);
+        let mut last = a_c(&p).0;
+        for round in 0..3 {
+            read_it(&strict.mnt.join(name));
+            eventually(&format!("{name}: strictatime read {round}"), || a_c(&p).0 > last);
+            last = a_c(&p).0;
+            if name == "d" {
+                break; // directories: once per open handle
+            }
+        }
+    }
+}
+
+fn now_secs() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64
+}
+
+/// utimensat(2) with (atime, mtime).
+fn set_times(p: &Path, a: libc::timespec, m: libc::timespec) {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    let ts = [a, m];
+    // SAFETY: a valid path and two timespecs.
+    assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), 0) }, 0);
+}

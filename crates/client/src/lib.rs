@@ -399,6 +399,12 @@ impl Client {
         ok(self.meta(e.owner, &Request::Release { id: e.id, write }).await?)
     }
 
+    /// Tells the metadata node this client read `e` at `at` (access times:
+    /// `Request::TouchAtime`).
+    pub async fn touch_atime(&self, e: Ent, at: Timespec, strict: bool) -> FsResult<EntryAttr> {
+        entry(self.meta(e.owner, &Request::TouchAtime { id: e.id, at, strict }).await?)
+    }
+
     pub async fn update_size(&self, e: Ent, size: u64, mtime: Option<Timespec>) -> FsResult<EntryAttr> {
         entry(self.meta(e.owner, &Request::UpdateSize { id: e.id, size, mtime }).await?)
     }

@@ -95,6 +95,33 @@ impl CacheMode {
     }
 }
 
+/// When reads move files' and directories' access times (mount option).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Atime {
+    /// Never (the default: see docs/decisions.md, "Access times").
+    #[default]
+    NoAtime,
+    /// Linux's default rule: a read moves the access time when it is not
+    /// newer than the modification or change time, or is a day old; checked
+    /// at the first read of each open file and directory handle.
+    Relatime,
+    /// Every read moves it (one request in flight per file, coalescing the
+    /// reads that arrive meanwhile; directories once per handle).
+    StrictAtime,
+}
+
+impl std::str::FromStr for Atime {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Atime, String> {
+        match s {
+            "noatime" => Ok(Atime::NoAtime),
+            "relatime" => Ok(Atime::Relatime),
+            "strictatime" => Ok(Atime::StrictAtime),
+            _ => Err(format!("unknown access-time mode {s:?}: noatime, relatime or strictatime")),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct MountOptions {
     /// Let every user of the machine use the mount (`allow_other`).
@@ -116,6 +143,8 @@ pub struct MountOptions {
     pub dir_attr_ttl: Duration,
     /// What the kernel may keep of files' contents.
     pub cache_mode: CacheMode,
+    /// When reads move access times.
+    pub atime: Atime,
 }
 
 impl Default for MountOptions {
@@ -126,6 +155,7 @@ impl Default for MountOptions {
             global_file_locks: true,
             dir_attr_ttl: DIR_ATTR_TTL,
             cache_mode: CacheMode::Native,
+            atime: Atime::NoAtime,
         }
     }
 }
@@ -150,6 +180,11 @@ struct OpenFile {
     /// write by an unprivileged caller clears them (the kernel leaves this
     /// to the file system for direct I/O).
     kill_privs: AtomicBool,
+    /// Access times: reported once for this handle (relatime); a report in
+    /// flight, and reads that came in meanwhile (strictatime).
+    atime_sent: AtomicBool,
+    atime_busy: AtomicBool,
+    atime_again: AtomicBool,
 }
 
 struct DirHandle {
@@ -159,6 +194,8 @@ struct DirHandle {
     after: Option<Vec<u8>>,
     buf: VecDeque<DirEntry>,
     more: bool,
+    /// The access time was reported for this handle.
+    atime_sent: bool,
 }
 
 /// Sizes known locally for files this mount has open for writing: writes
@@ -185,6 +222,7 @@ struct Inner {
     global_locks: bool,
     dir_attr_ttl: Duration,
     cache_mode: CacheMode,
+    atime: Atime,
     /// Cache mode paged: (ctime, mtime, size) of each file at its last open
     /// (a closed write, a truncation or a utime by anyone changes ctime).
     opened_versions: Mutex<HashMap<EntryId, (Timespec, Timespec, u64)>>,
@@ -435,10 +473,53 @@ impl Inner {
             publishing: tokio::sync::Mutex::new(()),
             unchanged,
             kill_privs,
+            atime_sent: AtomicBool::new(false),
+            atime_busy: AtomicBool::new(false),
+            atime_again: AtomicBool::new(false),
         });
         let fh = self.new_fh();
         self.files.lock().expect("files").insert(fh, f.clone());
         Ok((fh, f))
+    }
+
+    /// After a read of `f`: reports it to the metadata node as the mount's
+    /// access-time rule says, in the background.
+    fn note_read(self: &Arc<Self>, rt: &tokio::runtime::Handle, f: &Arc<OpenFile>) {
+        let strict = match self.atime {
+            Atime::NoAtime => return,
+            Atime::Relatime if f.atime_sent.swap(true, Ordering::AcqRel) => return,
+            Atime::Relatime => false,
+            Atime::StrictAtime => {
+                if f.atime_busy.swap(true, Ordering::AcqRel) {
+                    f.atime_again.store(true, Ordering::Release);
+                    return;
+                }
+                true
+            }
+        };
+        let (inner, f) = (self.clone(), f.clone());
+        rt.spawn(async move {
+            loop {
+                inner.touch_atime(f.ent, strict).await;
+                if !strict {
+                    return;
+                }
+                f.atime_busy.store(false, Ordering::Release);
+                // Reads that came in while this report ran get one more.
+                if !f.atime_again.swap(false, Ordering::AcqRel) || f.atime_busy.swap(true, Ordering::AcqRel) {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Reports a read of `ent` now; this mount's kernel then asks for the new attributes.
+    async fn touch_atime(&self, ent: Ent, strict: bool) {
+        let now = system_to_ts(SystemTime::now());
+        match self.client.touch_atime(ent, now, strict).await {
+            Ok(_) => self.drop_kernel_attrs(ent.id),
+            Err(e) => debug!("access time of {}: {e}", ent.id),
+        }
     }
 
     fn file(&self, fh: FileHandle) -> FsResult<Arc<OpenFile>> {
@@ -868,13 +949,16 @@ impl Filesystem for HiveFs {
         // Chunk files held here and cached: answered on this thread.
         if let Ok(f) = self.inner.file(fh) {
             if let Some(data) = self.inner.client.read_now(&f.pattern, f.ent.id, offset, size as usize) {
+                self.inner.note_read(&self.rt, &f);
                 return reply.data(&data);
             }
         }
+        let rt = self.rt.clone();
         run!(self, reply, |inner| {
             let f = inner.file(fh)?;
             let hint = inner.local_sizes.lock().expect("sizes").get(&f.ent.id).map(|l| l.size).unwrap_or(0);
             let data = inner.client.read(&f.pattern, f.ent.id, offset, size as usize, hint).await?;
+            inner.note_read(&rt, &f);
             Ok(move |reply: ReplyData| reply.data(&data))
         })
     }
@@ -1034,7 +1118,8 @@ impl Filesystem for HiveFs {
         match self.inner.ent(ino) {
             Ok(ent) => {
                 let fh = self.inner.new_fh();
-                let h = DirHandle { ent, next_off: 3, after: None, buf: VecDeque::new(), more: true };
+                let h =
+                    DirHandle { ent, next_off: 3, after: None, buf: VecDeque::new(), more: true, atime_sent: false };
                 self.inner.dirs.lock().expect("dirs").insert(fh, Arc::new(tokio::sync::Mutex::new(h)));
                 reply.opened(FileHandle(fh), FopenFlags::empty());
             }
@@ -1048,6 +1133,10 @@ impl Filesystem for HiveFs {
             let r: FsResult<()> = async {
                 let h = inner.dirs.lock().expect("dirs").get(&fh.0).cloned().ok_or_else(|| stale(ino.0))?;
                 let mut h = h.lock().await;
+                if inner.atime != Atime::NoAtime && !std::mem::replace(&mut h.atime_sent, true) {
+                    let (i, ent) = (inner.clone(), h.ent);
+                    tokio::spawn(async move { i.touch_atime(ent, i.atime == Atime::StrictAtime).await });
+                }
                 // Offsets: "." → 1, ".." → 2, the k-th entry → 3 + k.
                 if offset == 0 && reply.add(ino, 1, FileType::Directory, ".") {
                     return Ok(());
@@ -1369,6 +1458,7 @@ pub fn mount(
             global_locks: opts.global_file_locks,
             dir_attr_ttl: opts.dir_attr_ttl,
             cache_mode: opts.cache_mode,
+            atime: opts.atime,
             opened_versions: Mutex::default(),
             locked: Mutex::default(),
             handle_lock_owners: Mutex::default(),
@@ -1384,8 +1474,14 @@ pub fn mount(
         MountOption::FSName("hivefs".into()),
         MountOption::Subtype("hivefs".into()),
         MountOption::DefaultPermissions,
-        MountOption::NoAtime,
     ];
+    // The kernel's own flag, for what it shows of its cached inodes; the
+    // access times themselves are kept by the metadata nodes.
+    match opts.atime {
+        Atime::NoAtime => cfg.mount_options.push(MountOption::NoAtime),
+        Atime::StrictAtime => cfg.mount_options.push(MountOption::Atime),
+        Atime::Relatime => {}
+    }
     cfg.acl = if opts.allow_other { SessionACL::All } else { SessionACL::Owner };
     cfg.n_threads = Some(opts.fuse_threads.max(1));
     cfg.clone_fd = true;

@@ -15,4 +15,4 @@ mod errno;
 mod fs;
 mod inodes;
 
-pub use fs::{check_mountpoint, mount, CacheMode, MountOptions, DIR_ATTR_TTL};
+pub use fs::{check_mountpoint, mount, Atime, CacheMode, MountOptions, DIR_ATTR_TTL};

@@ -1246,6 +1246,7 @@ impl Namespace {
                 Request::Open { id, .. }
                 | Request::Release { id, .. }
                 | Request::UpdateSize { id, .. }
+                | Request::TouchAtime { id, .. }
                 | Request::GetAttr { id }
                 | Request::SetAttr { id, .. } => Some(*id),
                 _ => None,

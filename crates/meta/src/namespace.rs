@@ -543,6 +543,15 @@ impl Namespace {
             Request::UpdateSize { id, size, mtime } => {
                 self.submit_op(op, Mutation::UpdateSize { id, size, mtime }).await
             }
+            Request::TouchAtime { id, at, strict } => {
+                // Most reads change nothing (relatime): answered without a commit.
+                match self.read(|t| crate::ops::load_inode(&t.inodes, id)) {
+                    Ok(Some(i)) if !crate::ops::atime_due(&i, at, strict) => {
+                        Ok(Reply::Entry(crate::ops::to_attr(id, &i, self.node)))
+                    }
+                    _ => self.submit_op(op, Mutation::TouchAtime { id, at, strict }).await,
+                }
+            }
             Request::CreateOpen { parent, name, mode, excl, caller } => {
                 self.create_open(parent, name, mode, excl, caller, op).await
             }

@@ -120,6 +120,12 @@ pub enum Mutation {
         size: u64,
         mtime: Option<Timespec>,
     },
+    /// See `Request::TouchAtime`.
+    TouchAtime {
+        id: EntryId,
+        at: Timespec,
+        strict: bool,
+    },
     SetXattr {
         id: EntryId,
         name: Vec<u8>,
@@ -449,6 +455,14 @@ pub fn apply(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, m: Mutation) -> OpResult<Rep
         }
         Mutation::SetAttr { id, attr } => set_attr(t, ctx, id, &attr),
         Mutation::UpdateSize { id, size, mtime } => update_size(t, ctx, id, size, mtime),
+        Mutation::TouchAtime { id, at, strict } => {
+            let mut i = inode(&t.inodes, id)?;
+            if atime_due(&i, at, strict) {
+                i.atime = at;
+                t.put_inode(id, &i)?;
+            }
+            Ok(Reply::Entry(to_attr(id, &i, ctx.node)))
+        }
         Mutation::SetXattr { id, name, value, flags } => set_xattr(t, ctx, id, &name, &value, flags),
         Mutation::RemoveXattr { id, name } => remove_xattr(t, ctx, id, &name),
         Mutation::SetDirPattern { id, pattern } => set_dir_pattern(t, ctx, id, pattern),
@@ -941,6 +955,14 @@ fn set_attr(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, a: &SetAttr) -> 
     i.ctime = now;
     t.put_inode(id, &i)?;
     Ok(Reply::Entry(to_attr(id, &i, ctx.node)))
+}
+
+/// relatime's "a day old" (Linux).
+const RELATIME_SECS: i64 = 24 * 3600;
+
+/// Whether a read at `at` moves `i`'s access time (`Request::TouchAtime`).
+pub(crate) fn atime_due(i: &Inode, at: Timespec, strict: bool) -> bool {
+    at > i.atime && (strict || i.atime <= i.mtime || i.atime <= i.ctime || at.sec - i.atime.sec >= RELATIME_SECS)
 }
 
 fn update_size(

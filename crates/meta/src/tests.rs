@@ -1067,6 +1067,32 @@ async fn the_epoch_moves_on_before_ids_leave_the_inode_number_space() {
 }
 
 #[tokio::test]
+async fn access_times_follow_relatime_and_strictatime() {
+    let h = H::new().await;
+    let f = h.create(ROOT, "f").await; // atime = mtime = ctime = the clock
+    let touch = |at: i64, strict: bool| Request::TouchAtime { id: f.id, at: ts(at), strict };
+    let atime = |r: Reply| match r {
+        Reply::Entry(a) => a.atime.sec,
+        r => panic!("{r:?}"),
+    };
+    let t0 = f.atime.sec;
+    // relatime: an access time not newer than mtime/ctime moves; then it is newer and stays.
+    assert_eq!(atime(h.ok(touch(t0 + 10, false)).await), t0 + 10);
+    assert_eq!(atime(h.ok(touch(t0 + 20, false)).await), t0 + 10);
+    // ... until it is a day old.
+    assert_eq!(atime(h.ok(touch(t0 + 10 + 86_400, false)).await), t0 + 10 + 86_400);
+    // strictatime: every read, never backwards; the change time stays.
+    assert_eq!(atime(h.ok(touch(t0 + 86_500, true)).await), t0 + 86_500);
+    assert_eq!(atime(h.ok(touch(t0 + 5, true)).await), t0 + 86_500);
+    let a = h.attr(f.id).await;
+    assert_eq!((a.atime.sec, a.ctime), (t0 + 86_500, f.ctime));
+    assert_eq!(
+        h.code(Request::TouchAtime { id: EntryId { node: 1, epoch: 1, counter: 999 }, at: ts(1), strict: true }).await,
+        ErrorCode::NotFound
+    );
+}
+
+#[tokio::test]
 async fn sync_false_store_works_and_persists() {
     let mut h = H::with(FakeTargets::with_targets(2), false).await;
     let f = h.create(ROOT, "f").await;

@@ -543,6 +543,15 @@ pub enum Request {
         src_offset: u64,
         len: u32,
     },
+    /// A client read `id` at time `at`: its access time moves to `at` (never
+    /// back), always with `strict` (strictatime), else only when the access
+    /// time is not newer than the modification or change time or is a day
+    /// old (relatime, Linux's rule). The change time stays. Answer: `Entry`.
+    TouchAtime {
+        id: EntryId,
+        at: Timespec,
+        strict: bool,
+    },
 }
 
 /// `FallocateChunk` mode bits, as Linux's fallocate(2) numbers them.
@@ -687,6 +696,8 @@ impl Request {
                 | Request::FallocateChunk { .. }
                 | Request::SeekChunk { .. }
                 | Request::CopyChunk { .. }
+                // Moves the access time forward to a given time: a repeat changes nothing.
+                | Request::TouchAtime { .. }
         )
     }
 }
