@@ -59,6 +59,10 @@ pub struct UpArgs {
     /// mount is started again (after `hivefs down`).
     #[arg(long, value_parser = ["native", "paged"])]
     pub cache_mode: Option<String>,
+    /// When reads move access times (`hivefs mount --atime`): noatime (the default),
+    /// relatime or strictatime. Kept for later `up`s like the cache mode.
+    #[arg(long, value_parser = ["noatime", "relatime", "strictatime"])]
+    pub atime: Option<String>,
     /// Address the services bind to.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -104,6 +108,9 @@ pub struct Layout {
     /// The mount's cache mode (file systems from before it existed: native).
     #[serde(default = "crate::services::native_cache_mode")]
     pub cache_mode: String,
+    /// The mount's access-time mode (file systems from before it existed: noatime).
+    #[serde(default = "noatime")]
+    pub atime: String,
     pub mgmtd_port: u16,
     pub meta_ports: Vec<u16>,
     pub storage_ports: Vec<u16>,
@@ -215,11 +222,18 @@ pub fn load_layout(dir: &Path) -> Result<Layout> {
     toml::from_str(&s).map_err(|e| anyhow!("{}: {e}", p.display()))
 }
 
+fn noatime() -> String {
+    "noatime".into()
+}
+
 fn layout_for(a: &UpArgs, dir: &Path) -> Result<Layout> {
     if dir.join("fs.toml").exists() {
         let mut l = load_layout(dir)?;
         if let Some(c) = &a.cache_mode {
             l.cache_mode = c.clone();
+        }
+        if let Some(t) = &a.atime {
+            l.atime = t.clone();
         }
         let check = |name: &str, given: Option<u32>, have: u32| -> Result<()> {
             if let Some(g) = given {
@@ -280,6 +294,7 @@ fn layout_for(a: &UpArgs, dir: &Path) -> Result<Layout> {
         stripe: a.stripe.unwrap_or(0),
         chooser,
         cache_mode: a.cache_mode.clone().unwrap_or_else(crate::services::native_cache_mode),
+        atime: a.atime.clone().unwrap_or_else(noatime),
         mgmtd_port: ports[0],
         meta_ports: ports[1..=meta as usize].to_vec(),
         storage_ports: ports[1 + meta as usize..].to_vec(),
@@ -354,7 +369,7 @@ pub fn up(a: UpArgs) -> Result<()> {
                 .ok_or_else(|| anyhow!("unknown metadata chooser {s:?}: use balanced, random or roundrobin"))
         })
         .transpose()?;
-    if first_up || a.cache_mode.is_some() {
+    if first_up || a.cache_mode.is_some() || a.atime.is_some() {
         hivefs_cluster::write_atomic(&dir.join("fs.toml"), toml::to_string(&layout)?.as_bytes())?;
     }
     let secret = dir.join("secret");
@@ -510,6 +525,8 @@ pub fn up(a: UpArgs) -> Result<()> {
             secret_s.clone(),
             "--cache-mode".into(),
             layout.cache_mode.clone(),
+            "--atime".into(),
+            layout.atime.clone(),
             mnt.display().to_string(),
         ];
         spawn_service("mount", &args, &cdir)?;
@@ -529,7 +546,7 @@ pub fn up(a: UpArgs) -> Result<()> {
         println!("started: {}", started.join(", "));
     }
     println!(
-        "HiveFS is mounted on {}: {} storage targets, {} free of {}; root stripe: chunk {}, {}, chooser {}; cache mode {}.",
+        "HiveFS is mounted on {}: {} storage targets, {} free of {}; root stripe: chunk {}, {}, chooser {}; cache mode {}, {}.",
         mnt.display(),
         want_targets,
         crate::util::human(st.storage.free_bytes),
@@ -537,7 +554,8 @@ pub fn up(a: UpArgs) -> Result<()> {
         crate::util::human(u64::from(layout.chunk_size)),
         if layout.stripe == 0 { "all targets".to_string() } else { format!("{} targets", layout.stripe) },
         layout.chooser,
-        layout.cache_mode
+        layout.cache_mode,
+        layout.atime
     );
     println!("Stop it with: hivefs down --dir {}", dir.display());
     Ok(())
