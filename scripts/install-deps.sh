@@ -12,12 +12,20 @@ command -v getfattr >/dev/null || need+=(attr)
 command -v rsvg-convert >/dev/null || need+=(librsvg2-bin)
 command -v python3 >/dev/null || need+=(python3)
 command -v rsync >/dev/null || need+=(rsync)
+# NFS re-export test: the user-space NFS server and client tools.
+command -v ganesha.nfsd >/dev/null || need+=(nfs-ganesha nfs-ganesha-vfs)
+command -v nfs-cp >/dev/null || need+=(libnfs-utils)
 command -v tc >/dev/null || need+=(iproute2)
 if ((${#need[@]})); then
   echo "installing: ${need[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+  # The NFS packages' own services are not wanted (the test starts its server).
+  if [[ " ${need[*]} " == *" nfs-ganesha "* ]]; then
+    $SUDO pkill -x ganesha.nfsd || true
+    $SUDO pkill -x rpcbind || true
+  fi
 fi
 if ! command -v cargo >/dev/null; then
   echo "cargo (Rust) is required: https://rustup.rs" >&2
