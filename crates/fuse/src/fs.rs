@@ -1201,12 +1201,15 @@ impl Filesystem for HiveFs {
             let f = inner.file(fh)?;
             let mode = mode as u32;
             let r = inner.client.fallocate(&f.pattern, f.ent.id, mode, offset, length).await;
-            if mode != hivefs_proto::FALLOC_KEEP_SIZE {
-                // Contents or size changed (also when some target failed):
-                // the size and times go to the metadata node now.
-                if mode & hivefs_proto::FALLOC_KEEP_SIZE == 0 && r.is_ok() {
-                    inner.note_write(f.ent.id, offset + length);
-                }
+            // Punching and zeroing change contents (on some targets even when
+            // another failed); a successful allocation without KEEP_SIZE may
+            // change the size. Those go to the metadata node now, with the time.
+            let zeroes = mode & (hivefs_proto::FALLOC_PUNCH_HOLE | hivefs_proto::FALLOC_ZERO_RANGE) != 0;
+            let grows = mode & hivefs_proto::FALLOC_KEEP_SIZE == 0;
+            if r.is_ok() && grows {
+                inner.note_write(f.ent.id, offset + length);
+            }
+            if zeroes || (r.is_ok() && grows) {
                 f.dirty.store(true, Ordering::Release);
                 inner.publish_size(&f).await?;
             }
