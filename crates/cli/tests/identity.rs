@@ -29,6 +29,30 @@ fn inos(root: &Path, names: &[&str]) -> BTreeMap<String, u64> {
     names.iter().map(|n| (n.to_string(), ino(&root.join(n)))).collect()
 }
 
+/// d_ino of "." and ".." in a listing of `dir` (read_dir leaves them out).
+fn dot_inos(dir: &Path) -> (u64, u64) {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: opendir/readdir/closedir on a valid path; entries are read before the next call.
+    unsafe {
+        let d = libc::opendir(c.as_ptr());
+        assert!(!d.is_null(), "opendir {}", dir.display());
+        let (mut dot, mut dotdot) = (0, 0);
+        loop {
+            let e = libc::readdir(d);
+            if e.is_null() {
+                break;
+            }
+            match std::ffi::CStr::from_ptr((*e).d_name.as_ptr()).to_bytes() {
+                b"." => dot = (*e).d_ino,
+                b".." => dotdot = (*e).d_ino,
+                _ => {}
+            }
+        }
+        libc::closedir(d);
+        (dot, dotdot)
+    }
+}
+
 fn owner(fs: &TestFs, rel: &str) -> u64 {
     fs.entry_info(rel)["owner_meta_node"].as_u64().expect("owner_meta_node")
 }
@@ -51,7 +75,9 @@ fn inode_numbers_survive_eviction_other_mounts_and_restarts() {
     assert!(distinct.iter().all(|&i| i > 1), "never 0, never 1 but the root: {first:?}");
     assert_eq!(ino(&fs.mnt), 1, "the root is 1");
 
-    // readdir's d_ino agrees with stat.
+    // readdir's d_ino agrees with stat, "." and ".." included.
+    assert_eq!(dot_inos(&fs.path("d")), (first["d"], 1));
+    assert_eq!(dot_inos(&fs.mnt), (1, 1));
     for e in std::fs::read_dir(&fs.mnt).unwrap() {
         let e = e.unwrap();
         let name = e.file_name().into_string().unwrap();
@@ -125,6 +151,9 @@ fn inode_numbers_survive_renames_across_metadata_nodes() {
     assert_eq!(ino(&fs.path(&format!("{y}/sub2"))), s0);
     assert_eq!(ino(&fs.path(&format!("{y}/sub2/inner"))), i0);
     assert_eq!(ino(&m2.mnt.join(format!("{y}/sub2/inner"))), i0);
+    // ".." of a moved directory names its new parent, on both mounts.
+    assert_eq!(dot_inos(&fs.path(&format!("{y}/sub2/inner"))), (i0, s0));
+    assert_eq!(dot_inos(&m2.mnt.join(format!("{y}/sub2"))), (s0, ino(&fs.path(y))));
 
     // Hard links in directories of different owners share the number.
     std::fs::hard_link(fs.path(&format!("{y}/g")), fs.path(&format!("{x}/link"))).unwrap();

@@ -307,6 +307,14 @@ impl Client {
         }
     }
 
+    /// The first page of a directory listing, and the directory's parent.
+    pub async fn readdir_first(&self, dir: Ent, max: u32) -> FsResult<(EntryId, Vec<DirEntry>, bool)> {
+        match self.meta(dir.owner, &Request::ReadDirFirst { dir: dir.id, max }).await? {
+            Reply::DirPageFirst { parent, entries, more } => Ok((parent, entries, more)),
+            r => Err(unexpected(r)),
+        }
+    }
+
     pub async fn symlink(&self, parent: Ent, name: &[u8], target: &[u8], caller: Caller) -> FsResult<EntryAttr> {
         let req = Request::Symlink { parent: parent.id, name: name.to_vec(), target: target.to_vec(), caller };
         entry(self.meta(parent.owner, &req).await?)

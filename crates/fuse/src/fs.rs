@@ -196,6 +196,8 @@ struct DirHandle {
     more: bool,
     /// The access time was reported for this handle.
     atime_sent: bool,
+    /// The directory's parent, from the listing's first page (for `..`).
+    parent: Option<EntryId>,
 }
 
 /// Sizes known locally for files this mount has open for writing: writes
@@ -533,7 +535,14 @@ impl Inner {
 
     async fn fill_dir(&self, h: &mut DirHandle) -> FsResult<()> {
         if h.buf.is_empty() && h.more {
-            let (entries, more) = self.client.readdir(h.ent, h.after.clone(), READDIR_PAGE).await?;
+            let (entries, more) = match &h.after {
+                None => {
+                    let (parent, entries, more) = self.client.readdir_first(h.ent, READDIR_PAGE).await?;
+                    h.parent = Some(parent);
+                    (entries, more)
+                }
+                after => self.client.readdir(h.ent, after.clone(), READDIR_PAGE).await?,
+            };
             if let Some(last) = entries.last() {
                 h.after = Some(last.name.clone());
             }
@@ -1118,8 +1127,15 @@ impl Filesystem for HiveFs {
         match self.inner.ent(ino) {
             Ok(ent) => {
                 let fh = self.inner.new_fh();
-                let h =
-                    DirHandle { ent, next_off: 3, after: None, buf: VecDeque::new(), more: true, atime_sent: false };
+                let h = DirHandle {
+                    ent,
+                    next_off: 3,
+                    after: None,
+                    buf: VecDeque::new(),
+                    more: true,
+                    atime_sent: false,
+                    parent: None,
+                };
                 self.inner.dirs.lock().expect("dirs").insert(fh, Arc::new(tokio::sync::Mutex::new(h)));
                 reply.opened(FileHandle(fh), FopenFlags::empty());
             }
@@ -1138,10 +1154,19 @@ impl Filesystem for HiveFs {
                     tokio::spawn(async move { i.touch_atime(ent, i.atime == Atime::StrictAtime).await });
                 }
                 // Offsets: "." → 1, ".." → 2, the k-th entry → 3 + k.
+                if offset < 2 && h.parent.is_none() {
+                    // The first page names the parent (for the inode number of "..").
+                    if h.next_off != 3 || h.after.is_some() {
+                        (h.next_off, h.after, h.more) = (3, None, true);
+                        h.buf.clear();
+                    }
+                    inner.fill_dir(&mut h).await?;
+                }
                 if offset == 0 && reply.add(ino, 1, FileType::Directory, ".") {
                     return Ok(());
                 }
-                if offset < 2 && reply.add(INodeNo(ROOT_INO), 2, FileType::Directory, "..") {
+                let up = h.parent.map_or(ROOT_INO, |p| p.ino());
+                if offset < 2 && reply.add(INodeNo(up), 2, FileType::Directory, "..") {
                     return Ok(());
                 }
                 let want = offset.max(2) + 1;

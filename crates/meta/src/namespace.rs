@@ -521,6 +521,11 @@ impl Namespace {
                 self.link_any(id, new_parent, new_parent_owner, new_name, op).await
             }
             Request::ReadDir { dir, after, max } => self.readdir(dir, after.as_deref(), max),
+            Request::ReadDirFirst { dir, max } => self.read(|t| {
+                let (entries, more) = t.readdir(dir, None, max)?;
+                let parent = crate::ops::load_inode(&t.inodes, dir)?.and_then(|i| i.parent).unwrap_or(dir);
+                Ok(Reply::DirPageFirst { parent, entries, more })
+            }),
             Request::Symlink { parent, name, target, caller } => {
                 self.submit_op(op, Mutation::Symlink { parent, name, target, uid: caller.uid, gid: caller.gid }).await
             }

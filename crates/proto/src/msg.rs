@@ -552,6 +552,13 @@ pub enum Request {
         at: Timespec,
         strict: bool,
     },
+    /// The first page of a listing (`ReadDir` with no `after`), with the
+    /// directory's parent (for the `..` entry's inode number). Answer:
+    /// `DirPageFirst`.
+    ReadDirFirst {
+        dir: EntryId,
+        max: u32,
+    },
 }
 
 /// `FallocateChunk` mode bits, as Linux's fallocate(2) numbers them.
@@ -698,6 +705,7 @@ impl Request {
                 | Request::CopyChunk { .. }
                 // Moves the access time forward to a given time: a repeat changes nothing.
                 | Request::TouchAtime { .. }
+                | Request::ReadDirFirst { .. }
         )
     }
 }
@@ -811,6 +819,12 @@ pub enum Reply {
     },
     /// Answer to `SeekChunk`: the local offset found (`None`: lseek's ENXIO).
     Seek(Option<u64>),
+    /// Answer to `ReadDirFirst`: a `DirPage` and the directory's parent (the root's is itself).
+    DirPageFirst {
+        parent: EntryId,
+        entries: Vec<DirEntry>,
+        more: bool,
+    },
 }
 
 /// How a new directory's owner (metadata node) is chosen; a per-directory
