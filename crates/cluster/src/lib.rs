@@ -6,6 +6,8 @@
 //! target id. It must not hold policy (choosers, states): mgmtd decides,
 //! this crate only reads.
 
+#![forbid(unsafe_code)]
+
 use hivefs_net::{Pool, Pools};
 use hivefs_proto::{Capacity, NodeInfo, PoolInfo, Reply, Request, TargetCapacity, TargetInfo};
 use hivefs_types::error::{ErrorCode, FsError};

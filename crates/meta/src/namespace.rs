@@ -570,19 +570,9 @@ impl Namespace {
             | Request::FsckInodes { .. }
             | Request::FsckDisposals { .. }
             | Request::FsckFix { .. }) => crate::fsck::handle(self, r).await,
-            other => Err(fs_err!(
-                NotSupported,
-                "{} is not served by a metadata node (node {})",
-                request_name(&other),
-                self.node
-            )),
+            other => {
+                Err(fs_err!(NotSupported, "{} is not served by a metadata node (node {})", other.name(), self.node))
+            }
         }
     }
-}
-
-/// The variant name of a request, for error messages (no field contents).
-pub fn request_name(r: &Request) -> String {
-    let s = format!("{r:?}");
-    let end = s.find([' ', '{', '(']).unwrap_or(s.len());
-    s[..end].to_string()
 }

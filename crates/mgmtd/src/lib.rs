@@ -40,6 +40,8 @@
 //! inode count at all (btrfs) is classified by its free space alone. See
 //! [`capacity_pool`]. The limits apply to every storage pool alike.
 
+#![forbid(unsafe_code)]
+
 pub mod registry;
 pub mod state;
 

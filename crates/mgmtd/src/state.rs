@@ -239,7 +239,7 @@ impl Mgmt {
                 Ok(Reply::Ok)
             }
             Request::ListPools => Ok(Reply::Pools(self.list_pools())),
-            other => Err(fs_err!(NotSupported, "mgmtd does not serve {}", request_name(&other))),
+            other => Err(fs_err!(NotSupported, "mgmtd does not serve {}", other.name())),
         }
     }
 
@@ -315,13 +315,6 @@ impl Mgmt {
         out.sort_by_key(|p| p.id);
         out
     }
-}
-
-/// The variant name of a request, for error messages (no field contents).
-fn request_name(r: &Request) -> String {
-    let s = format!("{r:?}");
-    let end = s.find([' ', '{', '(']).unwrap_or(s.len());
-    s[..end].to_string()
 }
 
 #[cfg(test)]

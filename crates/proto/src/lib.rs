@@ -10,6 +10,8 @@
 //! Message variants are append-only: a variant's index is its wire type id,
 //! so existing variants are never reordered or removed.
 
+#![forbid(unsafe_code)]
+
 pub mod frame;
 pub mod msg;
 

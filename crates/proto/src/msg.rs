@@ -626,6 +626,13 @@ pub enum FsckFix {
 }
 
 impl Request {
+    /// The variant name, for messages (no field contents).
+    pub fn name(&self) -> String {
+        let s = format!("{self:?}");
+        let end = s.find([' ', '{', '(']).unwrap_or(s.len());
+        s[..end].to_string()
+    }
+
     /// The name (parent, name) a successful answer to this request maps to
     /// the answered entry, and which the answering node stores: a lookup of
     /// a real name, or a name the request creates there.
@@ -956,6 +963,13 @@ pub type Response = Result<Reply, FsError>;
 mod tests {
     use super::*;
     use crate::{body_type_id, decode_body, encode_body};
+
+    #[test]
+    fn request_names_are_their_variants() {
+        assert_eq!(Request::Ping.name(), "Ping");
+        assert_eq!(Request::StatChunk { target: TargetId(1), entry: EntryId::ROOT }.name(), "StatChunk");
+        assert_eq!(Request::Leasing { client: 1, idempotent: true, req: vec![1, 2] }.name(), "Leasing");
+    }
 
     #[test]
     fn request_round_trip_and_type_id() {

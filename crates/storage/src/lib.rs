@@ -349,7 +349,7 @@ impl Ready {
                 self.node
             )),
             Request::NetBenchRead { len } => return (Ok(Reply::Data), vec![0u8; len as usize]),
-            other => Err(fs_err!(NotSupported, "storage node {} does not serve {}", self.node, request_name(&other))),
+            other => Err(fs_err!(NotSupported, "storage node {} does not serve {}", self.node, other.name())),
         };
         (r, Vec::new())
     }
@@ -364,13 +364,6 @@ impl Handler for StorageHandler {
             }
         }
     }
-}
-
-/// The variant name of a request, for error messages (no field contents).
-fn request_name(r: &Request) -> String {
-    let s = format!("{r:?}");
-    let end = s.find([' ', '{', '(']).unwrap_or(s.len());
-    s[..end].to_string()
 }
 
 /// Space and inodes of the file system holding `path`, from `statvfs(3)`.

@@ -6,6 +6,8 @@
 //! it (protocol, services, client) builds on these definitions, and the wire
 //! format embeds them, so changing a field here is a protocol change.
 
+#![forbid(unsafe_code)]
+
 pub mod attr;
 pub mod error;
 pub mod ids;
