@@ -361,7 +361,7 @@ impl Control {
     pub fn allocation(&self, path: &str) -> Result<Allocation> {
         let a = self.resolve(path)?;
         let p = a.pattern.ok_or_else(|| BenchError::Invalid(format!("hivefs:/{path} is not a file")))?;
-        Ok(allocation(&self.client.cluster().view(), &format!("/{path}"), &p.targets))
+        Ok(allocation(&self.client.cluster().view(), &format!("/{path}"), p.targets()))
     }
 }
 

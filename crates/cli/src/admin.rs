@@ -285,11 +285,11 @@ pub fn entry(cmd: EntryCmd) -> Result<()> {
                 kind: format!("{:?}", a.kind).to_lowercase(),
                 owner_meta_node: a.owner.0,
                 size: a.size,
-                chunk_size: a.pattern.as_ref().map(|p| p.chunk_size),
-                stripe_count: a.pattern.as_ref().map(|p| p.targets.len()),
-                targets: a.pattern.as_ref().map(|p| p.targets.iter().map(|t| t.0).collect()),
+                chunk_size: a.pattern.as_ref().map(|p| p.chunk_size()),
+                stripe_count: a.pattern.as_ref().map(|p| p.targets().len()),
+                targets: a.pattern.as_ref().map(|p| p.targets().iter().map(|t| t.0).collect()),
                 dir_pattern: a.dir_pattern.as_ref().map(pattern_info),
-                allocation: a.pattern.as_ref().map(|p| allocation(&view, &p.targets)),
+                allocation: a.pattern.as_ref().map(|p| allocation(&view, p.targets())),
             });
         }
         Ok::<_, anyhow::Error>(infos)

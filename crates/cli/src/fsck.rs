@@ -220,7 +220,7 @@ impl Checker {
 
     pub fn add_inode(&mut self, node: NodeId, i: FsckInode) {
         self.scanned += 1;
-        let targets = i.pattern.as_ref().map(|p| p.targets.clone()).unwrap_or_default();
+        let targets = i.pattern.as_ref().map(|p| p.targets().to_vec()).unwrap_or_default();
         self.inodes.insert(
             i.id,
             Ino {
@@ -399,7 +399,7 @@ impl Checker {
             if let (Some(p), false) = (&i.pattern, i.open) {
                 let have = self.chunks.get(&id);
                 let lens: Vec<u64> = p
-                    .targets
+                    .targets()
                     .iter()
                     .map(|t| have.and_then(|c| c.iter().find(|(ct, _)| ct == t)).map_or(0, |(_, l)| *l))
                     .collect();
@@ -878,11 +878,7 @@ mod tests {
     }
 
     fn file(i: EntryId, nlink: u32, size: u64, targets: &[u32]) -> FsckInode {
-        let pattern = Pattern {
-            kind: PatternKind::Raid0,
-            chunk_size: 4096,
-            targets: targets.iter().map(|&t| TargetId(t)).collect(),
-        };
+        let pattern = Pattern::new(PatternKind::Raid0, 4096, targets.iter().map(|&t| TargetId(t)).collect()).unwrap();
         FsckInode { id: i, kind: FileKind::File, nlink, size, pattern: Some(pattern), parent: None, open: false }
     }
 

@@ -70,12 +70,12 @@ impl Client {
     /// [`Client::write`] of a buffer the caller gives away: the pieces sent to
     /// the targets are slices of it, not copies.
     pub async fn write_bytes(&self, pattern: &Pattern, entry: EntryId, offset: u64, data: Bytes) -> FsResult<usize> {
-        if pattern.targets.is_empty() {
+        if pattern.targets().is_empty() {
             return Err(FsError::new(ErrorCode::Invalid, format!("file {entry} has an empty stripe pattern")));
         }
         let mut set = JoinSet::new();
         for p in split_large(pattern.pieces(offset, data.len())) {
-            let target = pattern.targets[p.stripe_index];
+            let target = pattern.targets()[p.stripe_index];
             let payload = data.slice(p.buf_offset..p.buf_offset + p.len);
             if let Local::File(f) = self.local.file(&self.cluster, target, entry, true).await {
                 let write = move || f.write_all_at(&payload, p.local_offset).map_err(|e| local_err(target, entry, e));
@@ -108,17 +108,17 @@ impl Client {
     /// (short-circuit) and the write is small; `None` otherwise, having
     /// written nothing (the caller takes [`Client::write_bytes`]).
     pub fn write_now(&self, pattern: &Pattern, entry: EntryId, offset: u64, data: &[u8]) -> Option<FsResult<usize>> {
-        if pattern.targets.is_empty() || data.len() > LOCAL_INLINE_MAX {
+        if pattern.targets().is_empty() || data.len() > LOCAL_INLINE_MAX {
             return None;
         }
         let pieces = pattern.pieces(offset, data.len());
         let mut files = Vec::with_capacity(pieces.len());
-        let targets = pieces.iter().map(|p| pattern.targets[p.stripe_index]);
+        let targets = pieces.iter().map(|p| pattern.targets()[p.stripe_index]);
         if !self.local.held_files(&self.cluster, entry, targets, &mut files) {
             return None;
         }
         for (p, f) in pieces.iter().zip(files) {
-            let target = pattern.targets[p.stripe_index];
+            let target = pattern.targets()[p.stripe_index];
             if let Err(e) = f.write_all_at(&data[p.buf_offset..p.buf_offset + p.len], p.local_offset) {
                 return Some(Err(local_err(target, entry, e)));
             }
@@ -132,12 +132,12 @@ impl Client {
     /// where the range is not all there: a hole or the end of the file), and
     /// the caller takes [`Client::read`].
     pub fn read_now(&self, pattern: &Pattern, entry: EntryId, offset: u64, len: usize) -> Option<Vec<u8>> {
-        if pattern.targets.is_empty() || len == 0 {
+        if pattern.targets().is_empty() || len == 0 {
             return None;
         }
         let pieces = pattern.pieces(offset, len);
         let mut files = Vec::with_capacity(pieces.len());
-        let targets = pieces.iter().map(|p| pattern.targets[p.stripe_index]);
+        let targets = pieces.iter().map(|p| pattern.targets()[p.stripe_index]);
         if !self.local.held_files(&self.cluster, entry, targets, &mut files) {
             return None;
         }
@@ -162,7 +162,7 @@ impl Client {
         len: usize,
         size_hint: u64,
     ) -> FsResult<Vec<u8>> {
-        if pattern.targets.is_empty() || len == 0 {
+        if pattern.targets().is_empty() || len == 0 {
             return Ok(Vec::new());
         }
         let mut set = JoinSet::new();
@@ -172,7 +172,7 @@ impl Client {
         // (or large ones): read by one blocking task straight into `buf`.
         let mut from_disk = Vec::new();
         for p in split_large(pattern.pieces(offset, len)) {
-            let target = pattern.targets[p.stripe_index];
+            let target = pattern.targets()[p.stripe_index];
             match self.local.file(&self.cluster, target, entry, false).await {
                 Local::File(f) => {
                     let dst = &mut buf[p.buf_offset..p.buf_offset + p.len];
@@ -232,8 +232,8 @@ impl Client {
     /// The file size the chunk files imply (the truth, as the brief says).
     pub async fn size_from_targets(&self, pattern: &Pattern, entry: EntryId) -> FsResult<u64> {
         let mut set = JoinSet::new();
-        let mut lens = vec![0u64; pattern.targets.len()];
-        for (i, &target) in pattern.targets.iter().enumerate() {
+        let mut lens = vec![0u64; pattern.targets().len()];
+        for (i, &target) in pattern.targets().iter().enumerate() {
             match self.local.file(&self.cluster, target, entry, false).await {
                 Local::File(f) => {
                     lens[i] = f.metadata().map_err(|e| local_err(target, entry, e))?.len();
@@ -267,7 +267,7 @@ impl Client {
         req: impl Fn(usize, TargetId) -> Option<Request>,
     ) -> FsResult<Vec<(usize, Reply)>> {
         let mut set = JoinSet::new();
-        for (i, &target) in pattern.targets.iter().enumerate() {
+        for (i, &target) in pattern.targets().iter().enumerate() {
             let Some(r) = req(i, target) else { continue };
             let pool = self.cluster.target_pool(target).await?;
             set.spawn(async move { pool.rpc(&r).await.map(|a| (i, a)).map_err(|e| target_err(target, entry, e)) });
@@ -287,7 +287,7 @@ impl Client {
     /// the range's last byte grow its chunk file (the file's size follows
     /// from the chunk files).
     pub async fn fallocate(&self, pattern: &Pattern, entry: EntryId, mode: u32, offset: u64, len: u64) -> FsResult<()> {
-        if pattern.targets.is_empty() {
+        if pattern.targets().is_empty() {
             return Err(FsError::new(ErrorCode::Invalid, format!("file {entry} has an empty stripe pattern")));
         }
         let end = offset.checked_add(len).filter(|_| len > 0).ok_or_else(|| {
@@ -326,7 +326,7 @@ impl Client {
         size: u64,
         hole: bool,
     ) -> FsResult<Option<u64>> {
-        if offset >= size || pattern.targets.is_empty() {
+        if offset >= size || pattern.targets().is_empty() {
             return Ok(None);
         }
         let from = |i: usize| pattern.local_at_or_after(i, offset);
@@ -368,10 +368,10 @@ impl Client {
         dst_off: u64,
         len: u64,
     ) -> FsResult<u64> {
-        if src_pat.targets.is_empty() || dst_pat.targets.is_empty() {
+        if src_pat.targets().is_empty() || dst_pat.targets().is_empty() {
             return Err(FsError::new(ErrorCode::Invalid, format!("file {src} or {dst} has an empty stripe pattern")));
         }
-        let (src_cs, dst_cs) = (u64::from(src_pat.chunk_size), u64::from(dst_pat.chunk_size));
+        let (src_cs, dst_cs) = (u64::from(src_pat.chunk_size()), u64::from(dst_pat.chunk_size()));
         let mut set = JoinSet::new();
         let mut done = 0u64;
         while done < len {
@@ -379,7 +379,7 @@ impl Client {
             let take = (len - done).min(src_cs - i % src_cs).min(dst_cs - o % dst_cs).min(MAX_PIECE as u64);
             let (si, sl) = src_pat.locate(i);
             let (di, dl) = dst_pat.locate(o);
-            let (src_target, target) = (src_pat.targets[si], dst_pat.targets[di]);
+            let (src_target, target) = (src_pat.targets()[si], dst_pat.targets()[di]);
             let req = Request::CopyChunk {
                 target,
                 entry: dst,
@@ -412,7 +412,7 @@ impl Client {
     /// Flushes the file's chunk files to disk on every target.
     pub async fn fsync(&self, pattern: &Pattern, entry: EntryId) -> FsResult<()> {
         let mut set = JoinSet::new();
-        for &target in &pattern.targets {
+        for &target in pattern.targets() {
             let pool = self.cluster.target_pool(target).await?;
             set.spawn(async move {
                 pool.rpc(&Request::FsyncChunk { target, entry }).await.map_err(|e| target_err(target, entry, e))

@@ -357,7 +357,7 @@ impl Inner {
             uid: a.uid,
             gid: a.gid,
             rdev: a.rdev,
-            blksize: a.pattern.as_ref().map(|p| p.chunk_size).unwrap_or(512 << 10),
+            blksize: a.pattern.as_ref().map(|p| p.chunk_size()).unwrap_or(512 << 10),
             flags: 0,
         }
     }

@@ -189,7 +189,7 @@ pub fn apply_fix(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, fix: FsckFix) -> OpResul
                 return Err(changed(format!("disposal record of {id}")));
             }
             t.remove_inode(id)?;
-            let targets = i.pattern.map(|p| p.targets).unwrap_or_default();
+            let targets = i.pattern.map(|p| p.into_targets()).unwrap_or_default();
             let n = targets.len();
             if !targets.is_empty() {
                 let d = Disposal { state: DisposalState::DeleteChunks, targets };

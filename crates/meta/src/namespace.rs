@@ -361,7 +361,7 @@ impl Namespace {
 
     async fn truncate_chunks(&self, id: EntryId, p: &Pattern, size: u64) -> FsResult<()> {
         let mut set = tokio::task::JoinSet::new();
-        for (idx, &target) in p.targets.iter().enumerate() {
+        for (idx, &target) in p.targets().iter().enumerate() {
             let len = p.chunk_file_len(size, idx);
             let fut = self.targets.truncate_chunk(target, id, len);
             set.spawn(async move {

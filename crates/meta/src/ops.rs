@@ -650,7 +650,7 @@ pub(crate) fn drop_link(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, mut 
         return t.put_inode(id, &i);
     }
     ctx.files_delta -= 1;
-    let targets = i.pattern.as_ref().map(|p| p.targets.clone()).unwrap_or_default();
+    let targets = i.pattern.as_ref().map(|p| p.targets().to_vec()).unwrap_or_default();
     if i.kind == FileKind::File && (ctx.is_open)(id) {
         t.put_inode(id, &i)?;
         // Wake the disposal task too: should the last release come before

@@ -279,7 +279,7 @@ async fn create_sets_attributes_pattern_and_parent_times() {
     assert_eq!(f.owner, NodeId(1));
     assert_eq!(f.id.node, 1);
     let p = f.pattern.clone().expect("a regular file has a pattern");
-    assert_eq!(p.chunk_size, 512 << 10);
+    assert_eq!(p.chunk_size(), 512 << 10);
     assert_eq!(p.stripe_count(), 4, "stripe count 0 means all targets");
     let root = h.attr(ROOT).await;
     assert_eq!((root.mtime, root.ctime), (ts(now), ts(now)));
@@ -379,9 +379,9 @@ async fn dir_patterns_are_validated_inherited_and_applied() {
     assert_eq!(a.dir_pattern, Some(dp.clone()));
     let f = h.create(d.id, "f").await;
     let p = f.pattern.unwrap();
-    assert_eq!((p.chunk_size, p.stripe_count()), (64 << 10, 2));
+    assert_eq!((p.chunk_size(), p.stripe_count()), (64 << 10, 2));
     let g = h.create(d.id, "g").await.pattern.unwrap();
-    assert_ne!(p.targets, g.targets, "round-robin rotates");
+    assert_ne!(p.targets(), g.targets(), "round-robin rotates");
     let sub = h.mkdir(d.id, "sub").await;
     assert_eq!(sub.dir_pattern, Some(dp.clone()), "new directories inherit");
     // Stripe count larger than the pool: all targets.
@@ -778,7 +778,7 @@ async fn setattr_size_truncates_every_stripe_target() {
     let mut calls = h.t.calls();
     calls.sort_by_key(|c| format!("{c:?}"));
     let mut want: Vec<Call> =
-        p.targets.iter().enumerate().map(|(i, &tg)| Call::Truncate(tg, f.id, p.chunk_file_len(size, i))).collect();
+        p.targets().iter().enumerate().map(|(i, &tg)| Call::Truncate(tg, f.id, p.chunk_file_len(size, i))).collect();
     want.sort_by_key(|c| format!("{c:?}"));
     assert_eq!(calls, want);
     assert_eq!(want.iter().map(|c| if let Call::Truncate(_, _, l) = c { *l } else { 0 }).sum::<u64>(), size);
@@ -824,7 +824,7 @@ async fn unlink_queues_chunk_deletion_on_every_target() {
     assert_eq!(h.disposal(f.id), Some(DisposalState::DeleteChunks));
     let r = h.gc().await;
     assert_eq!((r.deleted, r.failed), (1, 0));
-    let want: HashSet<TargetId> = f.pattern.unwrap().targets.into_iter().collect();
+    let want: HashSet<TargetId> = f.pattern.unwrap().targets().iter().copied().collect();
     assert_eq!(h.t.unlinked(f.id), want);
     assert_eq!(h.disposal(f.id), None);
     assert_eq!(h.gc().await, RoundOutcome::default());
@@ -887,7 +887,7 @@ async fn chunk_deletions_go_in_one_batch_per_target_and_only_failed_targets_are_
         files.push(h.create(ROOT, &name).await);
         h.ok(unlink(ROOT, &name)).await;
     }
-    let targets_of = |f: &EntryAttr| f.pattern.as_ref().unwrap().targets.clone();
+    let targets_of = |f: &EntryAttr| f.pattern.as_ref().unwrap().targets().to_vec();
     let sorted = |mut v: Vec<EntryId>| {
         v.sort();
         v
@@ -1282,7 +1282,7 @@ mod service {
             Reply::Entry(a) => a,
             r => panic!("{r:?}"),
         };
-        assert_eq!(f.pattern.unwrap().targets, vec![TargetId(21)]);
+        assert_eq!(f.pattern.unwrap().targets(), vec![TargetId(21)]);
         assert_eq!(f.owner, NodeId(3));
         // A second service on the same data dir is refused, naming the store.
         let e = start(cfg.clone()).await.err().expect("data dir in use");

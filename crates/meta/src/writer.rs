@@ -144,7 +144,8 @@ impl WriterState {
             targets.extend(more);
         }
         assert!(!targets.is_empty(), "a chooser returns at least one target when there are candidates");
-        Ok(Pattern { kind: PatternKind::Raid0, chunk_size: dp.chunk_size, targets })
+        Pattern::new(PatternKind::Raid0, dp.chunk_size, targets)
+            .map_err(|m| fs_err!(Internal, "stripe pattern chosen for pool {}: {m}", dp.pool))
     }
 }
 

@@ -18,13 +18,37 @@ pub enum PatternKind {
     BuddyMirror,
 }
 
+/// Most stripe targets of one file.
+pub const STRIPE_MAX: usize = 65_536;
+
 /// The fixed layout of one file's data, chosen at creation.
+///
+/// Only valid patterns exist ([`Pattern::new`]): a chunk size that is a
+/// power of two from 4 KiB to 1 GiB, 1 to [`STRIPE_MAX`] targets, none
+/// twice (each target holds one chunk file per file). Decoding checks the
+/// same, so a pattern from the wire or the disk is valid too.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "PatternFields")]
 pub struct Pattern {
-    pub kind: PatternKind,
-    pub chunk_size: u32,
+    kind: PatternKind,
+    chunk_size: u32,
     /// Stripe targets in stripe order; `targets.len()` is the stripe count.
-    pub targets: Vec<TargetId>,
+    targets: Vec<TargetId>,
+}
+
+/// [`Pattern`] as encoded (the same fields in the same order), before its checks.
+#[derive(Deserialize)]
+struct PatternFields {
+    kind: PatternKind,
+    chunk_size: u32,
+    targets: Vec<TargetId>,
+}
+
+impl TryFrom<PatternFields> for Pattern {
+    type Error = String;
+    fn try_from(f: PatternFields) -> Result<Pattern, String> {
+        Pattern::new(f.kind, f.chunk_size, f.targets)
+    }
 }
 
 /// One contiguous piece of a byte range, inside a single chunk of one target.
@@ -104,6 +128,37 @@ pub fn validate_chunk_size(cs: u64) -> Result<u32, String> {
 }
 
 impl Pattern {
+    /// A pattern, if it is valid (see [`Pattern`]).
+    pub fn new(kind: PatternKind, chunk_size: u32, targets: Vec<TargetId>) -> Result<Pattern, String> {
+        validate_chunk_size(u64::from(chunk_size))?;
+        if targets.is_empty() || targets.len() > STRIPE_MAX {
+            return Err(format!("a stripe of {} targets is invalid: 1 to {STRIPE_MAX}", targets.len()));
+        }
+        let mut seen = std::collections::HashSet::with_capacity(targets.len());
+        if let Some(t) = targets.iter().find(|t| !seen.insert(**t)) {
+            return Err(format!("target {t} appears twice in a stripe"));
+        }
+        Ok(Pattern { kind, chunk_size, targets })
+    }
+
+    pub fn kind(&self) -> PatternKind {
+        self.kind
+    }
+
+    pub fn chunk_size(&self) -> u32 {
+        self.chunk_size
+    }
+
+    /// Stripe targets in stripe order.
+    pub fn targets(&self) -> &[TargetId] {
+        &self.targets
+    }
+
+    /// The stripe targets, taking the pattern apart.
+    pub fn into_targets(self) -> Vec<TargetId> {
+        self.targets
+    }
+
     pub fn stripe_count(&self) -> usize {
         self.targets.len()
     }
@@ -211,7 +266,28 @@ mod tests {
     use proptest::prelude::*;
 
     fn pat(cs: u32, n: u32) -> Pattern {
-        Pattern { kind: PatternKind::Raid0, chunk_size: cs, targets: (1..=n).map(TargetId).collect() }
+        Pattern::new(PatternKind::Raid0, cs, (1..=n).map(TargetId).collect()).unwrap()
+    }
+
+    #[test]
+    fn only_valid_patterns_are_made_or_decoded() {
+        let t = |v: &[u32]| v.iter().copied().map(TargetId).collect::<Vec<_>>();
+        assert!(Pattern::new(PatternKind::Raid0, 4096, t(&[1, 2])).is_ok());
+        for (cs, targets) in [(0, t(&[1])), (5000, t(&[1])), (4096, t(&[])), (4096, t(&[1, 2, 1]))] {
+            assert!(Pattern::new(PatternKind::Raid0, cs, targets.clone()).is_err(), "{cs} {targets:?}");
+            // The same fields as they would arrive off the wire or the disk.
+            #[derive(Serialize)]
+            struct Raw {
+                kind: PatternKind,
+                chunk_size: u32,
+                targets: Vec<TargetId>,
+            }
+            let bytes = postcard::to_allocvec(&Raw { kind: PatternKind::Raid0, chunk_size: cs, targets }).unwrap();
+            assert!(postcard::from_bytes::<Pattern>(&bytes).is_err());
+        }
+        let good = pat(4096, 3);
+        let bytes = postcard::to_allocvec(&good).unwrap();
+        assert_eq!(postcard::from_bytes::<Pattern>(&bytes).unwrap(), good);
     }
 
     proptest! {
