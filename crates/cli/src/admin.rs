@@ -203,6 +203,8 @@ pub fn targets(c: Conn) -> Result<()> {
 struct EntryInfo {
     path: String,
     entry_id: String,
+    /// st_ino on every mount (a function of the entry id).
+    inode: u64,
     kind: String,
     owner_meta_node: u32,
     size: u64,
@@ -282,6 +284,7 @@ pub fn entry(cmd: EntryCmd) -> Result<()> {
             infos.push(EntryInfo {
                 path: format!("/{rel}"),
                 entry_id: a.id.to_string(),
+                inode: a.id.ino(),
                 kind: format!("{:?}", a.kind).to_lowercase(),
                 owner_meta_node: a.owner.0,
                 size: a.size,
@@ -308,6 +311,7 @@ pub fn entry(cmd: EntryCmd) -> Result<()> {
         }
         println!("Path:          {}", info.path);
         println!("Entry ID:      {}", info.entry_id);
+        println!("Inode:         {}", info.inode);
         println!("Type:          {}", info.kind);
         println!("Metadata node: {}", info.owner_meta_node);
         if let (Some(cs), Some(targets)) = (info.chunk_size, &info.targets) {

@@ -74,6 +74,7 @@ fn inode_numbers_survive_eviction_other_mounts_and_restarts() {
     assert_eq!(distinct.len(), 4, "{first:?}");
     assert!(distinct.iter().all(|&i| i > 1), "never 0, never 1 but the root: {first:?}");
     assert_eq!(ino(&fs.mnt), 1, "the root is 1");
+    assert_eq!(fs.entry_info("d/hard")["inode"].as_u64(), Some(first["a"]), "entry info names the number");
 
     // readdir's d_ino agrees with stat, "." and ".." included.
     assert_eq!(dot_inos(&fs.path("d")), (first["d"], 1));
