@@ -419,20 +419,26 @@ impl Client {
 
     /// Finds the metadata node storing `id`'s inode, knowing only the id (a
     /// file handle, an inode number the kernel forgot): the node that minted
-    /// it first (where a file stays unless a rename moved it), then every
-    /// other metadata node.
-    pub async fn locate(&self, id: EntryId) -> FsResult<EntryAttr> {
+    /// it (where a file stays unless a rename moved it), and if it has not,
+    /// every other metadata node at once (a dead one costs one timeout, not
+    /// one per node).
+    pub async fn locate(self: &Arc<Self>, id: EntryId) -> FsResult<EntryAttr> {
         if id.is_root() {
             return self.getattr(self.root).await;
         }
+        let mut unreachable = match self.getattr(Ent { id, owner: NodeId(id.node) }).await {
+            Ok(a) => return Ok(a),
+            Err(e) if e.code == ErrorCode::NotFound => None,
+            Err(e) => Some(e),
+        };
         let view = self.cluster.view();
-        let mut nodes: Vec<NodeId> =
-            view.nodes.values().filter(|n| n.node_type == NodeType::Meta && n.id.0 != id.node).map(|n| n.id).collect();
-        nodes.sort();
-        nodes.insert(0, NodeId(id.node));
-        let mut unreachable = None;
-        for owner in nodes {
-            match self.getattr(Ent { id, owner }).await {
+        let mut asks = tokio::task::JoinSet::new();
+        for n in view.nodes.values().filter(|n| n.node_type == NodeType::Meta && n.id.0 != id.node) {
+            let (me, owner) = (self.clone(), n.id);
+            asks.spawn(async move { me.getattr(Ent { id, owner }).await });
+        }
+        while let Some(r) = asks.join_next().await {
+            match r.map_err(|e| FsError::new(ErrorCode::Internal, e.to_string()))? {
                 Ok(a) => return Ok(a),
                 Err(e) if e.code == ErrorCode::NotFound => {}
                 Err(e) => unreachable = Some(e),
