@@ -29,6 +29,18 @@ pub struct NodeIdentity {
     pub node_id: Option<u32>,
 }
 
+/// Space and inodes of the file system holding `path` (statvfs(3)): what
+/// a service reports of its data directories in heartbeats.
+pub fn capacity_of(path: &Path) -> std::io::Result<hivefs_proto::Capacity> {
+    let s = rustix::fs::statvfs(path)?;
+    Ok(hivefs_proto::Capacity {
+        total_bytes: s.f_blocks.saturating_mul(s.f_frsize),
+        free_bytes: s.f_bavail.saturating_mul(s.f_frsize),
+        total_inodes: s.f_files,
+        free_inodes: s.f_favail,
+    })
+}
+
 pub fn new_uuid() -> String {
     let b: [u8; 16] = rand::random();
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();

@@ -344,7 +344,7 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
         let dir = dir.clone();
         tasks.push(tokio::spawn(async move {
             loop {
-                let meta = match targets::capacity_of(&dir) {
+                let meta = match hivefs_cluster::capacity_of(&dir) {
                     Ok(c) => Some(c),
                     Err(e) => {
                         warn!("statvfs of {}: {e}", dir.display());

@@ -9,8 +9,9 @@
 
 use crate::ops::{check_truncatable, load_inode, Mutation, OpError, ReadTables};
 use crate::store::{sys, sys_get, Store, StoreError, SYSTEM};
-use crate::targets::{capacity_of, DataTargets};
+use crate::targets::DataTargets;
 use crate::writer::{run_batch, system_clock, Clock, StoreFailure, Writer, WriterState, WriterStats};
+use hivefs_cluster::capacity_of;
 use hivefs_proto::{decode_body, Caller, OpId, Reply, Request, Response};
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr};
 use hivefs_types::error::{FsError, FsResult};

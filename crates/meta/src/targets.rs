@@ -6,11 +6,10 @@
 //! decide policy: reachability comes from mgmtd, choice from `chooser`.
 
 use hivefs_cluster::Cluster;
-use hivefs_proto::{Capacity, CapacityPool, Reachability, Request, UNLINK_CHUNKS_MAX};
+use hivefs_proto::{CapacityPool, Reachability, Request, UNLINK_CHUNKS_MAX};
 use hivefs_types::error::{ErrorCode, FsResult};
 use hivefs_types::ids::{EntryId, NodeId, PoolId, TargetId};
 use std::future::Future;
-use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -168,25 +167,4 @@ impl DataTargets for ClusterTargets {
             Ok(())
         })
     }
-}
-
-/// Space of the file system holding `dir` (statvfs).
-pub fn capacity_of(dir: &Path) -> std::io::Result<Capacity> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path contains NUL"))?;
-    // SAFETY: `statvfs` is plain old data, for which all-zero bytes is a valid value.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a NUL-terminated string and `s` a valid, writable statvfs.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut s) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let frsize = s.f_frsize as u64;
-    Ok(Capacity {
-        total_bytes: s.f_blocks as u64 * frsize,
-        free_bytes: s.f_bavail as u64 * frsize,
-        total_inodes: s.f_files as u64,
-        free_inodes: s.f_favail as u64,
-    })
 }

@@ -300,7 +300,7 @@ fn apply_all(
     // A finding of too little space stands for a second.
     let free = match (&st.space_reserve, st.low_space) {
         (Some((_, min)), Some((until, free))) if std::time::Instant::now() < until => Some((free, *min)),
-        (Some((dir, min)), _) => match crate::targets::capacity_of(dir).map(|c| c.free_bytes) {
+        (Some((dir, min)), _) => match hivefs_cluster::capacity_of(dir).map(|c| c.free_bytes) {
             Ok(free) if free < *min => {
                 // Only the part of the file that has disk blocks: the store
                 // grows its file sparsely, and writing into a hole takes

@@ -152,7 +152,7 @@ pub fn run_target(target: TargetId, dir: &Path, p: &Params) -> FsResult<TargetBe
         FsError::new(code, format!("storage bench on target {target}: {what} {}: {e}", path.display()))
     };
     let bytes = p.bytes_moved();
-    let cap = crate::statvfs(dir).map_err(|e| io_err("statvfs of", dir, e))?;
+    let cap = hivefs_cluster::capacity_of(dir).map_err(|e| io_err("statvfs of", dir, e))?;
     if cap.free_bytes < bytes.saturating_add(SPACE_RESERVE_BYTES) {
         return Err(fs_err!(
             NoSpace,
@@ -301,7 +301,7 @@ mod tests {
     #[test]
     fn refuses_a_volume_larger_than_the_free_space() {
         let d = tempfile::tempdir().unwrap();
-        let free = crate::statvfs(d.path()).unwrap().free_bytes;
+        let free = hivefs_cluster::capacity_of(d.path()).unwrap().free_bytes;
         let e = run_target(TargetId(3), d.path(), &params(free, 1 << 20, 1)).unwrap_err();
         assert_eq!(e.code, ErrorCode::NoSpace);
         assert!(e.message.contains("target 3"), "{e}");

@@ -28,7 +28,6 @@ use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, TargetId};
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -235,13 +234,8 @@ impl ChunkStore {
     }
 
     fn falloc(&self, entry: EntryId, f: &File, mode: u32, offset: u64, len: u64) -> FsResult<()> {
-        // SAFETY: fallocate(2) on an open descriptor; offsets were checked to fit off_t.
-        let r = unsafe { libc::fallocate(f.as_raw_fd(), mode as i32, offset as i64, len as i64) };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(self.err(entry, &std::io::Error::last_os_error()))
-        }
+        rustix::fs::fallocate(f, rustix::fs::FallocateFlags::from_bits_retain(mode), offset, len)
+            .map_err(|e| self.err(entry, &e.into()))
     }
 
     /// The next data (`hole: false`) or hole (`hole: true`) of the chunk
@@ -252,16 +246,11 @@ impl ChunkStore {
             return Ok(None);
         }
         let Some(f) = self.open(entry, false)? else { return Ok(None) };
-        let whence = if hole { libc::SEEK_HOLE } else { libc::SEEK_DATA };
-        // SAFETY: lseek(2) on an open descriptor this function owns.
-        let r = unsafe { libc::lseek(f.as_raw_fd(), offset as i64, whence) };
-        if r >= 0 {
-            return Ok(Some(r as u64));
-        }
-        let e = std::io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::ENXIO) => Ok(None),
-            _ => Err(self.err(entry, &e)),
+        let to = if hole { rustix::fs::SeekFrom::Hole(offset) } else { rustix::fs::SeekFrom::Data(offset) };
+        match rustix::fs::seek(&f, to) {
+            Ok(at) => Ok(Some(at)),
+            Err(rustix::io::Errno::NXIO) => Ok(None),
+            Err(e) => Err(self.err(entry, &e.into())),
         }
     }
 
@@ -320,25 +309,16 @@ impl ChunkStore {
         off: u64,
         len: u64,
     ) -> FsResult<u64> {
+        use rustix::io::Errno;
         let mut done = 0u64;
         while done < len {
-            let mut i = (src_off + done) as i64;
-            let mut o = (off + done) as i64;
-            // SAFETY: copy_file_range(2) between two open descriptors with explicit offsets.
-            let r = unsafe {
-                libc::copy_file_range(from.as_raw_fd(), &mut i, to.as_raw_fd(), &mut o, (len - done) as usize, 0)
-            };
-            match r {
-                0 => break,
-                n if n > 0 => done += n as u64,
-                _ => {
-                    let e = std::io::Error::last_os_error();
-                    match e.raw_os_error() {
-                        Some(libc::EXDEV | libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL) => break,
-                        Some(libc::EINTR) => continue,
-                        _ => return Err(self.err(entry, &e)),
-                    }
-                }
+            let (mut i, mut o) = (src_off + done, off + done);
+            match rustix::fs::copy_file_range(from, Some(&mut i), to, Some(&mut o), (len - done) as usize) {
+                Ok(0) => break,
+                Ok(n) => done += n as u64,
+                Err(Errno::XDEV | Errno::OPNOTSUPP | Errno::NOSYS | Errno::INVAL) => break,
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(self.err(entry, &e.into())),
             }
         }
         Ok(done)

@@ -28,14 +28,14 @@ pub use target::{init_target, open_target, TargetFile, CHUNKS_DIR, TARGET_FILE};
 
 use hivefs_cluster::NodeIdentity;
 use hivefs_net::{serve, ClientConfig, Handler, Peer, Pool, ServerConfig, ServerHandle};
-use hivefs_proto::{Capacity, Reply, Request, Response, TargetCapacity, MAX_PAYLOAD_LEN};
+use hivefs_proto::{Reply, Request, Response, TargetCapacity, MAX_PAYLOAD_LEN};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, NodeId, NodeType, TargetId};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tracing::{debug, error, info, warn};
@@ -366,29 +366,6 @@ impl Handler for StorageHandler {
     }
 }
 
-/// Space and inodes of the file system holding `path`, from `statvfs(3)`.
-pub fn statvfs(path: &Path) -> std::io::Result<Capacity> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    // SAFETY: `statvfs` is plain old data, for which all-zero bytes is a valid value.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a NUL-terminated string and `s` a valid, writable statvfs.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // The field types differ between platforms (u32 on some 32-bit ones).
-    #[allow(clippy::unnecessary_cast)]
-    let (frsize, blocks, bavail, files, favail) =
-        (s.f_frsize as u64, s.f_blocks as u64, s.f_bavail as u64, s.f_files as u64, s.f_favail as u64);
-    Ok(Capacity {
-        total_bytes: blocks.saturating_mul(frsize),
-        free_bytes: bavail.saturating_mul(frsize),
-        total_inodes: files,
-        free_inodes: favail,
-    })
-}
-
 /// One target as opened at start.
 struct Opened {
     dir: PathBuf,
@@ -407,7 +384,7 @@ async fn register_targets(mgmt: &Pool, node: NodeId, opened: &mut [Opened]) -> R
         let mgmt_err = |source: FsError| StorageError::Mgmt { mgmtd: mgmt.addr().to_string(), source };
         // A target whose space cannot be read registers without capacity
         // (mgmtd then keeps it in the emergency pool until a heartbeat says more).
-        let capacity = statvfs(&t.dir).unwrap_or_default();
+        let capacity = hivefs_cluster::capacity_of(&t.dir).unwrap_or_default();
         let req = Request::RegisterTarget { node, uuid: t.file.uuid.clone(), capacity };
         let assigned = match mgmt.rpc(&req).await {
             Ok(Reply::TargetRegistered { target, .. }) => target,
@@ -607,7 +584,7 @@ impl Heartbeat {
         .await?;
         debug_assert_eq!(node, self.node, "register_node refuses a changed id");
         for (id, uuid, dir) in &self.targets {
-            let capacity = statvfs(dir).unwrap_or_default();
+            let capacity = hivefs_cluster::capacity_of(dir).unwrap_or_default();
             match self.mgmt.rpc(&Request::RegisterTarget { node, uuid: uuid.clone(), capacity }).await? {
                 Reply::TargetRegistered { target, .. } if target == *id => {}
                 Reply::TargetRegistered { target, .. } => {
@@ -629,7 +606,7 @@ impl Heartbeat {
 fn sample(targets: &[(TargetId, PathBuf)]) -> Vec<TargetCapacity> {
     targets
         .iter()
-        .filter_map(|(target, dir)| match statvfs(dir) {
+        .filter_map(|(target, dir)| match hivefs_cluster::capacity_of(dir) {
             Ok(capacity) => Some(TargetCapacity { target: *target, capacity }),
             Err(e) => {
                 warn!(%target, "statvfs of {} failed: {e}", dir.display());
@@ -661,9 +638,9 @@ mod tests {
     #[test]
     fn statvfs_reports_space() {
         let d = tempfile::tempdir().unwrap();
-        let c = statvfs(d.path()).unwrap();
+        let c = hivefs_cluster::capacity_of(d.path()).unwrap();
         assert!(c.total_bytes > 0 && c.free_bytes <= c.total_bytes, "{c:?}");
-        assert!(statvfs(&d.path().join("missing")).is_err());
+        assert!(hivefs_cluster::capacity_of(&d.path().join("missing")).is_err());
     }
 
     #[tokio::test]
