@@ -1,0 +1,207 @@
+//! Mounting: checks of the mount point, the FUSE session and its options,
+//! the kernel knobs set around it, and the end of the session.
+
+use super::*;
+
+/// Refuses a mount point that is missing, not a directory, not empty, or already a mount.
+pub fn check_mountpoint(mnt: &Path) -> Result<(), String> {
+    let md = std::fs::metadata(mnt).map_err(|e| format!("mount point {}: {e}", mnt.display()))?;
+    if !md.is_dir() {
+        return Err(format!("mount point {} is not a directory", mnt.display()));
+    }
+    let canon = std::fs::canonicalize(mnt).map_err(|e| format!("mount point {}: {e}", mnt.display()))?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for line in mounts.lines() {
+        if let Some(mp) = line.split(' ').nth(4) {
+            if Path::new(&mp.replace("\\040", " ")) == canon {
+                return Err(format!("mount point {} is busy: something is already mounted there", mnt.display()));
+            }
+        }
+    }
+    let mut rd = std::fs::read_dir(mnt).map_err(|e| format!("mount point {}: {e}", mnt.display()))?;
+    if rd.next().is_some() {
+        return Err(format!("mount point {} is not empty", mnt.display()));
+    }
+    Ok(())
+}
+
+/// The `major:minor` device of the mount on `mnt`, from /proc/self/mountinfo
+/// (a `stat` of the mount point would ask this file system, which is not
+/// serving yet).
+fn mount_device(mountinfo: &str, mnt: &Path) -> Option<String> {
+    let want = mnt.to_str()?;
+    mountinfo.lines().rev().find_map(|l| {
+        let mut f = l.split(' ');
+        let dev = f.nth(2)?;
+        let point = f.nth(1)?.replace("\\040", " ");
+        (point == want).then(|| dev.to_string())
+    })
+}
+
+/// Sets the kernel's read-ahead for the mount on `mnt` to `kib` KiB. The
+/// kernel caps a FUSE mount's read-ahead at its block-device default (128
+/// KiB) whatever `max_readahead` the session asks for; 1 MiB read-ahead makes
+/// `paged` sequential reads about twice as fast (docs/decisions.md). Needs
+/// root; without it the default stays and a note is logged.
+fn set_read_ahead(mnt: &Path, kib: u32) {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let Some(dev) = mount_device(&info, mnt) else {
+        info!("read-ahead of {} left at the kernel's default: mount not found", mnt.display());
+        return;
+    };
+    let knob = format!("/sys/class/bdi/{dev}/read_ahead_kb");
+    match std::fs::write(&knob, format!("{kib}\n")) {
+        Ok(()) => debug!("read-ahead of {} set to {kib} KiB ({knob})", mnt.display()),
+        Err(e) => info!("read-ahead of {} left at the kernel's default: {knob}: {e}", mnt.display()),
+    }
+}
+
+/// Mounts HiveFS at `mnt` and serves it until it is unmounted or `stop` fires.
+pub fn mount(
+    client: Arc<Client>,
+    rt: tokio::runtime::Handle,
+    mnt: &Path,
+    opts: &MountOptions,
+    stop: std::sync::mpsc::Receiver<()>,
+) -> std::io::Result<()> {
+    check_mountpoint(mnt).map_err(std::io::Error::other)?;
+    let root = client.root();
+    let fs = HiveFs {
+        inner: Arc::new(Inner {
+            client,
+            inodes: Mutex::new(Inodes::new(root)),
+            files: Mutex::default(),
+            dirs: Mutex::default(),
+            local_sizes: Mutex::default(),
+            next_fh: AtomicU64::new(1),
+            global_locks: opts.global_file_locks,
+            dir_attr_ttl: opts.dir_attr_ttl,
+            cache_mode: opts.cache_mode,
+            atime: opts.atime,
+            opened_versions: Mutex::default(),
+            locked: Mutex::default(),
+            handle_lock_owners: Mutex::default(),
+            notifier: std::sync::OnceLock::new(),
+            epoch_fd: std::sync::OnceLock::new(),
+            unmounter: std::sync::OnceLock::new(),
+        }),
+        rt,
+    };
+    let (inner, rt_handle) = (fs.inner.clone(), fs.rt.clone());
+    let mut cfg = fuser::Config::default();
+    cfg.mount_options = vec![
+        MountOption::FSName("hivefs".into()),
+        MountOption::Subtype("hivefs".into()),
+        MountOption::DefaultPermissions,
+    ];
+    // The kernel's own flag, for what it shows of its cached inodes; the
+    // access times themselves are kept by the metadata nodes.
+    match opts.atime {
+        Atime::NoAtime => cfg.mount_options.push(MountOption::NoAtime),
+        Atime::StrictAtime => cfg.mount_options.push(MountOption::Atime),
+        Atime::Relatime => {}
+    }
+    cfg.acl = if opts.allow_other { SessionACL::All } else { SessionACL::Owner };
+    cfg.n_threads = Some(opts.fuse_threads.max(1));
+    cfg.clone_fd = true;
+    let epoch_fd = {
+        let before = fuse_fds();
+        let session = fuser::Session::new(fs, mnt, &cfg)?;
+        // The descriptor the session just opened; a duplicate stays valid
+        // as long as the connection.
+        let fd = fuse_fds().into_iter().filter(|fd| !before.contains(fd)).max();
+        let f = fd.and_then(|fd| {
+            // SAFETY: `fd` is an open descriptor of this process; dup gives a new one we own.
+            let d = unsafe { libc::dup(fd) };
+            (d >= 0).then(|| unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(d) })
+        });
+        let f = f.filter(|f| match inc_epoch(f) {
+            Ok(()) => true,
+            Err(e) => {
+                info!("the kernel does not take FUSE_NOTIFY_INC_EPOCH ({e}): names are cached for 1 s, not leased");
+                false
+            }
+        });
+        (session, f)
+    };
+    let (mut session, epoch_fd) = epoch_fd;
+    if let Some(f) = epoch_fd {
+        let _ = inner.epoch_fd.set(f);
+    }
+    let _ = inner.notifier.set(session.notifier());
+    {
+        // Leases start a poll task on the runtime.
+        let _rt = rt_handle.enter();
+        let weak = Arc::downgrade(&inner);
+        inner.client.enable_leases(Box::new(move |r| {
+            if let Some(inner) = weak.upgrade() {
+                match r {
+                    Revocation::Attrs(id) => inner.drop_kernel_attrs(id),
+                    Revocation::Names => inner.drop_names(),
+                }
+            }
+        }));
+        // The kernel drops a directory's attributes after each change in it
+        // and asks again before the next: answered from the changes' answers
+        // for as long as it caches them anyway.
+        if !inner.dir_attr_ttl.is_zero() {
+            inner.client.cache_dir_attrs(inner.dir_attr_ttl);
+        }
+    }
+    if opts.cache_mode == CacheMode::Paged {
+        set_read_ahead(mnt, MAX_IO / 1024);
+    }
+    let _ = inner.unmounter.set(Mutex::new(session.unmount_callable()));
+    let mut unmounter = session.unmount_callable();
+    let mnt_s = mnt.display().to_string();
+    std::thread::spawn(move || {
+        if stop.recv().is_ok() {
+            info!("unmounting {mnt_s}");
+            if let Err(e) = unmounter.unmount() {
+                warn!("unmount of {mnt_s} failed: {e}");
+            }
+        }
+    });
+    session.run()
+}
+
+/// `/dev/fuse` descriptors open in this process.
+fn fuse_fds() -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
+    dir.filter_map(|e| {
+        let e = e.ok()?;
+        let target = std::fs::read_link(e.path()).ok()?;
+        (target == Path::new("/dev/fuse")).then(|| e.file_name().to_str()?.parse().ok())?
+    })
+    .collect()
+}
+
+/// Kernel FUSE protocol: `FUSE_NOTIFY_INC_EPOCH` (7.44).
+const FUSE_NOTIFY_INC_EPOCH: i32 = 8;
+
+/// Sends `FUSE_NOTIFY_INC_EPOCH` on `dev`: a bare `fuse_out_header` (length,
+/// notification code in the error field, unique 0).
+pub(super) fn inc_epoch(dev: &std::fs::File) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut msg = [0u8; 16];
+    msg[0..4].copy_from_slice(&16u32.to_ne_bytes());
+    msg[4..8].copy_from_slice(&FUSE_NOTIFY_INC_EPOCH.to_ne_bytes());
+    (&*dev).write_all(&msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_device_of_a_mount_comes_from_mountinfo() {
+        let info = "22 1 0:21 / /proc rw - proc proc rw\n\
+                    90 22 0:39 / /tmp/a\\040b rw,nosuid - fuse.hivefs hivefs rw\n\
+                    91 22 0:40 / /tmp/x rw - fuse.hivefs hivefs rw\n\
+                    92 22 0:41 / /tmp/x rw - fuse.hivefs hivefs rw\n";
+        assert_eq!(mount_device(info, Path::new("/tmp/a b")).as_deref(), Some("0:39"));
+        // Mounted twice on one point: the last (topmost) mount.
+        assert_eq!(mount_device(info, Path::new("/tmp/x")).as_deref(), Some("0:41"));
+        assert_eq!(mount_device(info, Path::new("/tmp")), None);
+    }
+}
