@@ -34,7 +34,7 @@ pub struct Conn {
 
 #[derive(Subcommand, Debug)]
 pub enum EntryCmd {
-    /// Show an entry's id, owner metadata node and stripe pattern.
+    /// Show an entry's id, inode number, owner metadata node and stripe pattern.
     Info {
         /// Paths inside a mounted HiveFS (with several, --json prints an array).
         #[arg(required = true)]
