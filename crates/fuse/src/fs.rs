@@ -80,6 +80,11 @@ struct OpenFile {
     atime_sent: AtomicBool,
     atime_busy: AtomicBool,
     atime_again: AtomicBool,
+    /// Lock owners that set locks through this handle. Its release (the
+    /// last close of the open file description) drops them: open file
+    /// description locks (F_OFD_SETLK) are owned by the description, and
+    /// the kernel does not say at release which owners those are.
+    lock_owners: Mutex<Vec<u64>>,
 }
 
 struct DirHandle {
@@ -126,11 +131,6 @@ struct Inner {
     /// Files this mount has set global locks on: closing them drops the
     /// closing owner's locks at the metadata node.
     locked: Mutex<HashSet<EntryId>>,
-    /// Lock owners that set locks through each open file handle. The last
-    /// close of an open file description (its release) drops them: open
-    /// file description locks (F_OFD_SETLK) are owned by the description,
-    /// and the kernel does not say which owners those are.
-    handle_lock_owners: Mutex<HashMap<u64, HashSet<u64>>>,
     /// Tells the kernel to drop cached attributes (set once mounted).
     notifier: std::sync::OnceLock<fuser::Notifier>,
     /// The session's `/dev/fuse`, for `FUSE_NOTIFY_INC_EPOCH`; `None` when
@@ -138,11 +138,12 @@ struct Inner {
     epoch_fd: std::sync::OnceLock<std::fs::File>,
     /// Unmounts the session (set once mounted; used when it ends).
     unmounter: std::sync::OnceLock<Mutex<fuser::SessionUnmounter>>,
+    /// The runtime requests run on (for background work started on a FUSE thread).
+    rt: tokio::runtime::Handle,
 }
 
 pub struct HiveFs {
     inner: Arc<Inner>,
-    rt: tokio::runtime::Handle,
 }
 
 fn ts_to_system(t: Timespec) -> SystemTime {
@@ -373,6 +374,7 @@ impl Inner {
             atime_sent: AtomicBool::new(false),
             atime_busy: AtomicBool::new(false),
             atime_again: AtomicBool::new(false),
+            lock_owners: Mutex::default(),
         });
         let fh = self.new_fh();
         self.files.lock().expect("files").insert(fh, f.clone());
@@ -381,7 +383,7 @@ impl Inner {
 
     /// After a read of `f`: reports it to the metadata node as the mount's
     /// access-time rule says, in the background.
-    fn note_read(self: &Arc<Self>, rt: &tokio::runtime::Handle, f: &Arc<OpenFile>) {
+    fn note_read(self: &Arc<Self>, f: &Arc<OpenFile>) {
         let strict = match self.atime {
             Atime::NoAtime => return,
             Atime::Relatime if f.atime_sent.swap(true, Ordering::AcqRel) => return,
@@ -395,7 +397,7 @@ impl Inner {
             }
         };
         let (inner, f) = (self.clone(), f.clone());
-        rt.spawn(async move {
+        self.rt.spawn(async move {
             loop {
                 inner.touch_atime(f.ent, strict).await;
                 if !strict {
@@ -451,7 +453,7 @@ impl Inner {
 macro_rules! run {
     ($self:ident, $reply:ident, |$inner:ident| $body:block) => {{
         let $inner = $self.inner.clone();
-        $self.rt.spawn(async move {
+        $self.inner.rt.spawn(async move {
             let res: FsResult<_> = async move $body.await;
             match res {
                 Ok(respond) => respond($reply),
@@ -639,14 +641,10 @@ impl Filesystem for HiveFs {
                     _ => return Err(e),
                 },
             };
-            if name == b"." {
-                let a = inner.client.getattr(p).await?;
-                return Ok(Box::new(move |reply: ReplyEntry| inner.send_entry(reply, &a, None))
-                    as Box<dyn FnOnce(ReplyEntry) + Send>);
-            }
-            let a = inner.client.lookup(p, &name).await?;
-            Ok(Box::new(move |reply: ReplyEntry| inner.send_entry(reply, &a, Some((p.id, &name))))
-                as Box<dyn FnOnce(ReplyEntry) + Send>)
+            // "." is the directory itself, and no name to cache.
+            let dot = name == b".";
+            let a = if dot { inner.client.getattr(p).await? } else { inner.client.lookup(p, &name).await? };
+            Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a, (!dot).then_some((p.id, name.as_slice()))))
         })
     }
 
@@ -853,16 +851,15 @@ impl Filesystem for HiveFs {
         // Chunk files held here and cached: answered on this thread.
         if let Ok(f) = self.inner.file(fh) {
             if let Some(data) = self.inner.client.read_now(&f.pattern, f.ent.id, offset, size as usize) {
-                self.inner.note_read(&self.rt, &f);
+                self.inner.note_read(&f);
                 return reply.data(&data);
             }
         }
-        let rt = self.rt.clone();
         run!(self, reply, |inner| {
             let f = inner.file(fh)?;
             let hint = inner.local_sizes.lock().expect("sizes").get(&f.ent.id).map(|l| l.size).unwrap_or(0);
             let data = inner.client.read(&f.pattern, f.ent.id, offset, size as usize, hint).await?;
-            inner.note_read(&rt, &f);
+            inner.note_read(&f);
             Ok(move |reply: ReplyData| reply.data(&data))
         })
     }
@@ -959,14 +956,15 @@ impl Filesystem for HiveFs {
     ) {
         run!(self, reply, |inner| {
             let f = inner.files.lock().expect("files").remove(&fh.0);
-            let owners = inner.handle_lock_owners.lock().expect("lock owners").remove(&fh.0);
             if let Some(f) = f {
                 // The last close of an open file description drops its flock
                 // and OFD locks. Every process that locked through it closed
                 // it before (each close drops the closer's fcntl locks), so
                 // no other owner's lock goes with them.
-                let mut owners = owners.unwrap_or_default();
+                let mut owners = std::mem::take(&mut *f.lock_owners.lock().expect("lock owners"));
                 owners.extend(lock_owner.map(|o| o.0));
+                owners.sort_unstable();
+                owners.dedup();
                 for owner in owners {
                     inner.drop_locks(f.ent, LockOwner(owner)).await;
                 }
@@ -1013,7 +1011,12 @@ impl Filesystem for HiveFs {
         reply: ReplyEmpty,
     ) {
         if typ != libc::F_UNLCK {
-            self.inner.handle_lock_owners.lock().expect("lock owners").entry(fh.0).or_default().insert(lock_owner.0);
+            if let Ok(f) = self.inner.file(fh) {
+                let mut owners = f.lock_owners.lock().expect("lock owners");
+                if !owners.contains(&lock_owner.0) {
+                    owners.push(lock_owner.0);
+                }
+            }
         }
         locks::setlk(self, req, ino, lock_owner, start, end, typ, pid, sleep, reply)
     }
@@ -1040,7 +1043,7 @@ impl Filesystem for HiveFs {
 
     fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let inner = self.inner.clone();
-        self.rt.spawn(async move {
+        self.inner.rt.spawn(async move {
             let r: FsResult<()> = async {
                 let h = inner.dirs.lock().expect("dirs").get(&fh.0).cloned().ok_or_else(|| stale(ino.0))?;
                 let mut h = h.lock().await;

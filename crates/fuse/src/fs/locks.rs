@@ -79,7 +79,7 @@ pub(super) fn setlk(
 ) {
     let inner = fs.inner.clone();
     let waiter = req.pid();
-    fs.rt.spawn(async move {
+    fs.inner.rt.spawn(async move {
         let r: FsResult<bool> = async {
             let ent = inner.ent(ino)?;
             let lock = kernel_lock(owner, start, end, typ, pid)?;
@@ -121,7 +121,7 @@ pub(super) fn getlk(
     reply: ReplyLock,
 ) {
     let inner = fs.inner.clone();
-    fs.rt.spawn(async move {
+    fs.inner.rt.spawn(async move {
         let r: FsResult<Option<FileLock>> = async {
             let ent = inner.ent(ino)?;
             inner.client.test_lock(ent, kernel_lock(owner, start, end, typ, pid)?).await

@@ -80,14 +80,13 @@ pub fn mount(
             atime: opts.atime,
             opened_versions: Mutex::default(),
             locked: Mutex::default(),
-            handle_lock_owners: Mutex::default(),
             notifier: std::sync::OnceLock::new(),
             epoch_fd: std::sync::OnceLock::new(),
             unmounter: std::sync::OnceLock::new(),
+            rt,
         }),
-        rt,
     };
-    let (inner, rt_handle) = (fs.inner.clone(), fs.rt.clone());
+    let (inner, rt_handle) = (fs.inner.clone(), fs.inner.rt.clone());
     let mut cfg = fuser::Config::default();
     cfg.mount_options = vec![
         MountOption::FSName("hivefs".into()),
