@@ -380,7 +380,7 @@ impl Client {
             let (si, sl) = src_pat.locate(i);
             let (di, dl) = dst_pat.locate(o);
             let (src_target, target) = (src_pat.targets()[si], dst_pat.targets()[di]);
-            let req = Request::CopyChunk {
+            let req = Request::CopyChunk(hivefs_proto::ChunkCopy {
                 target,
                 entry: dst,
                 offset: dl,
@@ -388,7 +388,7 @@ impl Client {
                 src_entry: src,
                 src_offset: sl,
                 len: take as u32,
-            };
+            });
             let pool = self.cluster.target_pool(target).await?;
             if set.len() >= COPY_IN_FLIGHT {
                 join_one(&mut set).await?;

@@ -527,22 +527,11 @@ pub enum Request {
         offset: u64,
         hole: bool,
     },
-    /// Server-side copy (copy_file_range): `len` bytes (at most
-    /// `MAX_PAYLOAD_LEN`) from `src_offset` of `src_entry`'s chunk file on
-    /// `src_target` to `offset` of `entry`'s chunk file on `target`, sent to
-    /// `target`'s node. It copies within its own disks, or reads the source
-    /// from the node of `src_target`; the bytes never pass through the
-    /// client. Source bytes past the source chunk file's end are zeroes.
-    /// Answer: `Written(len)`.
-    CopyChunk {
-        target: TargetId,
-        entry: EntryId,
-        offset: u64,
-        src_target: TargetId,
-        src_entry: EntryId,
-        src_offset: u64,
-        len: u32,
-    },
+    /// Server-side copy (copy_file_range) of one piece, sent to the node of
+    /// the destination target. It copies within its own disks, or reads the
+    /// source from the node of `src_target`; the bytes never pass through
+    /// the client. Answer: `Written(len)`.
+    CopyChunk(ChunkCopy),
     /// A client read `id` at time `at`: its access time moves to `at` (never
     /// back), always with `strict` (strictatime), else only when the access
     /// time is not newer than the modification or change time or is a day
@@ -559,6 +548,21 @@ pub enum Request {
         dir: EntryId,
         max: u32,
     },
+}
+
+/// `len` bytes (at most `MAX_PAYLOAD_LEN`) from `src_offset` of
+/// `src_entry`'s chunk file on `src_target` to `offset` of `entry`'s chunk
+/// file on `target` (`Request::CopyChunk`). Source bytes past the source
+/// chunk file's end are zeroes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkCopy {
+    pub target: TargetId,
+    pub entry: EntryId,
+    pub offset: u64,
+    pub src_target: TargetId,
+    pub src_entry: EntryId,
+    pub src_offset: u64,
+    pub len: u32,
 }
 
 /// `FallocateChunk` mode bits, as Linux's fallocate(2) numbers them.
@@ -709,7 +713,7 @@ impl Request {
                 | Request::FsckIntents
                 | Request::FallocateChunk { .. }
                 | Request::SeekChunk { .. }
-                | Request::CopyChunk { .. }
+                | Request::CopyChunk(_)
                 // Moves the access time forward to a given time: a repeat changes nothing.
                 | Request::TouchAtime { .. }
                 | Request::ReadDirFirst { .. }

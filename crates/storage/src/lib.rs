@@ -28,7 +28,7 @@ pub use target::{init_target, open_target, TargetFile, CHUNKS_DIR, TARGET_FILE};
 
 use hivefs_cluster::NodeIdentity;
 use hivefs_net::{serve, ClientConfig, Handler, Peer, Pool, ServerConfig, ServerHandle};
-use hivefs_proto::{Reply, Request, Response, TargetCapacity, MAX_PAYLOAD_LEN};
+use hivefs_proto::{ChunkCopy, Reply, Request, Response, TargetCapacity, MAX_PAYLOAD_LEN};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, NodeId, NodeType, TargetId};
@@ -214,17 +214,8 @@ impl Ready {
 
     /// `Request::CopyChunk`: within this node's disks, or reading the source
     /// from the node that serves it.
-    #[allow(clippy::too_many_arguments)]
-    async fn copy_chunk(
-        &self,
-        target: TargetId,
-        entry: EntryId,
-        offset: u64,
-        src_target: TargetId,
-        src_entry: EntryId,
-        src_offset: u64,
-        len: u32,
-    ) -> FsResult<u32> {
+    async fn copy_chunk(&self, c: ChunkCopy) -> FsResult<u32> {
+        let ChunkCopy { target, entry, offset, src_target, src_entry, src_offset, len } = c;
         if len > MAX_PAYLOAD_LEN {
             return Err(fs_err!(
                 Invalid,
@@ -322,9 +313,7 @@ impl Ready {
                 Ok(s) => blocking(move || s.seek(entry, offset, hole)).await.map(Reply::Seek),
                 Err(e) => Err(e),
             },
-            Request::CopyChunk { target, entry, offset, src_target, src_entry, src_offset, len } => {
-                self.copy_chunk(target, entry, offset, src_target, src_entry, src_offset, len).await.map(Reply::Written)
-            }
+            Request::CopyChunk(c) => self.copy_chunk(c).await.map(Reply::Written),
             Request::FsyncChunk { target, entry } => match self.store(target) {
                 Ok(s) => blocking(move || s.fsync(entry)).await.map(|()| Reply::Ok),
                 Err(e) => Err(e),
