@@ -194,8 +194,8 @@ pub fn targets(c: Conn) -> Result<()> {
         );
         return Ok(());
     }
-    let rows: Vec<Vec<String>> = ts.iter().map(crate::pools::target_row).collect();
-    print_table(&crate::pools::TARGET_HEADER, &rows);
+    let rows: Vec<Vec<String>> = ts.iter().map(target_row).collect();
+    print_table(&TARGET_HEADER, &rows);
     Ok(())
 }
 
@@ -428,4 +428,22 @@ pub fn pattern(cmd: PatternCmd) -> Result<()> {
             })
         }
     }
+}
+
+pub const TARGET_HEADER: [&str; 9] =
+    ["TARGET", "NODE", "POOL", "FREE", "TOTAL", "FREE INODES", "INODES", "CAPACITY", "STATE"];
+
+/// One row of a target table (`hivefs targets`, `hivefs df`).
+pub fn target_row(t: &hivefs_proto::TargetInfo) -> Vec<String> {
+    vec![
+        t.id.to_string(),
+        t.node.to_string(),
+        t.pool.to_string(),
+        human(t.capacity.free_bytes),
+        human(t.capacity.total_bytes),
+        t.capacity.free_inodes.to_string(),
+        t.capacity.total_inodes.to_string(),
+        t.capacity_pool.as_str().into(),
+        t.reachability.as_str().into(),
+    ]
 }

@@ -1,6 +1,6 @@
 //! Storage pools and space: `hivefs pool create|add-target|list`, `hivefs df`.
 
-use crate::admin::{resolve, rt, Conn};
+use crate::admin::{resolve, rt, target_row, Conn, TARGET_HEADER};
 use crate::util::{human, print_table};
 use anyhow::{anyhow, bail, Result};
 use clap::Subcommand;
@@ -234,22 +234,4 @@ pub fn df(conn: Conn) -> Result<()> {
         .collect();
     print_table(&["POOL", "TARGETS", "FREE", "TOTAL", "NORMAL/LOW/EMERGENCY", "NOT ONLINE"], &rows);
     Ok(())
-}
-
-pub const TARGET_HEADER: [&str; 9] =
-    ["TARGET", "NODE", "POOL", "FREE", "TOTAL", "FREE INODES", "INODES", "CAPACITY", "STATE"];
-
-/// One row of a target table (`hivefs targets`, `hivefs df`).
-pub fn target_row(t: &TargetInfo) -> Vec<String> {
-    vec![
-        t.id.to_string(),
-        t.node.to_string(),
-        t.pool.to_string(),
-        human(t.capacity.free_bytes),
-        human(t.capacity.total_bytes),
-        t.capacity.free_inodes.to_string(),
-        t.capacity.total_inodes.to_string(),
-        t.capacity_pool.as_str().into(),
-        t.reachability.as_str().into(),
-    ]
 }
