@@ -2,10 +2,11 @@
 //! `hivefs_bench::{sweep, report, tune}`.
 
 use crate::admin::{resolve, Conn};
-use crate::bench::{mount_of, size_u32, ReportArgs, SweepArgs, TuneArgs};
+use crate::bench_args::{ReportArgs, SweepArgs, TuneArgs};
 use crate::services::{mount_record, MountRecord};
 use crate::up::log_tail;
 use crate::util::{absolute, hivefs_mounts, human, is_mounted, parse_size, print_table};
+use crate::util::{mount_of, size_u32};
 use anyhow::{anyhow, bail, Context, Result};
 use hivefs_bench::sweep::{Axes, Control, Place, SweepParams};
 use hivefs_bench::{report as rep, sweep as sw, tune};

@@ -4,6 +4,7 @@
 
 mod admin;
 mod bench;
+mod bench_args;
 mod bench_procs;
 mod bench_sweep;
 mod fsck;

@@ -122,6 +122,18 @@ pub fn is_mounted(mnt: &Path) -> bool {
     hivefs_mounts().iter().any(|(p, _)| *p == c)
 }
 
+/// A size argument that must fit in 32 bits (`what` names it in the error).
+pub fn size_u32(s: &str, what: &str) -> Result<u32> {
+    let v = parse_size(s)?;
+    u32::try_from(v).map_err(|_| anyhow::anyhow!("{what} {s} is too large (at most 4 GiB - 1)"))
+}
+
+/// The HiveFS mount holding `path`, if any.
+pub fn mount_of(path: &Path) -> Option<PathBuf> {
+    let canon = std::fs::canonicalize(path).ok()?;
+    hivefs_mounts().into_iter().map(|(m, _)| m).filter(|m| canon.starts_with(m)).max_by_key(|m| m.as_os_str().len())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
