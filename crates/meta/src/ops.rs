@@ -974,7 +974,10 @@ fn update_size(
 ) -> OpResult<Reply> {
     let mut i = inode(&t.inodes, id)?;
     check_truncatable(id, &i)?;
-    i.size = size;
+    // Writes only grow a file (truncation is `SetAttr`), and two writers'
+    // reports may arrive in either order: the later computed size must not
+    // be replaced by an earlier, smaller one.
+    i.size = i.size.max(size);
     if let Some(m) = mtime {
         i.mtime = m;
         i.ctime = ctx.now;

@@ -796,14 +796,20 @@ async fn setattr_size_truncates_every_stripe_target() {
 }
 
 #[tokio::test]
-async fn update_size_sets_size_and_mtime() {
+async fn update_size_raises_size_and_mtime() {
     let h = H::new().await;
     let f = h.create(ROOT, "f").await;
     let t = h.tick();
     let a = h.entry(Request::UpdateSize { id: f.id, size: 12345, mtime: Some(ts(77)) }).await;
     assert_eq!(a, h.attr(f.id).await);
     assert_eq!((a.size, a.mtime, a.ctime), (12345, ts(77), ts(t)));
-    h.ok(Request::UpdateSize { id: f.id, size: 10, mtime: None }).await;
+    // Another writer's report computed earlier, arriving later (an N-1
+    // shared file closed by two writers): the file keeps the larger size.
+    let a = h.entry(Request::UpdateSize { id: f.id, size: 10, mtime: Some(ts(78)) }).await;
+    assert_eq!((a.size, a.mtime), (12345, ts(78)));
+    // Truncation is how a size goes down.
+    let set = SetAttr { size: Some(10), ..Default::default() };
+    h.ok(Request::SetAttr { id: f.id, attr: set, caller: Default::default() }).await;
     assert_eq!(h.attr(f.id).await.size, 10);
     assert_eq!(h.code(Request::UpdateSize { id: ROOT, size: 1, mtime: None }).await, ErrorCode::IsDir);
     let missing = EntryId { node: 1, epoch: 9, counter: 1 };
