@@ -12,10 +12,10 @@
 //! [`offline`] edits a stopped node's store directly: the tool for tests
 //! that damage a file system on purpose.
 
-use crate::namespace::Namespace;
-use crate::ops::{load_dentry, load_inode, q, Ctx, Mutation, OpError, OpResult, ReadTables, Tables};
+use crate::ops::{load_dentry, load_inode, Ctx};
 use crate::store::{child_key, decode, encode, get_record, id_key, Dentry, Disposal, DisposalState, Inode};
-use hivefs_proto::{FsckDentry, FsckDisposal, FsckFix, FsckInode, Reply, Request, Response};
+use crate::store::{q, OpError, OpResult, ReadTables, Tables};
+use hivefs_proto::{FsckDentry, FsckDisposal, FsckFix, FsckInode, Reply};
 use hivefs_types::attr::FileKind;
 use hivefs_types::fs_err;
 use hivefs_types::ids::EntryId;
@@ -102,26 +102,6 @@ pub fn scan_disposals(t: &ReadTables, after: Option<EntryId>, max: u32) -> OpRes
         .map(|(id, d)| FsckDisposal { id, open_unlinked: d.state == DisposalState::OpenUnlinked, targets: d.targets })
         .collect();
     Ok((records, more))
-}
-
-/// Answers the fsck requests of a metadata node.
-pub async fn handle(ns: &Namespace, req: Request) -> Response {
-    match req {
-        Request::FsckDentries { after, max } => {
-            let (entries, more) = ns.read(|t| scan_dentries(t, after, max))?;
-            Ok(Reply::FsckDentries { entries, more })
-        }
-        Request::FsckInodes { after, max } => {
-            let (inodes, more) = ns.read(|t| scan_inodes(t, after, max, |id| ns.opens.is_open(id)))?;
-            Ok(Reply::FsckInodes { inodes, more })
-        }
-        Request::FsckDisposals { after, max } => {
-            let (records, more) = ns.read(|t| scan_disposals(t, after, max))?;
-            Ok(Reply::FsckDisposals { records, more })
-        }
-        Request::FsckFix { fix } => ns.submit(Mutation::Fsck { fix }).await,
-        other => Err(fs_err!(Internal, "{other:?} is not an fsck request")),
-    }
 }
 
 fn changed(what: String) -> OpError {
@@ -330,9 +310,9 @@ pub mod offline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::namespace::NamespaceOptions;
+    use crate::namespace::{Namespace, NamespaceOptions};
     use crate::targets::{BoxFut, DataTargets};
-    use hivefs_proto::Caller;
+    use hivefs_proto::{Caller, Request};
     use hivefs_types::error::{ErrorCode, FsResult};
     use hivefs_types::ids::{NodeId, PoolId, TargetId};
     use std::sync::Arc;

@@ -31,7 +31,7 @@
 //!
 //! Leases live in memory. What survives a restart is a bound: the data dir's
 //! [`UNTIL_FILE`] holds a time by which every lease granted so far has ended
-//! (moved ahead by [`spawn_recorder`] while grants happen; a grant that
+//! (moved ahead by `namespace::spawn_lease_recorder` while grants happen; a grant that
 //! would end later is refused). After a start, changes are acknowledged no
 //! earlier than that time, so copies granted by the previous run have ended
 //! even if it was killed. This module must not
@@ -53,14 +53,7 @@ use tracing::{info, warn};
 /// node granted has ended.
 pub const UNTIL_FILE: &str = "leases.until";
 
-/// What a lease covers.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum LeaseKey {
-    /// The attributes of a non-directory inode.
-    Attr(EntryId),
-    /// The name `name` in directory `parent` (which entry it names).
-    Name(EntryId, Box<[u8]>),
-}
+pub use crate::store::LeaseKey;
 
 /// Default of the metadata config's `attr_lease_ms`.
 pub const DEFAULT_DURATION: Duration = Duration::from_secs(5);
@@ -194,7 +187,7 @@ impl Leases {
 
     /// Turns leases on with the bound recorded in `dir` ([`UNTIL_FILE`]):
     /// changes wait until the time it holds (at most one duration from now).
-    /// Run [`spawn_recorder`] too, or no lease is granted.
+    /// Run `namespace::spawn_lease_recorder` too, or no lease is granted.
     pub fn start_recorded(&self, dir: &Path, d: Duration) {
         let d = d.min(MAX_DURATION);
         let path = dir.join(UNTIL_FILE);
@@ -218,7 +211,7 @@ impl Leases {
     }
 
     /// Moves [`UNTIL_FILE`] ahead when grants need it (called by the recorder).
-    fn record(&self) {
+    pub(crate) fn record(&self) {
         let d = self.duration();
         let left = self.until_ms.load(Ordering::Acquire).saturating_sub(unix_ms());
         if d.is_zero() || !self.want_later.load(Ordering::Acquire) || left > d.as_millis() as u64 + 500 {
@@ -433,7 +426,7 @@ impl Leases {
 
     /// Drops ended leases, old change notes and silent clients (at most
     /// once per [`SWEEP_EVERY`]), so memory follows what is live.
-    fn sweep(&self) {
+    pub(crate) fn sweep(&self) {
         let now = Instant::now();
         let mut st = self.state.lock().expect("leases");
         if st.last_sweep.is_some_and(|t| now.saturating_duration_since(t) < SWEEP_EVERY) {
@@ -464,23 +457,6 @@ impl Leases {
             st.holders.values().filter(|hs| hs.iter().any(|&(_, end, _)| end > now)).count(),
         )
     }
-}
-
-/// Keeps [`UNTIL_FILE`] ahead of the leases granted (every 100 ms at most)
-/// and sweeps what ended.
-pub fn spawn_recorder(ns: Arc<crate::namespace::Namespace>) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            let ns = ns.clone();
-            // A small file write and a walk of the tables: off the async workers.
-            let _ = tokio::task::spawn_blocking(move || {
-                ns.leases.record();
-                ns.leases.sweep();
-            })
-            .await;
-        }
-    })
 }
 
 #[cfg(test)]

@@ -13,17 +13,22 @@
 //! states (mgmtd does), check permission bits (the kernel does, with
 //! `default_permissions`), or map errors to errno (the FUSE crate does).
 //!
-//! Layout: `store` (records, keys, opening) → `ops` (POSIX rules over one
-//! transaction) → `writer` (group commit) → `namespace` (request dispatch,
-//! reads, truncation) → this file (configuration, mgmtd, serving). `chooser`
-//! and `gc` are the target choosers and the chunk disposal loop.
+//! Layout, each module using only those before it: `store` (records, keys,
+//! the tables of a transaction, opening) → `ops` (POSIX rules of one node
+//! over one transaction) → `cross` (the transactions of operations that
+//! touch two metadata nodes) and `fsck` (scans and repairs) → `leases`,
+//! `locks` (client state in memory) → `writer` (group commit of `ops`,
+//! `cross` and `fsck` changes) → `namespace` (reads, submitting changes,
+//! running cross-node operations, request dispatch) → `gc` (chunk disposal)
+//! → this file (configuration, mgmtd, serving). `chooser` and `targets` (the
+//! storage targets' view) stand apart.
 
 pub mod chooser;
+pub mod cross;
 pub mod fsck;
 pub mod gc;
 pub mod leases;
 pub mod locks;
-pub mod multi;
 pub mod namespace;
 pub mod ops;
 mod replies;
@@ -372,8 +377,8 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
         }));
     }
     tasks.push(gc::spawn_disposal(ns.clone()));
-    ns.set_peers(Arc::new(multi::ClusterPeers { cluster: cluster.clone() }));
-    ns.set_crash_hook(multi::CrashHook::from_env());
+    ns.set_peers(Arc::new(cross::ClusterPeers { cluster: cluster.clone() }));
+    ns.set_crash_hook(cross::CrashHook::from_env());
     // Read before serving: a client retrying one of these waits for it.
     let pending = ns.load_pending().map_err(|source| MetaError::Root { path: dir.clone(), source })?;
     {
@@ -388,8 +393,8 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
     }
     ns.locks.set_lease(Duration::from_millis(cfg.lock_lease_ms.max(1)));
     ns.leases.start_recorded(&dir, Duration::from_millis(cfg.attr_lease_ms));
-    tasks.push(leases::spawn_recorder(ns.clone()));
-    tasks.push(locks::spawn_expiry(ns.clone()));
+    tasks.push(namespace::spawn_lease_recorder(ns.clone()));
+    tasks.push(namespace::spawn_lock_expiry(ns.clone()));
     handler.set(Some(ns.clone()));
     if !pending.is_empty() {
         info!("{} cross-node operations were pending at start; finishing them", pending.len());

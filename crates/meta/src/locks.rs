@@ -12,7 +12,7 @@
 //! becomes exclusive (or back) in place when no other owner is in the way.
 //!
 //! Leases: every request of a client and its keep-alives (`LockKeepAlive`,
-//! every third of the lease) renew its lease; [`spawn_expiry`] drops every
+//! every third of the lease) renew its lease; `namespace::spawn_lock_expiry` drops every
 //! lock of a client not heard from for `lock_lease_ms`, and ends its waiters.
 //!
 //! Waiting (F_SETLKW, blocking flock): the request waits here, in its own
@@ -22,17 +22,14 @@
 //! afresh at each wake-up, as Linux does for local locks. Deadlocks between
 //! owners are not detected: each wait ends when its process is killed.
 
-use crate::namespace::Namespace;
-use hivefs_proto::{FileLock, Reply, Request, Response};
+use hivefs_proto::FileLock;
 use hivefs_types::error::FsResult;
 use hivefs_types::fs_err;
 use hivefs_types::ids::EntryId;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
-use tracing::{debug, warn};
 
 /// Default of `lock_lease_ms`.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -228,67 +225,18 @@ impl LockTable {
     }
 }
 
-fn check_range(entry: EntryId, l: &FileLock) -> FsResult<()> {
+pub(crate) fn check_range(entry: EntryId, l: &FileLock) -> FsResult<()> {
     if l.start > l.end {
         return Err(fs_err!(Invalid, "lock on {entry}: range {}..={} is empty", l.start, l.end));
     }
     Ok(())
 }
 
-/// Answers the lock requests (the namespace's dispatch hands them here).
-pub async fn handle(ns: &Namespace, req: Request) -> Response {
-    let t = &ns.locks;
-    let now = Instant::now();
-    match req {
-        Request::LockKeepAlive { client } => {
-            let known = t.touch(client, now);
-            if !known {
-                debug!("lock lease of client {client:016x} starts");
-            }
-            Ok(Reply::LockLease { lease_ms: t.lease().as_millis() as u64, known })
-        }
-        Request::LockAcquire { entry, lock, wait_ms } => {
-            check_range(entry, &lock)?;
-            // Only entries stored here can be locked here.
-            ns.getattr(entry)?;
-            t.touch(lock.client, now);
-            t.acquire(entry, &lock, Duration::from_millis(u64::from(wait_ms))).await.map(Reply::Lock)
-        }
-        Request::LockRelease { entry, lock } => {
-            check_range(entry, &lock)?;
-            t.touch(lock.client, now);
-            t.unlock(entry, &lock);
-            Ok(Reply::Ok)
-        }
-        Request::LockTest { entry, lock } => {
-            check_range(entry, &lock)?;
-            Ok(Reply::Lock(t.test(entry, &lock)))
-        }
-        other => Err(fs_err!(Internal, "{other:?} is not a lock request")),
-    }
-}
-
-/// Drops the locks of clients whose lease ended, checking a few times per lease.
-pub fn spawn_expiry(ns: Arc<Namespace>) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        loop {
-            let every = (ns.locks.lease() / 4).clamp(Duration::from_millis(20), Duration::from_secs(5));
-            tokio::time::sleep(every).await;
-            for c in ns.locks.expire(Instant::now()) {
-                warn!(
-                    "client {c:016x} not heard from for {:?}: its file locks on metadata node {} are released",
-                    ns.locks.lease(),
-                    ns.node()
-                );
-            }
-        }
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use hivefs_proto::LockKind;
+    use std::sync::Arc;
 
     const E: EntryId = EntryId::ROOT;
 

@@ -13,7 +13,8 @@
 //! writes follow. A store failure ([`OpError::Fatal`]) aborts the whole batch.
 
 use crate::store::{
-    child_key, decode, encode, get_record, id_key, scan_children, Dentry, Disposal, DisposalState, Inode,
+    child_key, decode, get_record, id_key, load_dirx, put_dirx, q, scan_children, Dentry, DirExtra, Disposal,
+    DisposalState, Inode, OpError, OpResult, ReadTables, Tables,
 };
 use hivefs_proto::{DirEntry, Reply, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CREATE, XATTR_REPLACE};
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
@@ -22,7 +23,7 @@ use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, NodeId};
 use hivefs_types::pattern::{validate_chunk_size, DirPattern, Pattern};
 use hivefs_types::{NAME_MAX, PATH_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX};
-use redb::{ReadableTable, Table, WriteTransaction};
+use redb::ReadableTable;
 
 /// Largest page `ReadDir` returns, whatever the client asks for.
 pub const READDIR_MAX: u32 = 1024;
@@ -32,34 +33,6 @@ pub const LINK_MAX: u32 = 65000;
 /// directory; a deeper chain means the parent pointers are corrupt.
 const MAX_DEPTH: usize = 1 << 20;
 const S_ISGID: u32 = 0o2000;
-
-/// Why an operation failed.
-#[derive(Debug)]
-pub enum OpError {
-    /// A POSIX-level refusal (before any write): answered to this caller only.
-    Fs(FsError),
-    /// The store failed or holds a corrupt record: the batch is aborted.
-    Fatal(String),
-}
-
-impl From<FsError> for OpError {
-    fn from(e: FsError) -> Self {
-        OpError::Fs(e)
-    }
-}
-
-macro_rules! fatal_from {
-    ($($t:ty),*) => {$(
-        impl From<$t> for OpError {
-            fn from(e: $t) -> Self {
-                OpError::Fatal(e.to_string())
-            }
-        }
-    )*};
-}
-fatal_from!(redb::StorageError, redb::TableError, redb::Error);
-
-pub type OpResult<T> = Result<T, OpError>;
 
 /// A mutation, as queued for the writer.
 #[derive(Clone, Debug)]
@@ -151,12 +124,6 @@ pub enum Mutation {
     DropDisposal {
         ids: Vec<EntryId>,
     },
-    /// A repair asked for by `hivefs fsck` (see `fsck.rs`).
-    Fsck {
-        fix: hivefs_proto::FsckFix,
-    },
-    /// A step of a cross-node operation (see `multi.rs`).
-    Multi(crate::multi::MultiMut),
 }
 
 /// What the writer lends an operation.
@@ -197,81 +164,7 @@ impl Ctx<'_> {
     }
 }
 
-/// The tables of one write transaction, opened once per batch.
-pub struct Tables<'txn> {
-    pub dentries: Table<'txn, &'static [u8], &'static [u8]>,
-    pub inodes: Table<'txn, &'static [u8], &'static [u8]>,
-    pub xattrs: Table<'txn, &'static [u8], &'static [u8]>,
-    pub disposal: Table<'txn, &'static [u8], &'static [u8]>,
-    pub intents: Table<'txn, &'static [u8], &'static [u8]>,
-    pub locked: Table<'txn, &'static [u8], &'static [u8]>,
-    pub dirx: Table<'txn, &'static [u8], &'static [u8]>,
-    pub peer_done: Table<'txn, &'static [u8], &'static [u8]>,
-    /// Non-directory inodes and names written or removed since the writer
-    /// last took the list: what cached copies they change (see `leases`).
-    pub touched: Vec<crate::leases::LeaseKey>,
-}
-
-impl<'txn> Tables<'txn> {
-    pub fn open(txn: &'txn WriteTransaction) -> OpResult<Tables<'txn>> {
-        Ok(Tables {
-            dentries: txn.open_table(crate::store::DENTRIES)?,
-            inodes: txn.open_table(crate::store::INODES)?,
-            xattrs: txn.open_table(crate::store::XATTRS)?,
-            disposal: txn.open_table(crate::store::DISPOSAL)?,
-            intents: txn.open_table(crate::store::INTENTS)?,
-            locked: txn.open_table(crate::store::LOCKED)?,
-            dirx: txn.open_table(crate::store::DIRX)?,
-            peer_done: txn.open_table(crate::store::PEER_DONE)?,
-            touched: Vec::new(),
-        })
-    }
-
-    pub(crate) fn put_inode(&mut self, id: EntryId, inode: &Inode) -> OpResult<()> {
-        if inode.kind != FileKind::Dir {
-            self.touched.push(crate::leases::LeaseKey::Attr(id));
-        }
-        self.inodes.insert(id_key(id).as_slice(), encode(inode).as_slice())?;
-        Ok(())
-    }
-
-    pub(crate) fn put_dentry(&mut self, parent: EntryId, name: &[u8], d: &Dentry) -> OpResult<()> {
-        self.touched.push(crate::leases::LeaseKey::Name(parent, name.into()));
-        self.dentries.insert(child_key(parent, name).as_slice(), encode(d).as_slice())?;
-        Ok(())
-    }
-
-    pub(crate) fn remove_dentry(&mut self, parent: EntryId, name: &[u8]) -> OpResult<()> {
-        self.touched.push(crate::leases::LeaseKey::Name(parent, name.into()));
-        self.dentries.remove(child_key(parent, name).as_slice())?;
-        Ok(())
-    }
-
-    fn put_disposal(&mut self, id: EntryId, d: &Disposal) -> OpResult<()> {
-        self.disposal.insert(id_key(id).as_slice(), encode(d).as_slice())?;
-        Ok(())
-    }
-
-    /// Removes an inode and all its extended attributes.
-    pub(crate) fn remove_inode(&mut self, id: EntryId) -> OpResult<()> {
-        self.touched.push(crate::leases::LeaseKey::Attr(id));
-        self.inodes.remove(id_key(id).as_slice())?;
-        self.dirx.remove(id_key(id).as_slice())?;
-        let names: Vec<Vec<u8>> =
-            scan_children(&self.xattrs, id, None)?.map(|r| r.map(|(n, _)| n)).collect::<Result<_, _>>()?;
-        for n in names {
-            self.xattrs.remove(child_key(id, &n).as_slice())?;
-        }
-        Ok(())
-    }
-}
-
 // ---------------------------------------------------------------- helpers
-
-/// Shows a name in messages: quoted, lossy UTF-8.
-pub fn q(name: &[u8]) -> String {
-    format!("{:?}", String::from_utf8_lossy(name))
-}
 
 /// A name that can be created, removed or renamed.
 pub fn check_name(name: &[u8]) -> FsResult<()> {
@@ -420,6 +313,27 @@ fn resolve(t: Option<SetTime>, now: Timespec) -> Option<Timespec> {
     })
 }
 
+/// Refuses to change a dentry that a pending cross-node operation holds.
+pub(crate) fn check_unlocked(t: &Tables<'_>, parent: EntryId, name: &[u8]) -> OpResult<()> {
+    if t.locked.get(child_key(parent, name).as_slice())?.is_some() {
+        return Err(
+            fs_err!(Busy, "{} in directory {parent} is being changed by a cross-node operation", q(name)).into()
+        );
+    }
+    Ok(())
+}
+
+const NEEDS: &str = "needs the cross-node protocol: ";
+
+/// The refusal of a local rule that met a part stored on another node.
+pub(crate) fn needs_protocol(why: String) -> OpError {
+    OpError::Fs(FsError::new(ErrorCode::CrossDevice, format!("{NEEDS}{why}")))
+}
+
+pub(crate) fn is_needs_protocol(e: &FsError) -> bool {
+    e.code == ErrorCode::CrossDevice && e.message.starts_with(NEEDS)
+}
+
 // ------------------------------------------------------------- mutations
 
 impl Mutation {
@@ -434,7 +348,7 @@ impl Mutation {
                 | Mutation::Symlink { .. }
                 | Mutation::Link { .. }
                 | Mutation::SetXattr { .. }
-        ) || matches!(self, Mutation::Multi(m) if m.adds_to_namespace())
+        )
     }
 }
 
@@ -469,8 +383,6 @@ pub fn apply(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, m: Mutation) -> OpResult<Rep
         Mutation::ReleaseOrphan { id } => release_orphan(t, ctx, id),
         Mutation::RecoverOrphans => recover_orphans(t, ctx),
         Mutation::DropDisposal { ids } => drop_disposal(t, &ids),
-        Mutation::Fsck { fix } => crate::fsck::apply_fix(t, ctx, fix),
-        Mutation::Multi(m) => crate::multi::apply(t, ctx, m),
     }
 }
 
@@ -560,11 +472,11 @@ fn mkdir(
     i.nlink = 2;
     i.dir_pattern = Some(pdir.dir_pattern.clone().unwrap_or_default());
     i.parent = Some(parent);
-    let chooser = crate::multi::load_dirx(&t.dirx, parent)?.and_then(|x| x.chooser);
+    let chooser = load_dirx(&t.dirx, parent)?.and_then(|x| x.chooser);
     let id = ctx.mint()?;
     t.put_inode(id, &i)?;
     if chooser.is_some() {
-        crate::multi::put_dirx(t, id, &crate::multi::DirExtra { parent_owner: None, chooser })?;
+        put_dirx(t, id, &DirExtra { parent_owner: None, chooser })?;
     }
     // Owner: this node (the namespace chose it; other owners go through `multi`).
     t.put_dentry(parent, name, &Dentry { id, kind: FileKind::Dir, owner: ctx.node })?;
@@ -673,9 +585,9 @@ fn unlink(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, parent: EntryId, name: &[u8]) -
     if d.kind == FileKind::Dir {
         return Err(fs_err!(IsDir, "{} in directory {parent} is a directory (use rmdir)", q(name)).into());
     }
-    crate::multi::check_unlocked(t, parent, name)?;
+    check_unlocked(t, parent, name)?;
     if d.owner != ctx.node {
-        return Err(crate::multi::needs_protocol(format!("{} is owned by metadata node {}", d.id, d.owner)));
+        return Err(needs_protocol(format!("{} is owned by metadata node {}", d.id, d.owner)));
     }
     let i = dentry_inode(&t.inodes, parent, name, &d)?;
     t.remove_dentry(parent, name)?;
@@ -692,9 +604,9 @@ fn rmdir(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, parent: EntryId, name: &[u8]) ->
     if d.kind != FileKind::Dir {
         return Err(fs_err!(NotDir, "{} in directory {parent} is not a directory", q(name)).into());
     }
-    crate::multi::check_unlocked(t, parent, name)?;
+    check_unlocked(t, parent, name)?;
     if d.owner != ctx.node {
-        return Err(crate::multi::needs_protocol(format!("directory {} is owned by metadata node {}", d.id, d.owner)));
+        return Err(needs_protocol(format!("directory {} is owned by metadata node {}", d.id, d.owner)));
     }
     if !is_empty_dir(&t.dentries, d.id)? {
         return Err(fs_err!(NotEmpty, "directory {} ({}) in {parent} is not empty", q(name), d.id).into());
@@ -723,8 +635,8 @@ fn is_within(t: &Tables<'_>, node: NodeId, dir: EntryId, ancestor: EntryId) -> O
         }
         let i = load_inode(t, cur)?
             .ok_or_else(|| OpError::Fatal(format!("directory {cur} on the path to the root has no inode")))?;
-        if let Some(o) = crate::multi::load_dirx(t_dirx, cur)?.and_then(|x| x.parent_owner).filter(|o| *o != node) {
-            return Err(crate::multi::needs_protocol(format!("the parent of {cur} is on metadata node {o}")));
+        if let Some(o) = load_dirx(t_dirx, cur)?.and_then(|x| x.parent_owner).filter(|o| *o != node) {
+            return Err(needs_protocol(format!("the parent of {cur} is on metadata node {o}")));
         }
         match i.parent {
             Some(p) => cur = p,
@@ -763,15 +675,15 @@ fn rename(
         if flags & RENAME_NOREPLACE != 0 {
             return Err(fs_err!(Exists, "entry {} already exists in directory {new_parent}", q(new_name)).into());
         }
-        crate::multi::check_unlocked(t, new_parent, new_name)?;
+        check_unlocked(t, new_parent, new_name)?;
         if d.owner != ctx.node {
-            return Err(crate::multi::needs_protocol(format!("{} is owned by metadata node {}", d.id, d.owner)));
+            return Err(needs_protocol(format!("{} is owned by metadata node {}", d.id, d.owner)));
         }
     }
-    crate::multi::check_unlocked(t, parent, name)?;
+    check_unlocked(t, parent, name)?;
     let src_is_dir = src.kind == FileKind::Dir;
     if src.owner != ctx.node && (new_parent != parent || !src_is_dir) {
-        return Err(crate::multi::needs_protocol(format!("{} is owned by metadata node {}", src.id, src.owner)));
+        return Err(needs_protocol(format!("{} is owned by metadata node {}", src.id, src.owner)));
     }
     if src_is_dir && new_parent != parent && is_within(t, ctx.node, new_parent, src.id)? {
         return Err(fs_err!(
@@ -869,11 +781,11 @@ fn rename_exchange(
     if a.id == b.id {
         return Ok(Reply::Ok);
     }
-    crate::multi::check_unlocked(t, parent, name)?;
-    crate::multi::check_unlocked(t, new_parent, new_name)?;
+    check_unlocked(t, parent, name)?;
+    check_unlocked(t, new_parent, new_name)?;
     for d in [&a, &b] {
         if d.owner != ctx.node {
-            return Err(crate::multi::needs_protocol(format!("{} is owned by metadata node {}", d.id, d.owner)));
+            return Err(needs_protocol(format!("{} is owned by metadata node {}", d.id, d.owner)));
         }
     }
     let moves = new_parent != parent;
@@ -1091,69 +1003,7 @@ fn drop_disposal(t: &mut Tables<'_>, ids: &[EntryId]) -> OpResult<Reply> {
 
 // ----------------------------------------------------------------- reads
 
-type Rt = redb::ReadOnlyTable<&'static [u8], &'static [u8]>;
-
-/// The tables of one read transaction. Names and inodes, which nearly every
-/// read needs, are opened at once; the others on first use (opening a table
-/// looks it up in the store's table tree, a cost every request paid for all
-/// seven).
-pub struct ReadTables<'txn> {
-    txn: &'txn redb::ReadTransaction,
-    pub dentries: Rt,
-    pub inodes: Rt,
-    xattrs: std::cell::OnceCell<Rt>,
-    disposal: std::cell::OnceCell<Rt>,
-    intents: std::cell::OnceCell<Rt>,
-    dirx: std::cell::OnceCell<Rt>,
-    peer_done: std::cell::OnceCell<Rt>,
-}
-
-impl<'txn> ReadTables<'txn> {
-    pub fn open(txn: &'txn redb::ReadTransaction) -> OpResult<ReadTables<'txn>> {
-        Ok(ReadTables {
-            txn,
-            dentries: txn.open_table(crate::store::DENTRIES)?,
-            inodes: txn.open_table(crate::store::INODES)?,
-            xattrs: Default::default(),
-            disposal: Default::default(),
-            intents: Default::default(),
-            dirx: Default::default(),
-            peer_done: Default::default(),
-        })
-    }
-
-    fn lazy<'a>(
-        &self,
-        cell: &'a std::cell::OnceCell<Rt>,
-        def: redb::TableDefinition<'static, &'static [u8], &'static [u8]>,
-    ) -> OpResult<&'a Rt> {
-        if let Some(t) = cell.get() {
-            return Ok(t);
-        }
-        let t = self.txn.open_table(def)?;
-        Ok(cell.get_or_init(|| t))
-    }
-
-    pub fn xattr_table(&self) -> OpResult<&Rt> {
-        self.lazy(&self.xattrs, crate::store::XATTRS)
-    }
-
-    pub fn disposal_table(&self) -> OpResult<&Rt> {
-        self.lazy(&self.disposal, crate::store::DISPOSAL)
-    }
-
-    pub fn intent_table(&self) -> OpResult<&Rt> {
-        self.lazy(&self.intents, crate::store::INTENTS)
-    }
-
-    pub fn dirx_table(&self) -> OpResult<&Rt> {
-        self.lazy(&self.dirx, crate::store::DIRX)
-    }
-
-    pub fn peer_done_table(&self) -> OpResult<&Rt> {
-        self.lazy(&self.peer_done, crate::store::PEER_DONE)
-    }
-
+impl ReadTables<'_> {
     pub fn getattr(&self, id: EntryId, owner: NodeId) -> OpResult<EntryAttr> {
         Ok(to_attr(id, &inode(&self.inodes, id)?, owner))
     }

@@ -13,11 +13,12 @@
 //! of it is committed.
 
 use crate::chooser;
-use crate::ops::{apply, Ctx, Mutation, OpError, Tables};
+use crate::cross::MultiMut;
+use crate::ops::{is_needs_protocol, Ctx, Mutation};
 use crate::replies;
-use crate::store::{sys, sys_get, SYSTEM};
+use crate::store::{sys, sys_get, LeaseKey, OpError, OpResult, Tables, SYSTEM};
 use crate::targets::DataTargets;
-use hivefs_proto::{OpId, Reply};
+use hivefs_proto::{FsckFix, OpId, Reply};
 use hivefs_types::attr::Timespec;
 use hivefs_types::error::{FsError, FsResult};
 use hivefs_types::fs_err;
@@ -149,16 +150,63 @@ impl WriterState {
     }
 }
 
-/// A mutation, and the id of the client operation it carries out when the
+/// What the writer applies: an operation of this node alone, a step of a
+/// cross-node operation, or a repair asked for by `hivefs fsck`.
+#[derive(Debug)]
+pub enum Change {
+    Op(Mutation),
+    Cross(MultiMut),
+    Fsck(FsckFix),
+}
+
+impl From<Mutation> for Change {
+    fn from(m: Mutation) -> Change {
+        Change::Op(m)
+    }
+}
+
+impl From<MultiMut> for Change {
+    fn from(m: MultiMut) -> Change {
+        Change::Cross(m)
+    }
+}
+
+impl From<FsckFix> for Change {
+    fn from(f: FsckFix) -> Change {
+        Change::Fsck(f)
+    }
+}
+
+impl Change {
+    /// Whether it adds entries or attributes (refused when the disk is nearly full).
+    fn adds_to_namespace(&self) -> bool {
+        match self {
+            Change::Op(m) => m.adds_to_namespace(),
+            Change::Cross(m) => m.adds_to_namespace(),
+            Change::Fsck(_) => false,
+        }
+    }
+
+    /// Applies it in the batch's transaction (see `ops` for the error rule).
+    fn apply(self, t: &mut Tables<'_>, ctx: &mut Ctx<'_>) -> OpResult<Reply> {
+        match self {
+            Change::Op(m) => crate::ops::apply(t, ctx, m),
+            Change::Cross(m) => crate::cross::apply(t, ctx, m),
+            Change::Fsck(fix) => crate::fsck::apply_fix(t, ctx, fix),
+        }
+    }
+}
+
+/// A change, and the id of the client operation it carries out when the
 /// client may retry it (see [`replies`]).
-pub type Queued = (Mutation, Option<OpId>);
+pub type Queued = (Change, Option<OpId>);
 
 /// How often a batch also sweeps retry records of vanished clients.
 const REPLY_SWEEP_EVERY_MS: u64 = 60_000;
 
 /// A mutation's outcome, and the non-directory inodes and the names it wrote
 /// or removed (whose cached copies must be revoked before it is acknowledged).
-pub type Done = (FsResult<Reply>, Vec<crate::leases::LeaseKey>);
+pub type Done = (FsResult<Reply>, Vec<LeaseKey>);
 
 struct Job {
     m: Queued,
@@ -305,7 +353,7 @@ fn apply_all(
                 // Only the part of the file that has disk blocks: the store
                 // grows its file sparsely, and writing into a hole takes
                 // space the file system's free count already includes.
-                let on_disk = std::fs::metadata(dir.join(crate::namespace::DB_FILE))
+                let on_disk = std::fs::metadata(dir.join(crate::store::DB_FILE))
                     .map_or(0, |m| m.len().min(std::os::unix::fs::MetadataExt::blocks(&m) * 512));
                 let used = txn.stats().map_or(u64::MAX, |s| s.allocated_pages() * s.page_size() as u64);
                 let free = free + on_disk.saturating_sub(used);
@@ -351,7 +399,7 @@ fn apply_all(
                 NoSpace,
                 "metadata node {node}: its data dir has {free} bytes free, less than min_free_bytes = {min}"
             )),
-            _ => match apply(&mut t, &mut ctx, m) {
+            _ => match m.apply(&mut t, &mut ctx) {
                 Ok(r) => Ok(r),
                 Err(OpError::Fs(e)) => Err(e),
                 Err(OpError::Fatal(msg)) => return Err(msg),
@@ -359,7 +407,7 @@ fn apply_all(
         };
         // A refusal that hands the operation to the cross-node protocol is
         // not its outcome: the protocol records the outcome later.
-        let handed_over = matches!(&r, Err(e) if crate::multi::is_needs_protocol(e));
+        let handed_over = matches!(&r, Err(e) if is_needs_protocol(e));
         if let (Some(op), Some(rt), false) = (&op, records, handed_over) {
             replies::put(rt, op, now_ms, &r)?;
         }

@@ -14,10 +14,11 @@
 //! | `xattrs`   | `EntryId` (16 B) ++ attribute name    | raw value bytes                  |
 //! | `disposal` | `EntryId` (16 B)                      | [`Disposal`] `{ state, targets }`|
 //! | `system`   | `&str` counter name                   | `u64`                            |
-//! | `intents`  | intent id (16 B)                      | `multi::Intent`                  |
+//! | `intents`  | intent id (16 B)                      | [`Intent`]                       |
 //! | `locked_dentries` | parent ++ name                 | intent id (16 B)                 |
-//! | `dir_extra`| directory `EntryId` (16 B)            | `multi::DirExtra`                |
+//! | `dir_extra`| directory `EntryId` (16 B)            | [`DirExtra`]                     |
 //! | `peer_done`| intent id (16 B)                      | empty                            |
+//! | `replies`  | client id ++ seq (u64 BE each)        | time ++ answer (see `replies`)   |
 //!
 //! The last four tables came with several metadata nodes; they are new
 //! tables (absent records mean "nothing pending", "parent on this node",
@@ -31,6 +32,13 @@
 //!
 //! Values are postcard-encoded, which is not self-describing: any change of a
 //! record type must bump [`FORMAT_VERSION`] and migrate.
+
+mod multi;
+mod tables;
+
+pub(crate) use multi::{clear_intent, load_dirx, load_intent, put_dirx, put_intent};
+pub use multi::{DirExtra, Intent, IntentStep, Xattrs};
+pub use tables::{LeaseKey, OpError, OpResult, ReadTables, Tables};
 
 use hivefs_types::attr::{FileKind, Timespec};
 use hivefs_types::ids::{EntryId, NodeId, TargetId};
@@ -48,14 +56,17 @@ pub(crate) const INODES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("i
 pub(crate) const XATTRS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("xattrs");
 pub(crate) const DISPOSAL: TableDefinition<&[u8], &[u8]> = TableDefinition::new("disposal");
 pub(crate) const SYSTEM: TableDefinition<&str, u64> = TableDefinition::new("system");
-/// Pending cross-node operations: intent id → postcard `multi::Intent`.
+/// Pending cross-node operations: intent id → postcard [`Intent`].
 pub(crate) const INTENTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("intents");
 /// Dentries held by a pending intent: parent ++ name → intent id.
 pub(crate) const LOCKED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("locked_dentries");
-/// Directory settings beside the inode: dir id → postcard `multi::DirExtra`.
+/// Directory settings beside the inode: dir id → postcard [`DirExtra`].
 pub(crate) const DIRX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("dir_extra");
 /// Destination halves of renames applied here: intent id → empty.
 pub(crate) const PEER_DONE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("peer_done");
+
+/// File name of the store inside the data dir.
+pub const DB_FILE: &str = "meta.redb";
 
 /// Version of the key schema and record encodings above.
 pub const FORMAT_VERSION: u64 = 1;
@@ -330,27 +341,31 @@ impl Store {
     }
 }
 
+/// Shows a name in messages: quoted, lossy UTF-8.
+pub fn q(name: &[u8]) -> String {
+    format!("{:?}", String::from_utf8_lossy(name))
+}
+
 /// Reads a `system` counter (0 if absent).
 pub(crate) fn sys_get<T: ReadableTable<&'static str, u64>>(t: &T, key: &str) -> Result<u64, redb::StorageError> {
     Ok(t.get(key)?.map(|v| v.value()).unwrap_or(0))
 }
 
 /// Reads and decodes a postcard record.
-pub(crate) fn get_record<T, R>(table: &T, what: &str, id: EntryId) -> Result<Option<R>, crate::ops::OpError>
+pub(crate) fn get_record<T, R>(table: &T, what: &str, id: EntryId) -> Result<Option<R>, OpError>
 where
     T: ReadableTable<&'static [u8], &'static [u8]>,
     R: DeserializeOwned,
 {
     match table.get(id_key(id).as_slice())? {
         None => Ok(None),
-        Some(v) => Ok(Some(decode(what, id, v.value()).map_err(crate::ops::OpError::Fatal)?)),
+        Some(v) => Ok(Some(decode(what, id, v.value()).map_err(OpError::Fatal)?)),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::multi::DirExtra;
     use hivefs_types::pattern::{Chooser, DirPattern, PatternKind};
 
     fn hex(b: &[u8]) -> String {

@@ -7,16 +7,22 @@
 //! know about sockets, mgmtd or configuration files (that is `lib.rs`), so
 //! tests drive it directly with a fake [`DataTargets`].
 
-use crate::ops::{check_truncatable, load_inode, Mutation, OpError, ReadTables};
+use crate::ops::{check_truncatable, load_inode, Mutation};
 use crate::store::{sys, sys_get, Store, StoreError, SYSTEM};
+use crate::store::{OpError, ReadTables};
 use crate::targets::DataTargets;
-use crate::writer::{run_batch, system_clock, Clock, StoreFailure, Writer, WriterState, WriterStats};
+
+mod cross;
+mod handlers;
+
+use crate::writer::{run_batch, system_clock, Change, Clock, StoreFailure, Writer, WriterState, WriterStats};
+pub use handlers::{spawn_lease_recorder, spawn_lock_expiry};
 use hivefs_cluster::capacity_of;
-use hivefs_proto::{decode_body, Caller, OpId, Reply, Request, Response};
+use hivefs_proto::{Caller, OpId, Reply, Response};
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr};
 use hivefs_types::error::{FsError, FsResult};
 use hivefs_types::fs_err;
-use hivefs_types::ids::{EntryId, NodeId, NodeType};
+use hivefs_types::ids::{EntryId, NodeId};
 use hivefs_types::pattern::Pattern;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -24,11 +30,9 @@ use redb::ReadableDatabase;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use tokio::sync::Notify;
 
-/// File name of the store inside the data dir.
-pub const DB_FILE: &str = "meta.redb";
+pub use crate::store::DB_FILE;
 
 /// How a namespace is opened.
 #[derive(Clone)]
@@ -93,7 +97,7 @@ pub struct Namespace {
     pub(crate) disposal_wakeup: Arc<Notify>,
     failed: Arc<StoreFailure>,
     /// Directories on other metadata nodes and cross-node operations.
-    pub(crate) multi: crate::multi::Multi,
+    pub(crate) multi: crate::cross::Multi,
     /// Clients' attribute leases (in memory; see `leases`).
     pub leases: crate::leases::Leases,
 }
@@ -152,7 +156,7 @@ impl Namespace {
             failed: failed.clone(),
             low_space: None,
         };
-        if let Some((Err(e), _)) = run_batch(&db, &mut state, vec![(Mutation::RecoverOrphans, None)]).pop() {
+        if let Some((Err(e), _)) = run_batch(&db, &mut state, vec![(Mutation::RecoverOrphans.into(), None)]).pop() {
             return Err(StoreError::Db { path: store.path, message: format!("recovering open-unlinked entries: {e}") });
         }
         let writer =
@@ -168,7 +172,7 @@ impl Namespace {
             targets,
             disposal_wakeup,
             failed,
-            multi: crate::multi::Multi::default(),
+            multi: crate::cross::Multi::default(),
             leases: Default::default(),
         })
     }
@@ -198,15 +202,15 @@ impl Namespace {
         self.writer.shutdown();
     }
 
-    pub(crate) async fn submit(&self, m: Mutation) -> FsResult<Reply> {
+    pub(crate) async fn submit(&self, m: impl Into<Change>) -> FsResult<Reply> {
         self.submit_op(None, m).await
     }
 
     /// Like `submit`, for the operation `op` of a client that may retry it:
     /// applied at most once (see `replies`). Answers only after the other
     /// clients caching attributes it changed have dropped them.
-    pub(crate) async fn submit_op(&self, op: Option<OpId>, m: Mutation) -> FsResult<Reply> {
-        let (r, touched) = self.writer.submit((m, op)).await?;
+    pub(crate) async fn submit_op(&self, op: Option<OpId>, m: impl Into<Change>) -> FsResult<Reply> {
+        let (r, touched) = self.writer.submit((m.into(), op)).await?;
         if !touched.is_empty() {
             self.leases.revoke(&touched, REQUESTER.try_with(|c| *c).ok()).await;
         }
@@ -379,201 +383,5 @@ impl Namespace {
             }
         }
         first_err.map_or(Ok(()), Err)
-    }
-
-    // -------------------------------------------------------- dispatch
-
-    /// Answers one request.
-    pub async fn handle(&self, req: Request) -> Response {
-        match req {
-            Request::Leasing { client, req, .. } => match decode_body::<Request>(&req) {
-                Ok(Request::Leasing { .. }) => Err(fs_err!(Invalid, "a leasing request may not wrap another")),
-                Ok(inner) => self.handle_leasing(client, inner).await,
-                Err(e) => Err(fs_err!(Protocol, "malformed leasing request: {e}")),
-            },
-            Request::LeaseWait { client, acked, wait_ms } => {
-                Ok(self.leases.wait(client, acked, Duration::from_millis(wait_ms.into())).await)
-            }
-            req => self.handle_unleased(req, None).await,
-        }
-    }
-
-    /// A request of a client that takes leases: answered as usual, then an
-    /// entry's attributes (a non-directory stored here) and the name it was
-    /// looked up or created by (stored here) are leased to the client.
-    async fn handle_leasing(&self, client: u64, inner: Request) -> Response {
-        use crate::leases::LeaseKey;
-        let since = self.leases.mark();
-        // A repeat's recorded answer may be older than the mark: no lease on
-        // it. Only operations answered with an entry need that look (a read).
-        let (fresh, unwrapped) = match &inner {
-            Request::Retryable { op, req } => {
-                let r = decode_body::<Request>(req).ok();
-                let no_entry = matches!(
-                    r,
-                    Some(
-                        Request::Unlink { .. }
-                            | Request::Rmdir { .. }
-                            | Request::Rename { .. }
-                            | Request::RenameTo { .. }
-                            | Request::SetXattr { .. }
-                            | Request::RemoveXattr { .. }
-                    )
-                );
-                (no_entry || self.recorded_reply(op)?.is_none(), r)
-            }
-            _ => (true, None),
-        };
-        let plain = unwrapped.as_ref().unwrap_or(&inner);
-        let name = plain.names().map(|(p, n)| LeaseKey::Name(p, n.into()));
-        let changed_dir = plain.changed_dir();
-        let me = crate::leases::Requester { client, token: since.token };
-        let r =
-            self.leased(client, fresh, name, since, REQUESTER.scope(me, self.handle_unleased(inner, unwrapped)).await?);
-        // The client keeps a changed directory's attributes for as long as
-        // it would cache them anyway (client crate's `dirattrs`): read after
-        // the change, so they include it.
-        let reply = r?;
-        match changed_dir.map(|d| self.getattr(d)) {
-            Some(Ok(parent)) if parent.kind == FileKind::Dir => {
-                Ok(Reply::WithParent { parent, reply: Box::new(reply) })
-            }
-            _ => Ok(reply),
-        }
-    }
-
-    /// Leases what a leasing request's answer `r` carries (see `handle_leasing`).
-    fn leased(
-        &self,
-        client: u64,
-        fresh: bool,
-        name: Option<crate::leases::LeaseKey>,
-        since: crate::leases::Mark,
-        r: Reply,
-    ) -> Response {
-        use crate::leases::LeaseKey;
-        match r {
-            Reply::Entry(a) if fresh => {
-                let lease_ms = if a.kind != FileKind::Dir && a.owner == self.node {
-                    self.leases.grant(client, LeaseKey::Attr(a.id), since)
-                } else {
-                    0
-                };
-                let name_ms = name.map_or(0, |k| self.leases.grant(client, k, since));
-                if lease_ms == 0 && name_ms == 0 {
-                    Ok(Reply::Entry(a))
-                } else {
-                    Ok(Reply::Leased { attr: a, lease_ms, name_ms })
-                }
-            }
-            r => Ok(r),
-        }
-    }
-
-    /// `body`: a `Retryable` request's body when the caller decoded it already.
-    async fn handle_unleased(&self, req: Request, body: Option<Request>) -> Response {
-        if let Some(r) = self.forward_moved(&req).await {
-            return r;
-        }
-        match req {
-            Request::Retryable { op, req } => match body.map_or_else(|| decode_body::<Request>(&req), Ok) {
-                Ok(Request::Retryable { .. }) => Err(fs_err!(Invalid, "a retryable request may not wrap another")),
-                Ok(inner) => self.handle_op(inner, Some(op)).await,
-                Err(e) => Err(fs_err!(Protocol, "malformed retryable request: {e}")),
-            },
-            req => self.handle_op(req, None).await,
-        }
-    }
-
-    /// Answers one request; mutations record their outcome under `op`.
-    async fn handle_op(&self, req: Request, op: Option<OpId>) -> Response {
-        let entry = |r: FsResult<EntryAttr>| r.map(Reply::Entry);
-        match req {
-            Request::Ping => Ok(Reply::Pong { node_type: NodeType::Meta, node: self.node }),
-            Request::Lookup { parent, name } => entry(self.lookup_any(parent, &name).await),
-            Request::GetAttr { id } => entry(self.getattr(id)),
-            Request::SetAttr { id, attr, caller: _ } => entry(self.set_attr(id, attr, op).await),
-            Request::Create { parent, name, kind, mode, rdev, excl, caller } => {
-                if kind == FileKind::File {
-                    self.targets.refresh_if_empty().await;
-                }
-                self.submit_op(
-                    op,
-                    Mutation::Create { parent, name, kind, mode, rdev, excl, uid: caller.uid, gid: caller.gid },
-                )
-                .await
-            }
-            Request::Mkdir { parent, name, mode, caller } => {
-                self.mkdir_any(parent, name, mode, caller.uid, caller.gid, op).await
-            }
-            Request::Unlink { parent, name } => self.unlink_any(parent, name, op).await,
-            Request::Rmdir { parent, name } => self.rmdir_any(parent, name, op).await,
-            Request::Rename { parent, name, new_parent, new_name, flags } => {
-                self.rename_any(parent, name, new_parent, None, new_name, flags, op).await
-            }
-            Request::RenameTo { parent, name, new_parent, new_parent_owner, new_name, flags } => {
-                self.rename_any(parent, name, new_parent, Some(new_parent_owner), new_name, flags, op).await
-            }
-            Request::MetaPeer { op: step } => self.peer(step).await,
-            Request::SetMetaChooser { id, chooser } => self.set_meta_chooser(id, chooser, op).await,
-            Request::GetMetaChooser { id } => self.meta_chooser(id).map(Reply::MetaChooser),
-            Request::FsckIntents => self.intents_text().map(Reply::FsckIntents),
-            Request::LinkTo { id, new_parent, new_parent_owner, new_name } => {
-                self.link_any(id, new_parent, new_parent_owner, new_name, op).await
-            }
-            Request::ReadDir { dir, after, max } => self.readdir(dir, after.as_deref(), max),
-            Request::ReadDirFirst { dir, max } => self.read(|t| {
-                let (entries, more) = t.readdir(dir, None, max)?;
-                let parent = crate::ops::load_inode(&t.inodes, dir)?.and_then(|i| i.parent).unwrap_or(dir);
-                Ok(Reply::DirPageFirst { parent, entries, more })
-            }),
-            Request::Symlink { parent, name, target, caller } => {
-                self.submit_op(op, Mutation::Symlink { parent, name, target, uid: caller.uid, gid: caller.gid }).await
-            }
-            Request::ReadLink { id } => self.readlink(id).map(Reply::LinkTarget),
-            Request::Link { id, new_parent, new_name } => {
-                self.submit_op(op, Mutation::Link { id, new_parent, new_name }).await
-            }
-            Request::GetXattr { id, name } => self.getxattr(id, &name).map(Reply::Xattr),
-            Request::SetXattr { id, name, value, flags } => {
-                self.submit_op(op, Mutation::SetXattr { id, name, value, flags }).await
-            }
-            Request::ListXattr { id } => self.listxattr(id).map(Reply::XattrNames),
-            Request::RemoveXattr { id, name } => self.submit_op(op, Mutation::RemoveXattr { id, name }).await,
-            Request::SetDirPattern { id, pattern } => {
-                self.targets.check_pool(pattern.pool).await?;
-                self.submit_op(op, Mutation::SetDirPattern { id, pattern }).await
-            }
-            Request::Open { id, write: _ } => entry(self.open_file(id)),
-            Request::Release { id, write: _ } => self.release(id).await.map(|()| Reply::Ok),
-            Request::UpdateSize { id, size, mtime } => {
-                self.submit_op(op, Mutation::UpdateSize { id, size, mtime }).await
-            }
-            Request::TouchAtime { id, at, strict } => {
-                // Most reads change nothing (relatime): answered without a commit.
-                match self.read(|t| crate::ops::load_inode(&t.inodes, id)) {
-                    Ok(Some(i)) if !crate::ops::atime_due(&i, at, strict) => {
-                        Ok(Reply::Entry(crate::ops::to_attr(id, &i, self.node)))
-                    }
-                    _ => self.submit_op(op, Mutation::TouchAtime { id, at, strict }).await,
-                }
-            }
-            Request::CreateOpen { parent, name, mode, excl, caller } => {
-                self.create_open(parent, name, mode, excl, caller, op).await
-            }
-            Request::MetaStat => self.meta_stat(),
-            Request::RefreshView => self.targets.refresh().await.map(|()| Reply::Ok),
-            r @ (Request::LockAcquire { .. }
-            | Request::LockRelease { .. }
-            | Request::LockTest { .. }
-            | Request::LockKeepAlive { .. }) => crate::locks::handle(self, r).await,
-            r @ (Request::FsckDentries { .. }
-            | Request::FsckInodes { .. }
-            | Request::FsckDisposals { .. }
-            | Request::FsckFix { .. }) => crate::fsck::handle(self, r).await,
-            other => {
-                Err(fs_err!(NotSupported, "{} is not served by a metadata node (node {})", other.name(), self.node))
-            }
-        }
     }
 }

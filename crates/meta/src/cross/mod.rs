@@ -1,0 +1,444 @@
+//! Several metadata nodes: the transactions of operations that touch two
+//! owners, and what the node keeps for them.
+//!
+//! Owns the writer mutations of the crash-safe protocol ([`MultiMut`]: each
+//! operation's intent, commit and abort on the coordinator and its step on
+//! the peer), the choice of a new directory's owner (metadata-node
+//! choosers), the peers trait and the crash hook for tests
+//! (`HIVEFS_CRASH_AT`). It must not hold the single-node rules (those stay in
+//! `ops`: a local rule that meets a remote part answers
+//! [`crate::ops::needs_protocol`]) nor talk to the network: the namespace
+//! runs the protocol (`namespace/cross.rs`) and the writer applies these
+//! mutations.
+//!
+//! Protocol (one coordinator, the node that received the client's request):
+//! 1. *intent*: one transaction writes an intent record (with the client's
+//!    operation id) and locks the dentries involved; for mkdir it also writes
+//!    the new dentry (naming the remote owner) and the parent's link count.
+//! 2. *remote step* on the peer, idempotent: keyed by the new directory's id
+//!    (create, remove) or by the intent id (a rename's destination half is
+//!    recorded in `peer_done`).
+//! 3. *commit*: one transaction finishes the local part, removes the intent
+//!    and records the client's answer under its operation id, so a client
+//!    retry gets that answer. A refusal of the remote step undoes the intent
+//!    instead (and is recorded as the answer).
+//!
+//! At start every intent is driven again from step 2 by a task that retries
+//! until the peer answers; client retries of such an operation wait for it.
+//! See `docs/design-meta.md` ("Several metadata nodes").
+
+mod exchange;
+mod link;
+mod mkdir;
+mod rename;
+mod rmdir;
+mod unlink;
+
+use crate::ops::{
+    check_name, check_unlocked, dentry, dir_inode, drop_link, inherit_group, inode, is_empty_dir, load_dentry,
+    load_inode, new_inode, to_attr, touch_dir, Ctx, LINK_MAX,
+};
+use crate::store::{
+    child_key, clear_intent, id_key, load_dirx, put_dirx, put_intent, q, scan_children, Dentry, DirExtra, Inode,
+    Intent, IntentStep, OpResult, Tables,
+};
+use crate::targets::BoxFut;
+use hivefs_cluster::Cluster;
+use hivefs_proto::{MetaChooser, OpId, Reachability, Reply, Request, RENAME_NOREPLACE};
+use hivefs_types::attr::{EntryAttr, FileKind, Timespec};
+use hivefs_types::error::{FsError, FsResult};
+use hivefs_types::fs_err;
+use hivefs_types::ids::{EntryId, NodeId, NodeType};
+use redb::ReadableTable;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use tracing::{error, warn};
+
+// ------------------------------------------------------------ crash hook
+
+/// Test hook: `HIVEFS_CRASH_AT=<op>:<step>` makes the metadata service abort
+/// (`std::process::abort`, as `kill -9`) at that step of a cross-node
+/// protocol. `op` is `mkdir`, `rmdir`, `rename`, `link` or `unlink`; `step` is `intent` (the
+/// intent is committed, nothing sent), `peer` (the peer committed its step
+/// and has not answered), `remote` (the coordinator has the peer's answer,
+/// nothing committed) or `commit` (committed, the client not answered).
+pub const CRASH_ENV: &str = "HIVEFS_CRASH_AT";
+
+#[derive(Clone, Debug, Default)]
+pub enum CrashHook {
+    #[default]
+    Off,
+    /// Abort the process at `op:step`.
+    Abort(String),
+    /// Unit tests: stop the operation at `op:step` with an error, leaving the
+    /// store as an abort would; the flag tells that it fired.
+    Stop(String, Arc<std::sync::atomic::AtomicBool>),
+}
+
+impl CrashHook {
+    pub fn from_env() -> CrashHook {
+        match std::env::var(CRASH_ENV) {
+            Ok(s) if !s.is_empty() => {
+                warn!("test hook {CRASH_ENV}={s}: this metadata service aborts at that protocol step");
+                CrashHook::Abort(s)
+            }
+            _ => CrashHook::Off,
+        }
+    }
+
+    pub(crate) fn at(&self, op: &str, step: &str) -> FsResult<()> {
+        let hit = |s: &str| s.split_once(':') == Some((op, step));
+        match self {
+            CrashHook::Abort(s) if hit(s) => {
+                error!("{CRASH_ENV}={s}: aborting at {op}:{step}");
+                std::process::abort();
+            }
+            CrashHook::Stop(s, fired) if hit(s) => {
+                fired.store(true, Ordering::SeqCst);
+                Err(fs_err!(Unavailable, "crash injected at {op}:{step}"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+// ------------------------------------------------------------------ peers
+
+/// The other metadata nodes, as this node reaches them.
+pub trait Peers: Send + Sync + 'static {
+    /// Metadata nodes that may own new directories (online ones).
+    fn meta_nodes(&self) -> Vec<NodeId>;
+    /// Sends a request to metadata node `node`.
+    fn call(&self, node: NodeId, req: Request) -> BoxFut<FsResult<Reply>>;
+}
+
+/// [`Peers`] over the cluster view from mgmtd.
+pub struct ClusterPeers {
+    pub cluster: Arc<Cluster>,
+}
+
+impl Peers for ClusterPeers {
+    fn meta_nodes(&self) -> Vec<NodeId> {
+        let v = self.cluster.view();
+        let mut n: Vec<NodeId> = v
+            .nodes
+            .values()
+            .filter(|n| n.node_type == NodeType::Meta && n.reachability == Reachability::Online)
+            .map(|n| n.id)
+            .collect();
+        n.sort();
+        n
+    }
+
+    fn call(&self, node: NodeId, req: Request) -> BoxFut<FsResult<Reply>> {
+        let cluster = self.cluster.clone();
+        Box::pin(async move { cluster.node_pool(NodeType::Meta, node).await?.rpc(&req).await })
+    }
+}
+
+/// What a namespace keeps for the multi-node part.
+#[derive(Default)]
+pub struct Multi {
+    pub(crate) peers: RwLock<Option<Arc<dyn Peers>>>,
+    pub(crate) crash: RwLock<CrashHook>,
+    pub(crate) intent_seq: AtomicU64,
+    /// Directories owned per metadata node (last report plus our choices since).
+    pub(crate) counts: Mutex<HashMap<NodeId, u64>>,
+    pub(crate) rr: AtomicU64,
+    /// Client operations whose intent is pending: their retries wait.
+    pub(crate) pending: Mutex<HashSet<(u64, u64)>>,
+    pub(crate) finished: tokio::sync::Notify,
+    /// Files whose inode a rename moved to another node while handles
+    /// opened here were open: their requests are forwarded there (node, and
+    /// handles not yet released).
+    pub(crate) moved: Mutex<HashMap<EntryId, (NodeId, u32)>>,
+}
+
+pub(crate) fn op_key(op: &OpId) -> (u64, u64) {
+    (op.client, op.seq)
+}
+
+/// Picks the owner of a new directory among `nodes` (sorted, non-empty).
+pub fn choose_owner(
+    chooser: MetaChooser,
+    nodes: &[NodeId],
+    counts: &HashMap<NodeId, u64>,
+    rr: &AtomicU64,
+    random: u64,
+) -> NodeId {
+    match chooser {
+        MetaChooser::Random => nodes[(random % nodes.len() as u64) as usize],
+        MetaChooser::RoundRobin => nodes[(rr.fetch_add(1, Ordering::Relaxed) % nodes.len() as u64) as usize],
+        MetaChooser::Balanced => {
+            let least = nodes.iter().map(|n| counts.get(n).copied().unwrap_or(0)).min().unwrap_or(0);
+            let ties: Vec<NodeId> =
+                nodes.iter().copied().filter(|n| counts.get(n).copied().unwrap_or(0) == least).collect();
+            ties[(rr.fetch_add(1, Ordering::Relaxed) % ties.len() as u64) as usize]
+        }
+    }
+}
+
+// ------------------------------------------------------------- mutations
+
+/// Writer mutations of the protocol (see the module doc).
+#[derive(Clone, Debug)]
+pub enum MultiMut {
+    MkdirIntent {
+        intent: EntryId,
+        parent: EntryId,
+        name: Vec<u8>,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        owner: NodeId,
+        op: Option<OpId>,
+    },
+    MkdirCommit {
+        intent: EntryId,
+        attr: EntryAttr,
+    },
+    MkdirAbort {
+        intent: EntryId,
+        err: FsError,
+    },
+    RmdirIntent {
+        intent: EntryId,
+        parent: EntryId,
+        name: Vec<u8>,
+        op: Option<OpId>,
+    },
+    RmdirCommit {
+        intent: EntryId,
+    },
+    RenameIntent {
+        intent: EntryId,
+        parent: EntryId,
+        name: Vec<u8>,
+        new_parent: EntryId,
+        new_owner: NodeId,
+        new_name: Vec<u8>,
+        flags: u32,
+        op: Option<OpId>,
+    },
+    RenameCommit {
+        intent: EntryId,
+    },
+    /// Drops an intent whose remote step was refused; answers `err`.
+    Abort {
+        intent: EntryId,
+        err: FsError,
+    },
+    PeerCreateDir {
+        id: EntryId,
+        inode: Inode,
+        parent_owner: NodeId,
+        chooser: Option<MetaChooser>,
+    },
+    PeerRemoveDir {
+        id: EntryId,
+    },
+    PeerSetParent {
+        id: EntryId,
+        parent: EntryId,
+        parent_owner: NodeId,
+    },
+    PeerRenameIn {
+        intent: EntryId,
+        src_parent: EntryId,
+        new_parent: EntryId,
+        new_name: Vec<u8>,
+        flags: u32,
+        dentry: Dentry,
+        inode: Option<Inode>,
+        xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    },
+    PeerForget {
+        intent: EntryId,
+    },
+    SetChooser {
+        id: EntryId,
+        chooser: MetaChooser,
+    },
+    /// Raises the link count of file `id` and records the intent to name
+    /// it as `new_parent/new_name` on `new_owner`.
+    LinkIntent {
+        intent: EntryId,
+        id: EntryId,
+        new_parent: EntryId,
+        new_owner: NodeId,
+        new_name: Vec<u8>,
+        op: Option<OpId>,
+    },
+    LinkCommit {
+        intent: EntryId,
+    },
+    /// The dentry was refused: the raised link is dropped again.
+    LinkAbort {
+        intent: EntryId,
+        err: FsError,
+    },
+    UnlinkIntent {
+        intent: EntryId,
+        parent: EntryId,
+        name: Vec<u8>,
+        op: Option<OpId>,
+    },
+    UnlinkCommit {
+        intent: EntryId,
+    },
+    PeerLinkIn {
+        intent: EntryId,
+        new_parent: EntryId,
+        new_name: Vec<u8>,
+        dentry: Dentry,
+    },
+    PeerDropLink {
+        intent: EntryId,
+        id: EntryId,
+    },
+    ExchangeIntent {
+        intent: EntryId,
+        parent: EntryId,
+        name: Vec<u8>,
+        new_parent: EntryId,
+        new_owner: NodeId,
+        new_name: Vec<u8>,
+        b: Dentry,
+        op: Option<OpId>,
+    },
+    ExchangeCommit {
+        intent: EntryId,
+    },
+    PeerExchangeIn {
+        intent: EntryId,
+        new_parent: EntryId,
+        new_name: Vec<u8>,
+        expect: EntryId,
+        put: Dentry,
+    },
+}
+
+impl MultiMut {
+    pub(crate) fn adds_to_namespace(&self) -> bool {
+        matches!(
+            self,
+            MultiMut::MkdirIntent { .. }
+                | MultiMut::PeerCreateDir { .. }
+                | MultiMut::PeerRenameIn { .. }
+                | MultiMut::LinkIntent { .. }
+                | MultiMut::PeerLinkIn { .. }
+        )
+    }
+}
+
+pub(crate) fn apply(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, m: MultiMut) -> OpResult<Reply> {
+    match m {
+        MultiMut::MkdirIntent { intent, parent, name, mode, uid, gid, owner, op } => {
+            mkdir::mkdir_intent(t, ctx, intent, parent, name, mode, uid, gid, owner, op)
+        }
+        MultiMut::MkdirCommit { intent, attr } => mkdir::mkdir_commit(t, ctx, intent, attr),
+        MultiMut::MkdirAbort { intent, err } => mkdir::mkdir_abort(t, ctx, intent, err),
+        MultiMut::RmdirIntent { intent, parent, name, op } => rmdir::rmdir_intent(t, ctx, intent, parent, name, op),
+        MultiMut::RmdirCommit { intent } => rmdir::rmdir_commit(t, ctx, intent),
+        MultiMut::RenameIntent { intent, parent, name, new_parent, new_owner, new_name, flags, op } => {
+            rename::rename_intent(t, ctx, intent, parent, name, new_parent, new_owner, new_name, flags, op)
+        }
+        MultiMut::RenameCommit { intent } => rename::rename_commit(t, ctx, intent),
+        MultiMut::Abort { intent, err } => abort(t, ctx, intent, err),
+        MultiMut::PeerCreateDir { id, inode: i, parent_owner, chooser } => {
+            mkdir::peer_create_dir(t, ctx, id, i, parent_owner, chooser)
+        }
+        MultiMut::PeerRemoveDir { id } => rmdir::peer_remove_dir(t, ctx, id),
+        MultiMut::PeerSetParent { id, parent, parent_owner } => {
+            rename::peer_set_parent(t, ctx, id, parent, parent_owner)
+        }
+        MultiMut::PeerRenameIn {
+            intent,
+            src_parent,
+            new_parent,
+            new_name,
+            flags,
+            dentry: src,
+            inode: moved,
+            xattrs,
+        } => rename::peer_rename_in(t, ctx, intent, src_parent, new_parent, new_name, flags, src, moved, xattrs),
+        MultiMut::PeerForget { intent } => peer_forget(t, ctx, intent),
+        MultiMut::LinkIntent { intent, id, new_parent, new_owner, new_name, op } => {
+            link::link_intent(t, ctx, intent, id, new_parent, new_owner, new_name, op)
+        }
+        MultiMut::LinkCommit { intent } => link::link_commit(t, ctx, intent),
+        MultiMut::LinkAbort { intent, err } => link::link_abort(t, ctx, intent, err),
+        MultiMut::UnlinkIntent { intent, parent, name, op } => unlink::unlink_intent(t, ctx, intent, parent, name, op),
+        MultiMut::UnlinkCommit { intent } => unlink::unlink_commit(t, ctx, intent),
+        MultiMut::PeerLinkIn { intent, new_parent, new_name, dentry: d } => {
+            link::peer_link_in(t, ctx, intent, new_parent, new_name, d)
+        }
+        MultiMut::PeerDropLink { intent, id } => unlink::peer_drop_link(t, ctx, intent, id),
+        MultiMut::ExchangeIntent { intent, parent, name, new_parent, new_owner, new_name, b, op } => {
+            exchange::exchange_intent(t, ctx, intent, parent, name, new_parent, new_owner, new_name, b, op)
+        }
+        MultiMut::ExchangeCommit { intent } => exchange::exchange_commit(t, ctx, intent),
+        MultiMut::PeerExchangeIn { intent, new_parent, new_name, expect, put } => {
+            exchange::peer_exchange_in(t, ctx, intent, new_parent, new_name, expect, put)
+        }
+        MultiMut::SetChooser { id, chooser } => set_chooser(t, ctx, id, chooser),
+    }
+}
+
+fn abort(t: &mut Tables<'_>, _ctx: &mut Ctx<'_>, intent: EntryId, err: FsError) -> OpResult<Reply> {
+    clear_intent(t, intent)?;
+    Err(err.into())
+}
+
+fn peer_forget(t: &mut Tables<'_>, _ctx: &mut Ctx<'_>, intent: EntryId) -> OpResult<Reply> {
+    t.peer_done.remove(id_key(intent).as_slice())?;
+    Ok(Reply::Ok)
+}
+
+fn set_chooser(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, chooser: MetaChooser) -> OpResult<Reply> {
+    let node = ctx.node;
+    let mut i = dir_inode(&t.inodes, id)?;
+    let mut x = load_dirx(&t.dirx, id)?.unwrap_or_default();
+    x.chooser = Some(chooser);
+    put_dirx(t, id, &x)?;
+    i.ctime = ctx.now;
+    t.put_inode(id, &i)?;
+    Ok(Reply::Entry(to_attr(id, &i, node)))
+}
+
+/// The commit of an intent that removes the dentry `parent/name` it held:
+/// gone when it still names `id` (a recovery may find it gone already), and
+/// the parent directory loses `links` links and gets new times.
+fn remove_held(
+    t: &mut Tables<'_>,
+    now: Timespec,
+    parent: EntryId,
+    name: &[u8],
+    id: EntryId,
+    links: u32,
+) -> OpResult<()> {
+    if load_dentry(&t.dentries, parent, name)?.is_some_and(|d| d.id == id) {
+        t.remove_dentry(parent, name)?;
+        if let Some(mut p) = load_inode(&t.inodes, parent)? {
+            p.nlink = p.nlink.saturating_sub(links);
+            touch_dir(&mut p, now);
+            t.put_inode(parent, &p)?;
+        }
+    }
+    Ok(())
+}
+
+fn set_parent(
+    t: &mut Tables<'_>,
+    node: NodeId,
+    id: EntryId,
+    i: &mut Inode,
+    parent: EntryId,
+    parent_owner: NodeId,
+) -> OpResult<()> {
+    i.parent = Some(parent);
+    let mut x = load_dirx(&t.dirx, id)?.unwrap_or_default();
+    x.parent_owner = Some(parent_owner).filter(|o| *o != node);
+    put_dirx(t, id, &x)
+}

@@ -1,0 +1,1068 @@
+//! The namespace's side of cross-node operations: deciding whether an
+//! operation needs the protocol, running it (intent, remote step, commit;
+//! see `crate::cross`), answering peers' steps, recovering intents at start,
+//! lookups of entries stored elsewhere, and forwarding requests about files
+//! a rename moved away.
+
+use super::Namespace;
+use crate::cross::{choose_owner, op_key, CrashHook, MultiMut, Peers};
+use crate::ops::{check_name, dir_inode, is_needs_protocol, load_dentry, load_inode, Mutation};
+use crate::store::{decode, encode, id_key, load_dirx, load_intent, q, Dentry, Inode, Intent, IntentStep, OpError};
+use hivefs_proto::{MetaChooser, OpId, PeerOp, Reply, Request, Response, RENAME_EXCHANGE, RENAME_NOREPLACE};
+use hivefs_types::attr::{EntryAttr, FileKind};
+use hivefs_types::error::{ErrorCode, FsError, FsResult};
+use hivefs_types::fs_err;
+use hivefs_types::ids::{EntryId, NodeId};
+use redb::ReadableTable;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{info, warn};
+
+/// Transport failures, after which a step is sent again.
+fn transient(e: &FsError) -> bool {
+    matches!(e.code, ErrorCode::Unavailable | ErrorCode::TimedOut | ErrorCode::Io)
+}
+
+fn unexpected(r: Reply) -> FsError {
+    fs_err!(Protocol, "unexpected reply {r:?} from a metadata peer")
+}
+
+/// How the remote part of a cross-node operation went.
+enum Remote {
+    /// The peer refused its step: the intent is undone, answering this error.
+    Refused(FsError),
+    Done {
+        /// Finishes the operation here (and records the client's answer).
+        commit: Box<MultiMut>,
+        /// The peer that keeps a record of its step until told to forget it.
+        forget: Option<NodeId>,
+        /// A file whose inode moved to that node: its open handles follow.
+        hand_over: Option<(EntryId, NodeId)>,
+    },
+}
+
+impl Remote {
+    fn done(commit: MultiMut) -> Remote {
+        Remote::Done { commit: Box::new(commit), forget: None, hand_over: None }
+    }
+}
+
+/// The undo of an intent whose remote step was refused.
+fn undo(step: &IntentStep, intent: EntryId, err: FsError) -> MultiMut {
+    match step {
+        IntentStep::Mkdir { .. } => MultiMut::MkdirAbort { intent, err },
+        IntentStep::Link { .. } => MultiMut::LinkAbort { intent, err },
+        _ => MultiMut::Abort { intent, err },
+    }
+}
+
+impl Namespace {
+    pub fn set_peers(&self, peers: Arc<dyn Peers>) {
+        *self.multi.peers.write().expect("peers lock") = Some(peers);
+    }
+
+    /// Sets the crash hook (the service reads [`CRASH_ENV`]; unit tests use [`CrashHook::Stop`]).
+    pub fn set_crash_hook(&self, hook: CrashHook) {
+        *self.multi.crash.write().expect("crash lock") = hook;
+    }
+
+    fn crash(&self, op: &str, step: &str) -> FsResult<()> {
+        self.multi.crash.read().expect("crash lock").at(op, step)
+    }
+
+    fn peers(&self) -> Option<Arc<dyn Peers>> {
+        self.multi.peers.read().expect("peers lock").clone()
+    }
+
+    fn next_intent(&self) -> EntryId {
+        let c = self.multi.intent_seq.fetch_add(1, Ordering::Relaxed) + 1;
+        EntryId { node: self.node().0, epoch: self.epoch(), counter: c }
+    }
+
+    /// Sends a step to metadata node `node` (this node: answered here),
+    /// again and again while the peer is unreachable.
+    fn peer_call<'a>(
+        &'a self,
+        node: NodeId,
+        op: PeerOp,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = FsResult<Reply>> + Send + 'a>> {
+        Box::pin(async move {
+            if node == self.node() {
+                return self.peer(op).await;
+            }
+            let peers = self
+                .peers()
+                .ok_or_else(|| fs_err!(Unavailable, "metadata node {node} is not reachable: no peers configured"))?;
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                match peers.call(node, Request::MetaPeer { op: op.clone() }).await {
+                    Err(e) if transient(&e) => {
+                        warn!("metadata node {node} did not answer a cross-node step (trying again): {e}");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                    }
+                    r => return r,
+                }
+            }
+        })
+    }
+
+    /// Records a directory count reported by (or chosen for) a node.
+    pub fn set_dir_count(&self, node: NodeId, dirs: u64) {
+        self.multi.counts.lock().expect("counts lock").insert(node, dirs);
+    }
+
+    /// Refreshes the directory counts of all metadata nodes (balanced chooser).
+    pub async fn refresh_counts(&self) {
+        let Some(peers) = self.peers() else { return };
+        for n in peers.meta_nodes() {
+            let dirs = if n == self.node() {
+                self.counts().map(|(_, d)| d).ok()
+            } else {
+                match peers.call(n, Request::MetaStat).await {
+                    Ok(Reply::MetaStat { dirs, .. }) => Some(dirs),
+                    _ => None,
+                }
+            };
+            if let Some(d) = dirs {
+                self.set_dir_count(n, d);
+            }
+        }
+    }
+
+    fn choose_owner(&self, chooser: MetaChooser) -> NodeId {
+        let me = self.node();
+        let Some(peers) = self.peers() else { return me };
+        let nodes = peers.meta_nodes();
+        if nodes.len() <= 1 {
+            return me;
+        }
+        let mut counts = self.multi.counts.lock().expect("counts lock");
+        let n = choose_owner(chooser, &nodes, &counts, &self.multi.rr, rand::random());
+        *counts.entry(n).or_insert(0) += 1;
+        n
+    }
+
+    /// The recorded answer of a client operation that was applied, waiting
+    /// first for its pending intent (after a restart, recovery finishes it).
+    async fn recorded(&self, op: Option<OpId>) -> FsResult<Option<Response>> {
+        let Some(op) = op else { return Ok(None) };
+        loop {
+            let notified = self.multi.finished.notified();
+            if !self.multi.pending.lock().expect("pending lock").contains(&op_key(&op)) {
+                break;
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
+        }
+        self.recorded_reply(&op)
+    }
+
+    fn set_pending(&self, op: Option<OpId>, on: bool) {
+        if let Some(op) = op {
+            let mut p = self.multi.pending.lock().expect("pending lock");
+            if on {
+                p.insert(op_key(&op));
+            } else {
+                p.remove(&op_key(&op));
+                self.multi.finished.notify_waiters();
+            }
+        }
+    }
+
+    async fn submit_multi(&self, op: Option<OpId>, m: MultiMut) -> FsResult<Reply> {
+        self.submit_op(op, m).await
+    }
+
+    /// Mkdir, on the node chosen by the parent's metadata-node chooser.
+    pub(crate) async fn mkdir_any(
+        &self,
+        parent: EntryId,
+        name: Vec<u8>,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        op: Option<OpId>,
+    ) -> Response {
+        if let Some(r) = self.recorded(op).await? {
+            return r;
+        }
+        let chooser = self.read(|t| load_dirx(t.dirx_table()?, parent))?.and_then(|x| x.chooser).unwrap_or_default();
+        let owner = self.choose_owner(chooser);
+        if owner == self.node() {
+            return self.submit_op(op, Mutation::Mkdir { parent, name, mode, uid, gid }).await;
+        }
+        let intent = self.next_intent();
+        // Pending before the intent exists: a retry of `op` waits for this attempt.
+        self.start_protocol(
+            "mkdir",
+            intent,
+            op,
+            MultiMut::MkdirIntent { intent, parent, name, mode, uid, gid, owner, op },
+        )
+        .await
+    }
+
+    /// Rmdir; a directory owned elsewhere goes through the protocol.
+    pub(crate) async fn rmdir_any(&self, parent: EntryId, name: Vec<u8>, op: Option<OpId>) -> Response {
+        if let Some(r) = self.recorded(op).await? {
+            return r;
+        }
+        match self.submit_op(op, Mutation::Rmdir { parent, name: name.clone() }).await {
+            Err(e) if is_needs_protocol(&e) => {}
+            r => return r,
+        }
+        let intent = self.next_intent();
+        // Pending before the intent exists: a retry of `op` waits for this attempt.
+        self.start_protocol("rmdir", intent, op, MultiMut::RmdirIntent { intent, parent, name, op }).await
+    }
+
+    /// Rename; `new_owner` is the node owning `new_parent` (`None`: this node).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn rename_any(
+        &self,
+        parent: EntryId,
+        name: Vec<u8>,
+        new_parent: EntryId,
+        new_owner: Option<NodeId>,
+        new_name: Vec<u8>,
+        flags: u32,
+        op: Option<OpId>,
+    ) -> Response {
+        if let Some(r) = self.recorded(op).await? {
+            return r;
+        }
+        let new_owner = new_owner.unwrap_or(self.node());
+        if new_owner == self.node() {
+            let m = Mutation::Rename { parent, name: name.clone(), new_parent, new_name: new_name.clone(), flags };
+            match self.submit_op(op, m).await {
+                Err(e) if is_needs_protocol(&e) => {}
+                r => return r,
+            }
+        }
+        check_name(&name)?;
+        check_name(&new_name)?;
+        if flags == RENAME_EXCHANGE {
+            return self.exchange_any(parent, name, new_parent, new_owner, new_name, op).await;
+        }
+        let src = self
+            .read(|t| load_dentry(&t.dentries, parent, &name))?
+            .ok_or_else(|| fs_err!(NotFound, "no entry {} in directory {parent}", q(&name)))?;
+        if src.kind == FileKind::Dir
+            && new_parent != parent
+            && self.is_within_any(new_parent, new_owner, src.id).await?
+        {
+            return Err(fs_err!(
+                Invalid,
+                "cannot move directory {} ({}) into its own subtree ({new_parent})",
+                q(&name),
+                src.id
+            ));
+        }
+        let intent = self.next_intent();
+        let m = MultiMut::RenameIntent { intent, parent, name, new_parent, new_owner, new_name, flags, op };
+        self.start_protocol("rename", intent, op, m).await
+    }
+
+    /// Sets the ctime of inode `id` on metadata node `owner` to now.
+    async fn touch_ctime(&self, owner: NodeId, id: EntryId) -> FsResult<()> {
+        if owner == self.node() {
+            self.submit_op(None, Mutation::SetAttr { id, attr: Default::default() }).await?;
+            return Ok(());
+        }
+        let peers = self.peers().ok_or_else(|| fs_err!(Unavailable, "metadata node {owner}: no peers configured"))?;
+        let req = Request::SetAttr { id, attr: Default::default(), caller: Default::default() };
+        peers.call(owner, req).await.map(|_| ())
+    }
+
+    /// `RENAME_EXCHANGE` where a part is on another node: only the dentries
+    /// swap (inodes stay with their owners, which the dentries name).
+    async fn exchange_any(
+        &self,
+        parent: EntryId,
+        name: Vec<u8>,
+        new_parent: EntryId,
+        new_owner: NodeId,
+        new_name: Vec<u8>,
+        op: Option<OpId>,
+    ) -> Response {
+        let a = self
+            .read(|t| load_dentry(&t.dentries, parent, &name))?
+            .ok_or_else(|| fs_err!(NotFound, "no entry {} in directory {parent}", q(&name)))?;
+        let battr = if new_owner == self.node() {
+            self.lookup_any(new_parent, &new_name).await?
+        } else {
+            let peers =
+                self.peers().ok_or_else(|| fs_err!(Unavailable, "metadata node {new_owner}: no peers configured"))?;
+            match peers.call(new_owner, Request::Lookup { parent: new_parent, name: new_name.clone() }).await? {
+                Reply::Entry(e) => e,
+                r => return Err(unexpected(r)),
+            }
+        };
+        let b = Dentry { id: battr.id, kind: battr.kind, owner: battr.owner };
+        if a.id == b.id {
+            return Ok(Reply::Ok);
+        }
+        if parent != new_parent {
+            let into = |d: &Dentry, to: EntryId, to_owner: NodeId| {
+                let d = d.clone();
+                async move {
+                    if d.kind == FileKind::Dir && self.is_within_any(to, to_owner, d.id).await? {
+                        return Err(fs_err!(
+                            Invalid,
+                            "cannot exchange directory {} with an entry inside its own subtree ({to})",
+                            d.id
+                        ));
+                    }
+                    Ok(())
+                }
+            };
+            into(&a, new_parent, new_owner).await?;
+            into(&b, parent, self.node()).await?;
+        }
+        let intent = self.next_intent();
+        let m = MultiMut::ExchangeIntent { intent, parent, name, new_parent, new_owner, new_name, b, op };
+        self.start_protocol("exchange", intent, op, m).await
+    }
+
+    /// After a rename moved file `id` to `new_owner`: its open handles count
+    /// there, and their requests that reach this node are forwarded.
+    async fn hand_over_opens(&self, id: EntryId, new_owner: NodeId) {
+        let count = {
+            let mut opens = self.opens.0.lock().expect("opens lock");
+            let count = opens.remove(&id).unwrap_or(0);
+            if count > 0 {
+                self.multi.moved.lock().expect("moved lock").insert(id, (new_owner, count));
+            }
+            count
+        };
+        if count > 0 {
+            info!("file {id} moved to metadata node {new_owner} with {count} open handles: they count there now");
+            if let Err(e) = self.peer_call(new_owner, PeerOp::Opened { id, count }).await {
+                warn!("file {id}: handing {count} open handles over to metadata node {new_owner}: {e}");
+            }
+        }
+    }
+
+    /// A request about a file that a rename moved to another node, sent to
+    /// that node (the answer of the client's handle opened here).
+    pub(crate) async fn forward_moved(&self, req: &Request) -> Option<Response> {
+        let to = {
+            let moved = self.multi.moved.lock().expect("moved lock");
+            if moved.is_empty() {
+                return None;
+            }
+            let id = |r: &Request| match r {
+                Request::Open { id, .. }
+                | Request::Release { id, .. }
+                | Request::UpdateSize { id, .. }
+                | Request::TouchAtime { id, .. }
+                | Request::GetAttr { id }
+                | Request::SetAttr { id, .. } => Some(*id),
+                _ => None,
+            };
+            let id = match req {
+                Request::Retryable { req: body, .. } => {
+                    hivefs_proto::decode_body::<Request>(body).ok().and_then(|r| id(&r))
+                }
+                r => id(r),
+            }?;
+            let (node, _) = *moved.get(&id)?;
+            drop(moved);
+            // Only while the inode is not back here (a later rename may return it).
+            if !matches!(self.read(|t| load_inode(&t.inodes, id)), Ok(None)) {
+                self.multi.moved.lock().expect("moved lock").remove(&id);
+                return None;
+            }
+            // Count handles opened or released through this node.
+            let mut moved = self.multi.moved.lock().expect("moved lock");
+            let inner = match req {
+                Request::Retryable { .. } => None,
+                r => Some(r),
+            };
+            match (inner, moved.get_mut(&id)) {
+                (Some(Request::Open { .. }), Some((_, n))) => *n += 1,
+                (Some(Request::Release { .. }), Some((_, n))) => {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        moved.remove(&id);
+                    }
+                }
+                _ => {}
+            }
+            node
+        };
+        let peers = self.peers()?;
+        Some(peers.call(to, req.clone()).await)
+    }
+
+    /// Hard link of file `id` (on this node) as `new_parent/new_name` on
+    /// `new_owner`: this node keeps the inode and its link count.
+    pub(crate) async fn link_any(
+        &self,
+        id: EntryId,
+        new_parent: EntryId,
+        new_owner: NodeId,
+        new_name: Vec<u8>,
+        op: Option<OpId>,
+    ) -> Response {
+        if let Some(r) = self.recorded(op).await? {
+            return r;
+        }
+        if new_owner == self.node() {
+            return self.submit_op(op, Mutation::Link { id, new_parent, new_name }).await;
+        }
+        let intent = self.next_intent();
+        let m = MultiMut::LinkIntent { intent, id, new_parent, new_owner, new_name, op };
+        self.start_protocol("link", intent, op, m).await
+    }
+
+    /// Unlink; a dentry naming a file on another node goes through the protocol.
+    pub(crate) async fn unlink_any(&self, parent: EntryId, name: Vec<u8>, op: Option<OpId>) -> Response {
+        if let Some(r) = self.recorded(op).await? {
+            return r;
+        }
+        match self.submit_op(op, Mutation::Unlink { parent, name: name.clone() }).await {
+            Err(e) if is_needs_protocol(&e) => {}
+            r => return r,
+        }
+        let intent = self.next_intent();
+        self.start_protocol("unlink", intent, op, MultiMut::UnlinkIntent { intent, parent, name, op }).await
+    }
+
+    /// True if `dir` (owned by `owner`) is `ancestor` or below it, walking
+    /// `parent` pointers across nodes.
+    async fn is_within_any(&self, dir: EntryId, owner: NodeId, ancestor: EntryId) -> FsResult<bool> {
+        let (mut cur, mut owner) = (dir, owner);
+        for _ in 0..(1 << 16) {
+            if cur == ancestor {
+                return Ok(true);
+            }
+            if cur.is_root() {
+                return Ok(false);
+            }
+            match self.peer_call(owner, PeerOp::GetParent { id: cur }).await? {
+                Reply::DirParent { parent, owner: o } => (cur, owner) = (parent, o),
+                r => return Err(unexpected(r)),
+            }
+        }
+        Err(fs_err!(Io, "parent chain of {dir} is longer than 65536 directories: corrupt parent pointers"))
+    }
+
+    /// Starts a cross-node operation: records its intent (from then on a retry
+    /// of `op` waits for this attempt instead of starting another), then drives
+    /// it. `what` names the operation for the crash hook.
+    async fn start_protocol(&self, what: &str, intent: EntryId, op: Option<OpId>, m: MultiMut) -> Response {
+        self.set_pending(op, true);
+        let r = match self.submit_multi(None, m).await {
+            Err(e) => Err(e),
+            Ok(_) => match self.crash(what, "intent") {
+                Ok(()) => self.drive(intent).await,
+                Err(e) => Err(e),
+            },
+        };
+        self.set_pending(op, false);
+        r
+    }
+
+    /// Carries an intent from its remote step to its commit (or undo): the
+    /// one shape of every cross-node operation. The operation's remote step
+    /// ([`Namespace::remote`]) says how it went; then the crash points, the
+    /// commit (or the undo of a refused step) with the client's answer, and
+    /// the clean-up on the peer follow, the same for every operation.
+    pub(crate) async fn drive(&self, intent: EntryId) -> Response {
+        let Some(rec) = self.read(|t| load_intent(t.intent_table()?, intent))? else {
+            return Err(fs_err!(Busy, "cross-node operation {intent} already finished"));
+        };
+        let what = rec.step.op_name();
+        match self.remote(intent, &rec.step).await? {
+            Remote::Refused(err) => self.submit_multi(rec.op, undo(&rec.step, intent, err)).await,
+            Remote::Done { commit, forget, hand_over } => {
+                self.crash(what, "remote")?;
+                let r = self.submit_multi(rec.op, *commit).await;
+                self.crash(what, "commit")?;
+                if let (Ok(_), Some((id, to))) = (&r, hand_over) {
+                    self.hand_over_opens(id, to).await;
+                }
+                if let Some(peer) = forget {
+                    let _ = self.peer_call(peer, PeerOp::Forget { intent }).await;
+                }
+                r
+            }
+        }
+    }
+
+    /// The remote part of the operation `step` records: the peer's step
+    /// (refused: undone), then changes that follow from it on the inodes'
+    /// owners (best effort: a failure there is logged, not undone). An
+    /// error leaves the intent for the recovery at the next start.
+    async fn remote(&self, intent: EntryId, step: &IntentStep) -> FsResult<Remote> {
+        let me = self.node();
+        let refused = |r: FsResult<Reply>| r.err().map(Remote::Refused);
+        Ok(match step.clone() {
+            IntentStep::Mkdir { id, owner, inode, chooser, .. } => {
+                let req = PeerOp::CreateDir { id, inode: encode(&inode), parent_owner: me, chooser };
+                match self.peer_call(owner, req).await {
+                    Ok(Reply::Entry(attr)) => Remote::done(MultiMut::MkdirCommit { intent, attr }),
+                    Ok(r) => return Err(unexpected(r)),
+                    Err(err) => Remote::Refused(err),
+                }
+            }
+            IntentStep::Rmdir { id, owner, .. } => match self.peer_call(owner, PeerOp::RemoveDir { id }).await {
+                Ok(_) => Remote::done(MultiMut::RmdirCommit { intent }),
+                Err(err) => Remote::Refused(err),
+            },
+            IntentStep::Rename { parent, new_parent, new_owner, new_name, flags, id, kind, owner, moved, .. } => {
+                let moved_file = moved.is_some();
+                let (inode, xattrs) = match moved {
+                    Some((i, x)) => (Some(encode(&i)), x),
+                    None => (None, Vec::new()),
+                };
+                let req = PeerOp::RenameIn {
+                    intent,
+                    src_parent: parent,
+                    new_parent,
+                    new_name,
+                    flags,
+                    id,
+                    kind,
+                    owner,
+                    inode,
+                    xattrs,
+                };
+                if let Some(r) = refused(self.peer_call(new_owner, req).await) {
+                    return Ok(r);
+                }
+                if kind == FileKind::Dir && parent != new_parent {
+                    let set = PeerOp::SetParent { id, parent: new_parent, parent_owner: new_owner };
+                    if let Err(e) = self.peer_call(owner, set).await {
+                        warn!("rename of directory {id}: its parent pointer on metadata node {owner}: {e}");
+                    }
+                } else if kind != FileKind::Dir && !moved_file {
+                    // The inode stays on its owner: a rename changes its ctime (as Linux).
+                    if let Err(e) = self.touch_ctime(owner, id).await {
+                        warn!("rename of {id}: its ctime on metadata node {owner}: {e}");
+                    }
+                }
+                let away = new_owner != me;
+                Remote::Done {
+                    commit: Box::new(MultiMut::RenameCommit { intent }),
+                    forget: away.then_some(new_owner),
+                    hand_over: (moved_file && away).then_some((id, new_owner)),
+                }
+            }
+            IntentStep::Link { new_parent, new_owner, new_name, id, kind } => {
+                let req = PeerOp::LinkIn { intent, new_parent, new_name, id, kind, owner: me };
+                if let Some(r) = refused(self.peer_call(new_owner, req).await) {
+                    return Ok(r);
+                }
+                Remote::Done {
+                    commit: Box::new(MultiMut::LinkCommit { intent }),
+                    forget: Some(new_owner),
+                    hand_over: None,
+                }
+            }
+            IntentStep::Exchange { parent, new_parent, new_owner, new_name, a, b, .. } => {
+                let req = PeerOp::ExchangeIn {
+                    intent,
+                    new_parent,
+                    new_name,
+                    expect: b.id,
+                    id: a.id,
+                    kind: a.kind,
+                    owner: a.owner,
+                };
+                if let Some(r) = refused(self.peer_call(new_owner, req).await) {
+                    return Ok(r);
+                }
+                for (d, to, to_owner) in [(&a, new_parent, new_owner), (&b, parent, me)] {
+                    let r = if d.kind == FileKind::Dir && parent != new_parent {
+                        self.peer_call(d.owner, PeerOp::SetParent { id: d.id, parent: to, parent_owner: to_owner })
+                            .await
+                            .map(|_| ())
+                    } else if d.kind == FileKind::Dir {
+                        Ok(())
+                    } else {
+                        self.touch_ctime(d.owner, d.id).await
+                    };
+                    if let Err(e) = r {
+                        warn!("exchange of {}: its parent or ctime on metadata node {}: {e}", d.id, d.owner);
+                    }
+                }
+                let forget = (new_owner != me).then_some(new_owner);
+                Remote::Done { commit: Box::new(MultiMut::ExchangeCommit { intent }), forget, hand_over: None }
+            }
+            IntentStep::Unlink { id, owner, .. } => {
+                if let Some(r) = refused(self.peer_call(owner, PeerOp::DropLink { intent, id }).await) {
+                    return Ok(r);
+                }
+                Remote::Done {
+                    commit: Box::new(MultiMut::UnlinkCommit { intent }),
+                    forget: Some(owner),
+                    hand_over: None,
+                }
+            }
+        })
+    }
+
+    /// Intents left by an earlier run, and the client operations waiting on them.
+    pub fn load_pending(&self) -> FsResult<Vec<(EntryId, Intent)>> {
+        let list = self.read(|t| {
+            let mut out = Vec::new();
+            for r in t.intent_table()?.iter()? {
+                let (k, v) = r?;
+                let id = EntryId::from_bytes(k.value())
+                    .ok_or_else(|| OpError::Fatal(format!("intent key of {} bytes", k.value().len())))?;
+                out.push((id, decode::<Intent>("intent", id, v.value()).map_err(OpError::Fatal)?));
+            }
+            Ok(out)
+        })?;
+        for (_, i) in &list {
+            self.set_pending(i.op, true);
+        }
+        Ok(list)
+    }
+
+    /// Finishes (or undoes) the intents an earlier run left (from
+    /// [`Namespace::load_pending`], called before serving), retrying until
+    /// the peers answer.
+    pub async fn recover_intents(self: Arc<Self>, list: Vec<(EntryId, Intent)>) {
+        for (intent, rec) in list {
+            info!("finishing pending cross-node operation: {rec}");
+            let r = self.drive(intent).await;
+            if let Err(e) = &r {
+                info!("pending {} {intent} ended with: {e}", rec.step.op_name());
+            }
+            self.set_pending(rec.op, false);
+        }
+    }
+
+    /// Pending intents as text (for `hivefs fsck`).
+    pub fn intents_text(&self) -> FsResult<Vec<String>> {
+        let list = self.read(|t| {
+            let mut out = Vec::new();
+            for r in t.intent_table()?.iter()? {
+                let (k, v) = r?;
+                let s = match decode::<Intent>("intent", format_args!("{:?}", k.value()), v.value()) {
+                    Ok(i) => i.to_string(),
+                    Err(e) => e,
+                };
+                out.push(s);
+            }
+            Ok(out)
+        })?;
+        Ok(list)
+    }
+
+    /// Lookup of a name whose inode may be on another node (asked there).
+    pub(crate) async fn lookup_any(&self, parent: EntryId, name: &[u8]) -> FsResult<EntryAttr> {
+        let node = self.node();
+        let remote = self.read(|t| {
+            if name == b".." {
+                let p = dir_inode(&t.inodes, parent)?;
+                let owner = load_dirx(t.dirx_table()?, parent)?.and_then(|x| x.parent_owner).filter(|o| *o != node);
+                return Ok(owner.map(|o| (p.parent.unwrap_or(EntryId::ROOT), o)));
+            }
+            if name == b"." {
+                return Ok(None);
+            }
+            Ok(load_dentry(&t.dentries, parent, name)?.filter(|d| d.owner != node).map(|d| (d.id, d.owner)))
+        })?;
+        match remote {
+            None => self.lookup(parent, name),
+            Some((id, owner)) => {
+                let peers =
+                    self.peers().ok_or_else(|| fs_err!(Unavailable, "entry {id} is on metadata node {owner}"))?;
+                match peers.call(owner, Request::GetAttr { id }).await? {
+                    Reply::Entry(a) => Ok(a),
+                    r => Err(unexpected(r)),
+                }
+            }
+        }
+    }
+
+    /// Answers a step sent by the coordinating node.
+    pub(crate) async fn peer(&self, op: PeerOp) -> Response {
+        match op {
+            PeerOp::CreateDir { id, inode, parent_owner, chooser } => {
+                let inode: Inode = decode("inode", id, &inode).map_err(|m| fs_err!(Protocol, "{m}"))?;
+                let r = self.submit_multi(None, MultiMut::PeerCreateDir { id, inode, parent_owner, chooser }).await;
+                self.crash("mkdir", "peer")?;
+                r
+            }
+            PeerOp::RemoveDir { id } => {
+                let r = self.submit_multi(None, MultiMut::PeerRemoveDir { id }).await;
+                self.crash("rmdir", "peer")?;
+                r
+            }
+            PeerOp::SetParent { id, parent, parent_owner } => {
+                self.submit_multi(None, MultiMut::PeerSetParent { id, parent, parent_owner }).await
+            }
+            PeerOp::GetParent { id } => {
+                let node = self.node();
+                self.read(|t| {
+                    let i = dir_inode(&t.inodes, id)?;
+                    let owner = load_dirx(t.dirx_table()?, id)?.and_then(|x| x.parent_owner).unwrap_or(node);
+                    Ok(Reply::DirParent { parent: i.parent.unwrap_or(EntryId::ROOT), owner })
+                })
+            }
+            PeerOp::RenameIn { intent, src_parent, new_parent, new_name, flags, id, kind, owner, inode, xattrs } => {
+                let node = self.node();
+                // A directory being replaced that lives on another node goes
+                // first (emptiness checked there, atomically with its removal).
+                let victim = self.read(|t| {
+                    if t.peer_done_table()?.get(id_key(intent).as_slice())?.is_some() {
+                        return Ok(None);
+                    }
+                    Ok(load_dentry(&t.dentries, new_parent, &new_name)?.filter(|d| d.id != id && d.owner != node))
+                })?;
+                let mut dropped = None;
+                if let Some(d) = victim {
+                    let is_dir = d.kind == FileKind::Dir;
+                    if flags & RENAME_NOREPLACE == 0 && is_dir == (kind == FileKind::Dir) {
+                        if is_dir {
+                            self.peer_call(d.owner, PeerOp::RemoveDir { id: d.id }).await?;
+                        } else {
+                            self.peer_call(d.owner, PeerOp::DropLink { intent, id: d.id }).await?;
+                            dropped = Some(d.owner);
+                        }
+                    }
+                }
+                let inode = match inode {
+                    Some(b) => Some(decode::<Inode>("inode", id, &b).map_err(|m| fs_err!(Protocol, "{m}"))?),
+                    None => None,
+                };
+                let m = MultiMut::PeerRenameIn {
+                    intent,
+                    src_parent,
+                    new_parent,
+                    new_name,
+                    flags,
+                    dentry: Dentry { id, kind, owner },
+                    inode,
+                    xattrs,
+                };
+                let r = self.submit_multi(None, m).await;
+                if let (Ok(_), Some(o)) = (&r, dropped) {
+                    let _ = self.peer_call(o, PeerOp::Forget { intent }).await;
+                }
+                self.crash("rename", "peer")?;
+                r
+            }
+            PeerOp::Forget { intent } => self.submit_multi(None, MultiMut::PeerForget { intent }).await,
+            PeerOp::LinkIn { intent, new_parent, new_name, id, kind, owner } => {
+                let dentry = Dentry { id, kind, owner };
+                let r = self.submit_multi(None, MultiMut::PeerLinkIn { intent, new_parent, new_name, dentry }).await;
+                self.crash("link", "peer")?;
+                r
+            }
+            PeerOp::DropLink { intent, id } => {
+                let r = self.submit_multi(None, MultiMut::PeerDropLink { intent, id }).await;
+                self.crash("unlink", "peer")?;
+                r
+            }
+            PeerOp::ExchangeIn { intent, new_parent, new_name, expect, id, kind, owner } => {
+                let put = Dentry { id, kind, owner };
+                let m = MultiMut::PeerExchangeIn { intent, new_parent, new_name, expect, put };
+                let r = self.submit_multi(None, m).await;
+                self.crash("exchange", "peer")?;
+                r
+            }
+            PeerOp::Opened { id, count } => {
+                if count > 0 {
+                    *self.opens.0.lock().expect("opens lock").entry(id).or_insert(0) += count;
+                }
+                Ok(Reply::Ok)
+            }
+        }
+    }
+
+    pub(crate) fn meta_chooser(&self, id: EntryId) -> FsResult<MetaChooser> {
+        self.read(|t| {
+            dir_inode(&t.inodes, id)?;
+            Ok(load_dirx(t.dirx_table()?, id)?.and_then(|x| x.chooser).unwrap_or_default())
+        })
+    }
+
+    pub(crate) async fn set_meta_chooser(&self, id: EntryId, chooser: MetaChooser, op: Option<OpId>) -> Response {
+        self.submit_multi(op, MultiMut::SetChooser { id, chooser }).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::namespace::NamespaceOptions;
+    use crate::targets::{BoxFut, DataTargets};
+    use hivefs_proto::Caller;
+    use hivefs_types::ids::{PoolId, TargetId};
+    use std::collections::HashMap;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{Mutex, Weak};
+
+    struct OneTarget;
+    impl DataTargets for OneTarget {
+        fn candidates(&self, _pool: PoolId) -> Vec<(TargetId, NodeId, u64)> {
+            vec![(TargetId(1), NodeId(9), 1 << 30)]
+        }
+        fn truncate_chunk(&self, _t: TargetId, _e: EntryId, _l: u64) -> BoxFut<FsResult<()>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn unlink_chunk(&self, _t: TargetId, _e: EntryId) -> BoxFut<FsResult<()>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// In-process metadata nodes that reach each other through `handle`.
+    #[derive(Default)]
+    struct Net(Mutex<HashMap<NodeId, Weak<Namespace>>>);
+
+    impl Peers for Net {
+        fn meta_nodes(&self) -> Vec<NodeId> {
+            let mut v: Vec<NodeId> = self.0.lock().unwrap().keys().copied().collect();
+            v.sort();
+            v
+        }
+        fn call(&self, node: NodeId, req: Request) -> BoxFut<FsResult<Reply>> {
+            let ns = self.0.lock().unwrap().get(&node).and_then(|w| w.upgrade());
+            Box::pin(async move {
+                match ns {
+                    Some(ns) => ns.handle(req).await,
+                    None => Err(fs_err!(Unavailable, "metadata node {node} is down")),
+                }
+            })
+        }
+    }
+
+    struct Cluster {
+        net: Arc<Net>,
+        dirs: Vec<tempfile::TempDir>,
+        nodes: Vec<Option<Arc<Namespace>>>,
+    }
+
+    impl Cluster {
+        fn new(n: usize) -> Cluster {
+            let mut c = Cluster { net: Arc::new(Net::default()), dirs: Vec::new(), nodes: Vec::new() };
+            for _ in 0..n {
+                c.dirs.push(tempfile::tempdir().unwrap());
+                c.nodes.push(None);
+            }
+            for i in 0..n {
+                c.start(i);
+            }
+            c
+        }
+
+        fn start(&mut self, i: usize) -> Vec<(EntryId, Intent)> {
+            let opts = NamespaceOptions {
+                dir: self.dirs[i].path().to_path_buf(),
+                sync: false,
+                node: NodeId(i as u32 + 1),
+                seed: Some(7),
+                clock: None,
+                min_free_bytes: 0,
+            };
+            let ns = Arc::new(Namespace::open(opts, Arc::new(OneTarget)).unwrap());
+            ns.set_peers(self.net.clone());
+            let pending = ns.load_pending().unwrap();
+            self.net.0.lock().unwrap().insert(ns.node(), Arc::downgrade(&ns));
+            self.nodes[i] = Some(ns);
+            pending
+        }
+
+        fn ns(&self, i: usize) -> Arc<Namespace> {
+            self.nodes[i].clone().expect("node running")
+        }
+
+        /// Stops node `i` as a crash would (nothing after the last commit)
+        /// and starts it again, finishing its pending intents.
+        async fn restart(&mut self, i: usize) {
+            let ns = self.nodes[i].take().unwrap();
+            self.net.0.lock().unwrap().remove(&ns.node());
+            let mut ns = ns;
+            let ns = loop {
+                match Arc::try_unwrap(ns) {
+                    Ok(n) => break n,
+                    Err(still) => {
+                        ns = still;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            };
+            ns.close();
+            let pending = self.start(i);
+            self.ns(i).recover_intents(pending).await;
+        }
+    }
+
+    fn mkdir_req(parent: EntryId, name: &str) -> Request {
+        Request::Mkdir { parent, name: name.into(), mode: 0o755, caller: Caller::default() }
+    }
+
+    fn retryable(seq: u64, req: &Request) -> Request {
+        Request::Retryable { op: OpId { client: 5, seq, done_below: 0 }, req: hivefs_proto::encode_body(req) }
+    }
+
+    fn attr(r: Response) -> EntryAttr {
+        match r.unwrap() {
+            Reply::Entry(a) => a,
+            r => panic!("{r:?}"),
+        }
+    }
+
+    fn intents(ns: &Namespace) -> Vec<String> {
+        ns.intents_text().unwrap()
+    }
+
+    async fn setup() -> Cluster {
+        let c = Cluster::new(2);
+        c.ns(0).ensure_root().await.unwrap();
+        // Node 2 owns fewer directories: balanced puts new ones there.
+        c.ns(0).set_dir_count(NodeId(1), 100);
+        c
+    }
+
+    #[tokio::test]
+    async fn mkdir_lookup_rename_rmdir_across_two_nodes() {
+        let c = setup().await;
+        let (n1, n2) = (c.ns(0), c.ns(1));
+        let d = attr(n1.handle(mkdir_req(EntryId::ROOT, "d")).await);
+        assert_eq!(d.owner, NodeId(2));
+        assert_eq!(n2.getattr(d.id).unwrap().kind, FileKind::Dir);
+        assert_eq!(
+            attr(n1.handle(Request::Lookup { parent: EntryId::ROOT, name: b"d".to_vec() }).await).owner,
+            NodeId(2)
+        );
+        assert_eq!(n1.getattr(EntryId::ROOT).unwrap().nlink, 3);
+        // `..` of d is the root on node 1.
+        let up = attr(n2.handle(Request::Lookup { parent: d.id, name: b"..".to_vec() }).await);
+        assert_eq!((up.id, up.owner), (EntryId::ROOT, NodeId(1)));
+        // A file moves from the root (node 1) into d (node 2) with its xattr.
+        let create = Request::Create {
+            parent: EntryId::ROOT,
+            name: b"f".to_vec(),
+            kind: FileKind::File,
+            mode: 0o644,
+            rdev: 0,
+            excl: true,
+            caller: Caller::default(),
+        };
+        let f = attr(n1.handle(create).await);
+        let sx = Request::SetXattr { id: f.id, name: b"user.a".to_vec(), value: b"1".to_vec(), flags: 0 };
+        n1.handle(sx).await.unwrap();
+        let mv = Request::RenameTo {
+            parent: EntryId::ROOT,
+            name: b"f".to_vec(),
+            new_parent: d.id,
+            new_parent_owner: NodeId(2),
+            new_name: b"g".to_vec(),
+            flags: 0,
+        };
+        n1.handle(retryable(1, &mv)).await.unwrap();
+        assert!(n1.getattr(f.id).is_err(), "the inode left node 1");
+        assert_eq!(n2.lookup(d.id, b"g").unwrap().pattern, f.pattern);
+        assert_eq!(n2.getxattr(f.id, b"user.a").unwrap(), b"1");
+        // A repeat of the same operation gets the first answer.
+        n1.handle(retryable(1, &mv)).await.unwrap();
+        // Non-empty, then empty rmdir of the remote directory.
+        let rm = Request::Rmdir { parent: EntryId::ROOT, name: b"d".to_vec() };
+        assert_eq!(n1.handle(rm.clone()).await.unwrap_err().code, ErrorCode::NotEmpty);
+        n2.handle(Request::Unlink { parent: d.id, name: b"g".to_vec() }).await.unwrap();
+        n1.handle(rm).await.unwrap();
+        assert!(n2.getattr(d.id).is_err());
+        assert_eq!(n1.getattr(EntryId::ROOT).unwrap().nlink, 2);
+        assert!(intents(&n1).is_empty());
+    }
+
+    #[tokio::test]
+    async fn renaming_a_directory_into_its_subtree_across_nodes_is_invalid() {
+        let c = setup().await;
+        let (n1, n2) = (c.ns(0), c.ns(1));
+        let d = attr(n1.handle(mkdir_req(EntryId::ROOT, "d")).await);
+        let e = attr(n2.handle(mkdir_req(d.id, "e")).await);
+        let mv = Request::RenameTo {
+            parent: EntryId::ROOT,
+            name: b"d".to_vec(),
+            new_parent: e.id,
+            new_parent_owner: e.owner,
+            new_name: b"x".to_vec(),
+            flags: 0,
+        };
+        assert_eq!(n1.handle(mv).await.unwrap_err().code, ErrorCode::Invalid);
+    }
+
+    /// Every step of mkdir and of a file rename, stopped as by a crash of
+    /// the node that runs it; after a restart of that node, the operation is
+    /// complete and a retry of the client's operation gets its answer.
+    #[tokio::test]
+    async fn a_crash_at_each_step_is_recovered_after_restart() {
+        for op in ["mkdir", "rename", "rmdir"] {
+            for step in ["intent", "peer", "remote", "commit"] {
+                let mut c = setup().await;
+                let d = attr(c.ns(0).handle(mkdir_req(EntryId::ROOT, "d")).await);
+                let create = Request::Create {
+                    parent: EntryId::ROOT,
+                    name: b"f".to_vec(),
+                    kind: FileKind::File,
+                    mode: 0o644,
+                    rdev: 0,
+                    excl: true,
+                    caller: Caller::default(),
+                };
+                c.ns(0).handle(create).await.unwrap();
+                let req = match op {
+                    "mkdir" => mkdir_req(EntryId::ROOT, "new"),
+                    "rmdir" => Request::Rmdir { parent: EntryId::ROOT, name: b"d".to_vec() },
+                    _ => Request::RenameTo {
+                        parent: EntryId::ROOT,
+                        name: b"f".to_vec(),
+                        new_parent: d.id,
+                        new_parent_owner: NodeId(2),
+                        new_name: b"g".to_vec(),
+                        flags: 0,
+                    },
+                };
+                let fired = Arc::new(AtomicBool::new(false));
+                // The peer step runs on node 2, the others on node 1.
+                let victim = if step == "peer" { 1 } else { 0 };
+                c.ns(victim).set_crash_hook(CrashHook::Stop(format!("{op}:{step}"), fired.clone()));
+                let n1 = c.ns(0);
+                let r1 = retryable(9, &req);
+                let call = tokio::spawn(async move { n1.handle(r1).await });
+                while !fired.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                if victim == 0 {
+                    assert!(call.await.unwrap().is_err(), "{op}:{step}: the stopped call fails");
+                    c.restart(victim).await;
+                } else {
+                    c.restart(victim).await;
+                    call.await.unwrap().unwrap_or_else(|e| panic!("{op}:{step}: {e}"));
+                }
+                let (n1, n2) = (c.ns(0), c.ns(1));
+                assert!(intents(&n1).is_empty(), "{op}:{step}: {:?}", intents(&n1));
+                // The client's retry gets the outcome; the state is complete.
+                n1.handle(retryable(9, &req)).await.unwrap_or_else(|e| panic!("{op}:{step} retry: {e}"));
+                match op {
+                    "mkdir" => {
+                        let a = n1.lookup_any(EntryId::ROOT, b"new").await.unwrap();
+                        assert_eq!(a.owner, NodeId(2));
+                        assert_eq!(n1.getattr(EntryId::ROOT).unwrap().nlink, 4, "{op}:{step}");
+                    }
+                    "rmdir" => {
+                        assert!(n1.lookup_any(EntryId::ROOT, b"d").await.is_err());
+                        assert!(n2.getattr(d.id).is_err(), "{op}:{step}: no orphaned inode");
+                        assert_eq!(n1.getattr(EntryId::ROOT).unwrap().nlink, 2, "{op}:{step}");
+                    }
+                    _ => {
+                        assert!(n1.lookup(EntryId::ROOT, b"f").is_err(), "{op}:{step}");
+                        let g = n2.lookup(d.id, b"g").unwrap();
+                        assert!(n1.getattr(g.id).is_err(), "{op}:{step}: the inode is only on node 2");
+                        assert_eq!(n2.counts().unwrap().0, 1);
+                        assert_eq!(n1.counts().unwrap().0, 0);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! Request dispatch of the metadata node: unwraps the envelopes (leasing,
+//! retryable), leases what answers carry, and hands each request to the
+//! namespace's reads, the writer, the cross-node protocol, the lock table
+//! or the fsck scans. Also the node's background tasks that need the whole
+//! namespace (lease recorder, lock expiry).
+
+use super::{Namespace, REQUESTER};
+use crate::fsck::{scan_dentries, scan_disposals, scan_inodes};
+use crate::locks::check_range;
+use crate::ops::Mutation;
+use hivefs_proto::{decode_body, OpId, Reply, Request, Response};
+use hivefs_types::attr::{EntryAttr, FileKind};
+use hivefs_types::error::FsResult;
+use hivefs_types::fs_err;
+use hivefs_types::ids::NodeType;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+impl Namespace {
+    // -------------------------------------------------------- dispatch
+
+    /// Answers one request.
+    pub async fn handle(&self, req: Request) -> Response {
+        match req {
+            Request::Leasing { client, req, .. } => match decode_body::<Request>(&req) {
+                Ok(Request::Leasing { .. }) => Err(fs_err!(Invalid, "a leasing request may not wrap another")),
+                Ok(inner) => self.handle_leasing(client, inner).await,
+                Err(e) => Err(fs_err!(Protocol, "malformed leasing request: {e}")),
+            },
+            Request::LeaseWait { client, acked, wait_ms } => {
+                Ok(self.leases.wait(client, acked, Duration::from_millis(wait_ms.into())).await)
+            }
+            req => self.handle_unleased(req, None).await,
+        }
+    }
+
+    /// A request of a client that takes leases: answered as usual, then an
+    /// entry's attributes (a non-directory stored here) and the name it was
+    /// looked up or created by (stored here) are leased to the client.
+    async fn handle_leasing(&self, client: u64, inner: Request) -> Response {
+        use crate::leases::LeaseKey;
+        let since = self.leases.mark();
+        // A repeat's recorded answer may be older than the mark: no lease on
+        // it. Only operations answered with an entry need that look (a read).
+        let (fresh, unwrapped) = match &inner {
+            Request::Retryable { op, req } => {
+                let r = decode_body::<Request>(req).ok();
+                let no_entry = matches!(
+                    r,
+                    Some(
+                        Request::Unlink { .. }
+                            | Request::Rmdir { .. }
+                            | Request::Rename { .. }
+                            | Request::RenameTo { .. }
+                            | Request::SetXattr { .. }
+                            | Request::RemoveXattr { .. }
+                    )
+                );
+                (no_entry || self.recorded_reply(op)?.is_none(), r)
+            }
+            _ => (true, None),
+        };
+        let plain = unwrapped.as_ref().unwrap_or(&inner);
+        let name = plain.names().map(|(p, n)| LeaseKey::Name(p, n.into()));
+        let changed_dir = plain.changed_dir();
+        let me = crate::leases::Requester { client, token: since.token };
+        let r =
+            self.leased(client, fresh, name, since, REQUESTER.scope(me, self.handle_unleased(inner, unwrapped)).await?);
+        // The client keeps a changed directory's attributes for as long as
+        // it would cache them anyway (client crate's `dirattrs`): read after
+        // the change, so they include it.
+        let reply = r?;
+        match changed_dir.map(|d| self.getattr(d)) {
+            Some(Ok(parent)) if parent.kind == FileKind::Dir => {
+                Ok(Reply::WithParent { parent, reply: Box::new(reply) })
+            }
+            _ => Ok(reply),
+        }
+    }
+
+    /// Leases what a leasing request's answer `r` carries (see `handle_leasing`).
+    fn leased(
+        &self,
+        client: u64,
+        fresh: bool,
+        name: Option<crate::leases::LeaseKey>,
+        since: crate::leases::Mark,
+        r: Reply,
+    ) -> Response {
+        use crate::leases::LeaseKey;
+        match r {
+            Reply::Entry(a) if fresh => {
+                let lease_ms = if a.kind != FileKind::Dir && a.owner == self.node {
+                    self.leases.grant(client, LeaseKey::Attr(a.id), since)
+                } else {
+                    0
+                };
+                let name_ms = name.map_or(0, |k| self.leases.grant(client, k, since));
+                if lease_ms == 0 && name_ms == 0 {
+                    Ok(Reply::Entry(a))
+                } else {
+                    Ok(Reply::Leased { attr: a, lease_ms, name_ms })
+                }
+            }
+            r => Ok(r),
+        }
+    }
+
+    /// `body`: a `Retryable` request's body when the caller decoded it already.
+    async fn handle_unleased(&self, req: Request, body: Option<Request>) -> Response {
+        if let Some(r) = self.forward_moved(&req).await {
+            return r;
+        }
+        match req {
+            Request::Retryable { op, req } => match body.map_or_else(|| decode_body::<Request>(&req), Ok) {
+                Ok(Request::Retryable { .. }) => Err(fs_err!(Invalid, "a retryable request may not wrap another")),
+                Ok(inner) => self.handle_op(inner, Some(op)).await,
+                Err(e) => Err(fs_err!(Protocol, "malformed retryable request: {e}")),
+            },
+            req => self.handle_op(req, None).await,
+        }
+    }
+
+    /// Answers one request; mutations record their outcome under `op`.
+    async fn handle_op(&self, req: Request, op: Option<OpId>) -> Response {
+        let entry = |r: FsResult<EntryAttr>| r.map(Reply::Entry);
+        match req {
+            Request::Ping => Ok(Reply::Pong { node_type: NodeType::Meta, node: self.node }),
+            Request::Lookup { parent, name } => entry(self.lookup_any(parent, &name).await),
+            Request::GetAttr { id } => entry(self.getattr(id)),
+            Request::SetAttr { id, attr, caller: _ } => entry(self.set_attr(id, attr, op).await),
+            Request::Create { parent, name, kind, mode, rdev, excl, caller } => {
+                if kind == FileKind::File {
+                    self.targets.refresh_if_empty().await;
+                }
+                self.submit_op(
+                    op,
+                    Mutation::Create { parent, name, kind, mode, rdev, excl, uid: caller.uid, gid: caller.gid },
+                )
+                .await
+            }
+            Request::Mkdir { parent, name, mode, caller } => {
+                self.mkdir_any(parent, name, mode, caller.uid, caller.gid, op).await
+            }
+            Request::Unlink { parent, name } => self.unlink_any(parent, name, op).await,
+            Request::Rmdir { parent, name } => self.rmdir_any(parent, name, op).await,
+            Request::Rename { parent, name, new_parent, new_name, flags } => {
+                self.rename_any(parent, name, new_parent, None, new_name, flags, op).await
+            }
+            Request::RenameTo { parent, name, new_parent, new_parent_owner, new_name, flags } => {
+                self.rename_any(parent, name, new_parent, Some(new_parent_owner), new_name, flags, op).await
+            }
+            Request::MetaPeer { op: step } => self.peer(step).await,
+            Request::SetMetaChooser { id, chooser } => self.set_meta_chooser(id, chooser, op).await,
+            Request::GetMetaChooser { id } => self.meta_chooser(id).map(Reply::MetaChooser),
+            Request::FsckIntents => self.intents_text().map(Reply::FsckIntents),
+            Request::LinkTo { id, new_parent, new_parent_owner, new_name } => {
+                self.link_any(id, new_parent, new_parent_owner, new_name, op).await
+            }
+            Request::ReadDir { dir, after, max } => self.readdir(dir, after.as_deref(), max),
+            Request::ReadDirFirst { dir, max } => self.read(|t| {
+                let (entries, more) = t.readdir(dir, None, max)?;
+                let parent = crate::ops::load_inode(&t.inodes, dir)?.and_then(|i| i.parent).unwrap_or(dir);
+                Ok(Reply::DirPageFirst { parent, entries, more })
+            }),
+            Request::Symlink { parent, name, target, caller } => {
+                self.submit_op(op, Mutation::Symlink { parent, name, target, uid: caller.uid, gid: caller.gid }).await
+            }
+            Request::ReadLink { id } => self.readlink(id).map(Reply::LinkTarget),
+            Request::Link { id, new_parent, new_name } => {
+                self.submit_op(op, Mutation::Link { id, new_parent, new_name }).await
+            }
+            Request::GetXattr { id, name } => self.getxattr(id, &name).map(Reply::Xattr),
+            Request::SetXattr { id, name, value, flags } => {
+                self.submit_op(op, Mutation::SetXattr { id, name, value, flags }).await
+            }
+            Request::ListXattr { id } => self.listxattr(id).map(Reply::XattrNames),
+            Request::RemoveXattr { id, name } => self.submit_op(op, Mutation::RemoveXattr { id, name }).await,
+            Request::SetDirPattern { id, pattern } => {
+                self.targets.check_pool(pattern.pool).await?;
+                self.submit_op(op, Mutation::SetDirPattern { id, pattern }).await
+            }
+            Request::Open { id, write: _ } => entry(self.open_file(id)),
+            Request::Release { id, write: _ } => self.release(id).await.map(|()| Reply::Ok),
+            Request::UpdateSize { id, size, mtime } => {
+                self.submit_op(op, Mutation::UpdateSize { id, size, mtime }).await
+            }
+            Request::TouchAtime { id, at, strict } => {
+                // Most reads change nothing (relatime): answered without a commit.
+                match self.read(|t| crate::ops::load_inode(&t.inodes, id)) {
+                    Ok(Some(i)) if !crate::ops::atime_due(&i, at, strict) => {
+                        Ok(Reply::Entry(crate::ops::to_attr(id, &i, self.node)))
+                    }
+                    _ => self.submit_op(op, Mutation::TouchAtime { id, at, strict }).await,
+                }
+            }
+            Request::CreateOpen { parent, name, mode, excl, caller } => {
+                self.create_open(parent, name, mode, excl, caller, op).await
+            }
+            Request::MetaStat => self.meta_stat(),
+            Request::RefreshView => self.targets.refresh().await.map(|()| Reply::Ok),
+            r @ (Request::LockAcquire { .. }
+            | Request::LockRelease { .. }
+            | Request::LockTest { .. }
+            | Request::LockKeepAlive { .. }) => self.lock_request(r).await,
+            r @ (Request::FsckDentries { .. }
+            | Request::FsckInodes { .. }
+            | Request::FsckDisposals { .. }
+            | Request::FsckFix { .. }) => self.fsck_request(r).await,
+            other => {
+                Err(fs_err!(NotSupported, "{} is not served by a metadata node (node {})", other.name(), self.node))
+            }
+        }
+    }
+
+    /// Answers the fsck requests of a metadata node.
+    async fn fsck_request(&self, req: Request) -> Response {
+        let ns = self;
+        match req {
+            Request::FsckDentries { after, max } => {
+                let (entries, more) = ns.read(|t| scan_dentries(t, after, max))?;
+                Ok(Reply::FsckDentries { entries, more })
+            }
+            Request::FsckInodes { after, max } => {
+                let (inodes, more) = ns.read(|t| scan_inodes(t, after, max, |id| ns.opens.is_open(id)))?;
+                Ok(Reply::FsckInodes { inodes, more })
+            }
+            Request::FsckDisposals { after, max } => {
+                let (records, more) = ns.read(|t| scan_disposals(t, after, max))?;
+                Ok(Reply::FsckDisposals { records, more })
+            }
+            Request::FsckFix { fix } => ns.submit(fix).await,
+            other => Err(fs_err!(Internal, "{other:?} is not an fsck request")),
+        }
+    }
+
+    /// Answers the lock requests (the namespace's dispatch hands them here).
+    async fn lock_request(&self, req: Request) -> Response {
+        let ns = self;
+        let t = &ns.locks;
+        let now = Instant::now();
+        match req {
+            Request::LockKeepAlive { client } => {
+                let known = t.touch(client, now);
+                if !known {
+                    debug!("lock lease of client {client:016x} starts");
+                }
+                Ok(Reply::LockLease { lease_ms: t.lease().as_millis() as u64, known })
+            }
+            Request::LockAcquire { entry, lock, wait_ms } => {
+                check_range(entry, &lock)?;
+                // Only entries stored here can be locked here.
+                ns.getattr(entry)?;
+                t.touch(lock.client, now);
+                t.acquire(entry, &lock, Duration::from_millis(u64::from(wait_ms))).await.map(Reply::Lock)
+            }
+            Request::LockRelease { entry, lock } => {
+                check_range(entry, &lock)?;
+                t.touch(lock.client, now);
+                t.unlock(entry, &lock);
+                Ok(Reply::Ok)
+            }
+            Request::LockTest { entry, lock } => {
+                check_range(entry, &lock)?;
+                Ok(Reply::Lock(t.test(entry, &lock)))
+            }
+            other => Err(fs_err!(Internal, "{other:?} is not a lock request")),
+        }
+    }
+}
+
+/// Keeps [`UNTIL_FILE`] ahead of the leases granted (every 100 ms at most)
+/// and sweeps what ended.
+pub fn spawn_lease_recorder(ns: Arc<Namespace>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let ns = ns.clone();
+            // A small file write and a walk of the tables: off the async workers.
+            let _ = tokio::task::spawn_blocking(move || {
+                ns.leases.record();
+                ns.leases.sweep();
+            })
+            .await;
+        }
+    })
+}
+
+/// Drops the locks of clients whose lease ended, checking a few times per lease.
+pub fn spawn_lock_expiry(ns: Arc<Namespace>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let every = (ns.locks.lease() / 4).clamp(Duration::from_millis(20), Duration::from_secs(5));
+            tokio::time::sleep(every).await;
+            for c in ns.locks.expire(Instant::now()) {
+                warn!(
+                    "client {c:016x} not heard from for {:?}: its file locks on metadata node {} are released",
+                    ns.locks.lease(),
+                    ns.node()
+                );
+            }
+        }
+    })
+}
