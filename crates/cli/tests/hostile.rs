@@ -327,7 +327,7 @@ fn wire_ids_stay_inside_targets() {
         );
         let (r, data) = call(Request::ReadChunk { target: t, entry: id, offset: 0, len: 100 }, Vec::new()).unwrap();
         assert_eq!((r, data.as_slice()), (Reply::Data, &b"edge"[..]));
-        let path = tdir.join(hivefs_storage::chunks::chunk_rel_path(id));
+        let path = tdir.join(hivefs_chunk::chunk_rel_path(id));
         let real = std::fs::canonicalize(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert!(real.starts_with(tdir.join("chunks")), "{id:?} lands at {}", real.display());
         assert_eq!(std::fs::metadata(&real).unwrap().len(), 4);

@@ -4,7 +4,7 @@
 use crate::local::Local;
 use crate::Client;
 use bytes::Bytes;
-use hivefs_net::local::{chunk_io_code, read_at_cached_into, read_at_full_into};
+use hivefs_chunk::io::{chunk_io_code, read_at_cached_into, read_at_full_into};
 use hivefs_proto::{Reply, Request, FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::ids::{EntryId, TargetId};

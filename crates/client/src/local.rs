@@ -1,6 +1,6 @@
 //! Short-circuit chunk I/O: chunk files of targets whose storage service
 //! runs on this host are read and written through descriptors the service
-//! handed over (`hivefs_net::local`), not through requests over TCP.
+//! handed over (`hivefs_chunk::local`), not through requests over TCP.
 //!
 //! Same bytes, same files: the service serves the very same chunk files to
 //! other clients, and the kernel's page cache is shared, so every read here
@@ -16,8 +16,8 @@
 //! This module must not decide anything about chunk contents or sizes: it
 //! only finds a descriptor or says "use the network".
 
+use hivefs_chunk::local::{socket_name, LocalConn, Offer};
 use hivefs_cluster::Cluster;
-use hivefs_net::local::{socket_name, LocalConn, Offer};
 use hivefs_net::Secret;
 use hivefs_types::ids::{EntryId, NodeId, NodeType, TargetId};
 use std::collections::{HashMap, HashSet};

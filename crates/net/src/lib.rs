@@ -9,13 +9,15 @@
 //! It knows nothing of what requests mean: services plug in a [`Handler`].
 //! The connection code is generic over any `AsyncRead + AsyncWrite` stream;
 //! only `listen`/`connect` are TCP-specific, so another transport (RDMA) can
-//! be added beside them without touching the services. [`local`] is the
-//! short-circuit beside TCP: chunk files handed to clients on the same host.
+//! be added beside them without touching the services. The short-circuit
+//! beside TCP (chunk files handed to clients on the same host) lives in
+//! `hivefs_chunk::local`, and uses [`auth`] for its challenge/response.
+
+#![forbid(unsafe_code)]
 
 pub mod auth;
 pub mod client;
 pub mod io;
-pub mod local;
 pub mod server;
 
 pub use auth::{generate_secret_file, load_secret, Secret};

@@ -17,7 +17,7 @@
 //!
 //! It must never touch `chunks/`.
 
-use crate::chunks::ChunkStore;
+use hivefs_chunk::ChunkStore;
 use hivefs_proto::TargetBench;
 use hivefs_types::error::{FsError, FsResult};
 use hivefs_types::fs_err;
@@ -148,7 +148,7 @@ impl Drop for Scratch {
 pub fn run_target(target: TargetId, dir: &Path, p: &Params) -> FsResult<TargetBench> {
     p.validate()?;
     let io_err = |what: &str, path: &Path, e: std::io::Error| {
-        let code = hivefs_net::local::chunk_io_code(&e);
+        let code = hivefs_chunk::chunk_io_code(&e);
         FsError::new(code, format!("storage bench on target {target}: {what} {}: {e}", path.display()))
     };
     let bytes = p.bytes_moved();

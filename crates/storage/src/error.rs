@@ -1,6 +1,6 @@
 //! Errors of starting the storage service and of formatting or opening
 //! targets. Errors of single chunk requests travel as `FsError` (with a code
-//! the client maps), see [`crate::chunks`].
+//! the client maps), see [`hivefs_chunk::store`].
 
 use hivefs_types::error::FsError;
 use hivefs_types::ids::{NodeId, TargetId};

@@ -2,7 +2,7 @@
 //!
 //! Owns one or more storage targets: directories on local file systems,
 //! formatted by [`init_target`], holding one chunk file per (file, target)
-//! (see [`chunks`] for paths and I/O, [`target`] for the on-disk format). It
+//! (see [`hivefs_chunk::store`] for paths and I/O, [`target`] for the on-disk format). It
 //! registers itself and its targets with mgmtd (persisting the assigned ids in
 //! `<dir>/node.toml` and in each `target.toml`), sends heartbeats with each
 //! target's capacity, and serves the chunk requests of clients.
@@ -16,16 +16,15 @@
 //! runtime, so tests run it in-process and the binary stays thin.
 
 pub mod bench;
-pub mod chunks;
 pub mod error;
 pub mod ratelimit;
 pub mod target;
 
-pub use chunks::{chunk_rel_path, ChunkStore};
 pub use error::StorageError;
 pub use ratelimit::{RateLimit, RateSetting};
 pub use target::{init_target, open_target, TargetFile, CHUNKS_DIR, TARGET_FILE};
 
+use hivefs_chunk::ChunkStore;
 use hivefs_cluster::NodeIdentity;
 use hivefs_net::{serve, ClientConfig, Handler, Peer, Pool, ServerConfig, ServerHandle};
 use hivefs_proto::{ChunkCopy, Reply, Request, Response, TargetCapacity, MAX_PAYLOAD_LEN};
@@ -71,7 +70,7 @@ pub struct Config {
     pub target_rate_limit: Option<RateSetting>,
     /// Hand chunk files to clients on this host (same network namespace)
     /// over an abstract Unix socket, so they read and write them without a
-    /// request over TCP (see `hivefs_net::local`). Targets with a rate limit
+    /// request over TCP (see `hivefs_chunk::local`). Targets with a rate limit
     /// are never handed out.
     pub short_circuit: bool,
 }
@@ -104,7 +103,7 @@ pub struct StorageService {
     server: ServerHandle,
     heartbeat: tokio::task::JoinHandle<()>,
     /// The short-circuit socket, when offered.
-    _local: Option<hivefs_net::local::LocalServer>,
+    _local: Option<hivefs_chunk::local::LocalServer>,
 }
 
 impl StorageService {
@@ -145,9 +144,9 @@ struct LocalOpener {
     limited: std::collections::HashSet<TargetId>,
 }
 
-impl hivefs_net::local::ChunkOpener for LocalOpener {
-    fn open(&self, target: TargetId, entry: EntryId, create: bool) -> FsResult<hivefs_net::local::Offer> {
-        use hivefs_net::local::Offer;
+impl hivefs_chunk::local::ChunkOpener for LocalOpener {
+    fn open(&self, target: TargetId, entry: EntryId, create: bool) -> FsResult<hivefs_chunk::local::Offer> {
+        use hivefs_chunk::local::Offer;
         if self.limited.contains(&target) {
             return Ok(Offer::Refused(format!("target {target} has a rate limit (target_rate_limit)")));
         }
@@ -468,9 +467,9 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
         None => HashMap::new(),
     };
     let local = if cfg.short_circuit {
-        let name = hivefs_net::local::socket_name(node, local_addr.port());
+        let name = hivefs_chunk::local::socket_name(node, local_addr.port());
         let opener = Arc::new(LocalOpener { node, stores: stores.clone(), limited: limits.keys().copied().collect() });
-        match hivefs_net::local::serve_local(&name, node, secret.clone(), opener) {
+        match hivefs_chunk::local::serve_local(&name, node, secret.clone(), opener) {
             Ok(l) => {
                 debug!(socket = %name, "short-circuit chunk access offered to clients on this host");
                 Some(l)
@@ -670,7 +669,7 @@ mod tests {
 
     #[test]
     fn short_circuit_hands_out_only_unlimited_targets_of_this_node() {
-        use hivefs_net::local::{ChunkOpener, Offer};
+        use hivefs_chunk::local::{ChunkOpener, Offer};
         let d = tempfile::tempdir().unwrap();
         init_target(d.path(), "fs").unwrap();
         let store = Arc::new(ChunkStore::new(TargetId(5), d.path()));

@@ -25,7 +25,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 pub const TARGET_FILE: &str = "target.toml";
-pub const CHUNKS_DIR: &str = "chunks";
+pub use hivefs_chunk::CHUNKS_DIR;
 pub const TARGET_FORMAT_VERSION: u32 = 1;
 /// Longest accepted file-system uuid.
 pub const FS_UUID_LEN_MAX: usize = 128;

@@ -14,7 +14,7 @@
 //!
 //! I/O is positional (`pread`/`pwrite`) and blocking: callers run these
 //! methods on a blocking thread, or inline for small requests (see
-//! `INLINE_IO_MAX`). Each operation opens the file and closes it
+//! `hivefs_storage::INLINE_IO_MAX`). Each operation opens the file and closes it
 //! again. A cache of open descriptors was measured and rejected: open+close
 //! of a chunk file costs about 1.7 µs here, against about 190 µs for a 1 MiB
 //! `pwrite` and 20–70 µs for a whole 4 KiB write request through the service
@@ -31,7 +31,8 @@ use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::target::CHUNKS_DIR;
+/// The directory of a target that holds its chunk files.
+pub const CHUNKS_DIR: &str = "chunks";
 
 /// Chunk file lengths and offsets must fit in `off_t`.
 const OFFSET_MAX: u64 = i64::MAX as u64;
@@ -52,7 +53,7 @@ pub struct ChunkStore {
 }
 
 impl ChunkStore {
-    /// `dir` is a formatted target directory (see [`crate::target::open_target`]).
+    /// `dir` is a formatted target directory (see `hivefs_storage::open_target`).
     pub fn new(target: TargetId, dir: &Path) -> ChunkStore {
         ChunkStore { target, dir: dir.to_path_buf() }
     }
@@ -70,12 +71,12 @@ impl ChunkStore {
     }
 
     fn err(&self, entry: EntryId, e: &std::io::Error) -> FsError {
-        FsError::new(hivefs_net::local::chunk_io_code(e), format!("target {}, chunk {entry}: {e}", self.target))
+        FsError::new(crate::io::chunk_io_code(e), format!("target {}, chunk {entry}: {e}", self.target))
     }
 
     /// Opens the chunk file for reading and writing; `None` if it does not
     /// exist and `create` is false.
-    pub(crate) fn open(&self, entry: EntryId, create: bool) -> FsResult<Option<File>> {
+    pub fn open(&self, entry: EntryId, create: bool) -> FsResult<Option<File>> {
         let path = self.chunk_path(entry);
         let open = || OpenOptions::new().read(true).write(true).create(create).mode(0o600).open(&path);
         match open() {
@@ -158,7 +159,7 @@ impl ChunkStore {
     /// Reads `want` bytes at `offset` of a file from [`ChunkStore::open_read`]
     /// (fewer if it was truncated meanwhile); may wait for the disk.
     pub fn read_open(&self, entry: EntryId, f: &File, offset: u64, want: usize) -> FsResult<Vec<u8>> {
-        hivefs_net::local::read_at_full(f, offset, want).map_err(|e| self.err(entry, &e))
+        crate::io::read_at_full(f, offset, want).map_err(|e| self.err(entry, &e))
     }
 
     /// Like [`ChunkStore::read_open`], but only if the whole range is in the
@@ -167,7 +168,7 @@ impl ChunkStore {
     /// cannot tell. Lets the service answer cached reads on its async workers
     /// and send the rest to blocking threads.
     pub fn read_cached(&self, entry: EntryId, f: &File, offset: u64, want: usize) -> FsResult<Option<Vec<u8>>> {
-        hivefs_net::local::read_at_cached(f, offset, want).map_err(|e| self.err(entry, &e))
+        crate::io::read_at_cached(f, offset, want).map_err(|e| self.err(entry, &e))
     }
 
     /// Sets the chunk file's length. A missing file is created unless `len` is 0.
@@ -442,10 +443,8 @@ impl ChunkStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::target::init_target;
     use hivefs_types::error::ErrorCode;
     use std::os::unix::fs::PermissionsExt;
-    use std::os::unix::io::AsRawFd;
 
     #[test]
     fn cached_reads_come_from_the_page_cache_only() {
@@ -462,8 +461,7 @@ mod tests {
         assert_eq!(s.read_cached(E, &f, 100, want).unwrap().as_deref(), Some(&data[..]));
         // Dropped from the cache: either not answered, or answered right.
         f.sync_all().unwrap();
-        // SAFETY: an open file; advice only.
-        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
         if let Some(got) = s.read_cached(E, &f, 100, want).unwrap() {
             assert_eq!(got, data);
         }
@@ -472,8 +470,9 @@ mod tests {
     }
 
     fn store() -> (tempfile::TempDir, ChunkStore) {
+        // A formatted target, as far as chunk files go: its chunks directory.
         let d = tempfile::tempdir().unwrap();
-        init_target(d.path(), "fs").unwrap();
+        std::fs::DirBuilder::new().mode(0o700).create(d.path().join(CHUNKS_DIR)).unwrap();
         let s = ChunkStore::new(TargetId(3), d.path());
         (d, s)
     }
@@ -688,7 +687,7 @@ mod tests {
         let e = s.write(E, 0, b"a").unwrap_err();
         assert_eq!(e.code, ErrorCode::Io);
         assert!(e.message.starts_with("target 3, chunk 1-2-AB: "), "{e}");
-        let enospc = std::io::Error::from_raw_os_error(libc::ENOSPC);
+        let enospc = std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error());
         let e = s.err(E, &enospc);
         assert_eq!(e.code, ErrorCode::NoSpace);
         assert!(e.message.starts_with("target 3, chunk 1-2-AB: No space left on device"), "{e}");

@@ -14,7 +14,7 @@
 //! Admission: the peer must run as root or as the service's own user (the
 //! chunk files are theirs anyway), and, when the file system has a shared
 //! secret, both sides prove they know it (the challenge/response of
-//! [`crate::auth`]) before any file is handed out.
+//! [`hivefs_net::auth`]) before any file is handed out.
 //!
 //! Wire format (all integers little-endian):
 //! - hello, service → client: `"HVSC"`, version (1), has-secret (0/1),
@@ -27,11 +27,18 @@
 //! - answer: status (0: descriptor attached, 1: no chunk file, 2: not
 //!   offered, 3: error), message length (u16), message (UTF-8).
 
-use crate::auth::{nonce, Secret};
+use hivefs_net::auth::{nonce, Secret};
 use hivefs_types::error::{ErrorCode, FsError};
 use hivefs_types::ids::{EntryId, NodeId, TargetId};
-use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::io::Errno;
+use rustix::net::{
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -170,8 +177,7 @@ pub fn serve_local(
 /// Whether a peer running as `uid` may have chunk files: root, or the user
 /// the service runs as.
 fn admitted_uid(uid: u32) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    uid == 0 || uid == unsafe { libc::geteuid() }
+    uid == 0 || uid == rustix::process::geteuid().as_raw()
 }
 
 async fn serve_conn(
@@ -230,7 +236,7 @@ async fn serve_conn(
             .await
             .unwrap_or_else(|e| Err(FsError::new(ErrorCode::Internal, format!("chunk open task failed: {e}"))));
         match r {
-            Ok(Offer::File(f)) => send_answer(&s, 0, "", Some(f.as_raw_fd())).await?,
+            Ok(Offer::File(f)) => send_answer(&s, 0, "", Some(f.as_fd())).await?,
             Ok(Offer::NoChunk) => send_answer(&s, 1, "", None).await?,
             Ok(Offer::Refused(why)) => send_answer(&s, 2, &why, None).await?,
             Err(e) => send_answer(&s, 3, &e.to_string(), None).await?,
@@ -254,14 +260,19 @@ fn answer_bytes(status: u8, message: &str) -> Vec<u8> {
     b
 }
 
-async fn send_answer(s: &tokio::net::UnixStream, status: u8, message: &str, fd: Option<RawFd>) -> io::Result<()> {
+async fn send_answer(
+    s: &tokio::net::UnixStream,
+    status: u8,
+    message: &str,
+    fd: Option<BorrowedFd<'_>>,
+) -> io::Result<()> {
     let b = answer_bytes(status, message);
     let mut sent = 0;
     while sent < b.len() {
         s.writable().await?;
         // The descriptor rides on the first bytes only.
         let fd = if sent == 0 { fd } else { None };
-        match s.try_io(Interest::WRITABLE, || send_with_fd(s.as_raw_fd(), &b[sent..], fd)) {
+        match s.try_io(Interest::WRITABLE, || send_with_fd(s.as_fd(), &b[sent..], fd)) {
             Ok(n) => sent += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
@@ -270,163 +281,42 @@ async fn send_answer(s: &tokio::net::UnixStream, status: u8, message: &str, fd: 
     Ok(())
 }
 
-/// Room for the control message of one descriptor.
-const CMSG_SPACE_ONE_FD: usize = 24;
-
-#[repr(C)]
-union CmsgBuf {
-    buf: [u8; CMSG_SPACE_ONE_FD],
-    _align: libc::cmsghdr,
-}
-
-fn send_with_fd(sock: RawFd, data: &[u8], fd: Option<RawFd>) -> io::Result<usize> {
-    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut _, iov_len: data.len() };
-    let mut cmsg = CmsgBuf { buf: [0; CMSG_SPACE_ONE_FD] };
-    // SAFETY: msghdr is plain data; every pointer set below outlives sendmsg.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if let Some(fd) = fd {
-        // SAFETY: CMSG_SPACE/CMSG_LEN are pure computations.
-        let (space, len) = unsafe { (libc::CMSG_SPACE(4) as usize, libc::CMSG_LEN(4) as usize) };
-        assert!(space <= CMSG_SPACE_ONE_FD);
-        // SAFETY: `cmsg` is aligned for cmsghdr and large enough for one
-        // header plus one descriptor (checked above).
-        unsafe {
-            msg.msg_control = cmsg.buf.as_mut_ptr().cast();
-            msg.msg_controllen = space as _;
-            let h = libc::CMSG_FIRSTHDR(&msg);
-            (*h).cmsg_level = libc::SOL_SOCKET;
-            (*h).cmsg_type = libc::SCM_RIGHTS;
-            (*h).cmsg_len = len as _;
-            std::ptr::copy_nonoverlapping((&fd as *const RawFd).cast::<u8>(), libc::CMSG_DATA(h), 4);
-        }
+fn send_with_fd(sock: BorrowedFd<'_>, data: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<usize> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if fd.is_some() {
+        let pushed = control.push(SendAncillaryMessage::ScmRights(fd.as_slice()));
+        assert!(pushed, "room for one descriptor");
     }
-    // SAFETY: `msg` describes valid buffers (see above).
-    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
+    Ok(sendmsg(sock, &[IoSlice::new(data)], &mut control, SendFlags::NOSIGNAL)?)
 }
 
 /// Reads into `data`; returns the byte count and the descriptor that came
 /// with them, if any (close-on-exec).
-fn recv_with_fd(sock: RawFd, data: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
-    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
-    let mut cmsg = CmsgBuf { buf: [0; CMSG_SPACE_ONE_FD] };
-    // SAFETY: msghdr is plain data; every pointer set below outlives recvmsg.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    // SAFETY: the buffer is aligned and CMSG_SPACE_ONE_FD bytes long.
-    unsafe {
-        msg.msg_control = cmsg.buf.as_mut_ptr().cast();
-        msg.msg_controllen = CMSG_SPACE_ONE_FD as _;
-    }
-    let n = loop {
-        // SAFETY: `msg` describes valid buffers.
-        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n >= 0 {
-            break n as usize;
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+fn recv_with_fd(sock: BorrowedFd<'_>, data: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let msg = loop {
+        match recvmsg(sock, &mut [IoSliceMut::new(data)], &mut control, RecvFlags::CMSG_CLOEXEC) {
+            Ok(m) => break m,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
         }
     };
     let mut got = None;
-    // SAFETY: walking the control messages recvmsg filled in, within msg_controllen.
-    unsafe {
-        let mut h = libc::CMSG_FIRSTHDR(&msg);
-        while !h.is_null() {
-            if (*h).cmsg_level == libc::SOL_SOCKET && (*h).cmsg_type == libc::SCM_RIGHTS {
-                let count = ((*h).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
-                for i in 0..count {
-                    let mut fd: RawFd = -1;
-                    std::ptr::copy_nonoverlapping(libc::CMSG_DATA(h).add(4 * i), (&mut fd as *mut RawFd).cast(), 4);
-                    let owned = OwnedFd::from_raw_fd(fd);
-                    if got.is_none() {
-                        got = Some(owned);
-                    } // else dropped: closed
-                }
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = m {
+            for owned in fds {
+                if got.is_none() {
+                    got = Some(owned);
+                } // else dropped: closed
             }
-            h = libc::CMSG_NXTHDR(&msg, h);
         }
     }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+    if msg.flags.contains(ReturnFlags::CTRUNC) {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "descriptor truncated"));
     }
-    Ok((n, got))
-}
-
-/// The error code of a failed chunk-file operation: a full (or over-quota)
-/// file system is `NoSpace`, a file too large `Invalid`, the rest `Io`.
-/// Shared by the storage service and short-circuit clients, so both paths
-/// report the same failure the same way.
-pub fn chunk_io_code(e: &io::Error) -> ErrorCode {
-    match e.raw_os_error() {
-        Some(libc::ENOSPC | libc::EDQUOT) => ErrorCode::NoSpace,
-        Some(libc::EFBIG) => ErrorCode::Invalid,
-        // A mode of fallocate(2) the target's file system does not have.
-        Some(libc::EOPNOTSUPP) => ErrorCode::NotSupported,
-        _ => ErrorCode::Io,
-    }
-}
-
-/// Reads up to `len` bytes at `offset` of a chunk file: fewer only at its
-/// end (also when it was truncated meanwhile).
-pub fn read_at_full(f: &std::fs::File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; len];
-    let n = read_at_full_into(f, offset, &mut buf)?;
-    buf.truncate(n);
-    Ok(buf)
-}
-
-/// [`read_at_full`] into `buf`; returns the bytes read (fewer than
-/// `buf.len()` only at the end of the file).
-pub fn read_at_full_into(f: &std::fs::File, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-    use std::os::unix::fs::FileExt;
-    let mut done = 0;
-    while done < buf.len() {
-        match f.read_at(&mut buf[done..], offset + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
-}
-
-/// [`read_at_full`], but only if the page cache holds the whole range
-/// (`preadv2` with `RWF_NOWAIT`): `None` when reading would wait for the
-/// disk, when only part of it is cached or the file ends inside it, or when
-/// the kernel cannot tell. Lets async code read cached pages on its own
-/// thread and send the rest to blocking threads.
-pub fn read_at_cached(f: &std::fs::File, offset: u64, len: usize) -> io::Result<Option<Vec<u8>>> {
-    let mut buf = vec![0u8; len];
-    Ok(read_at_cached_into(f, offset, &mut buf)?.then_some(buf))
-}
-
-/// [`read_at_cached`] into `buf`: true if it was filled.
-pub fn read_at_cached_into(f: &std::fs::File, offset: u64, buf: &mut [u8]) -> io::Result<bool> {
-    let Ok(off) = libc::off_t::try_from(offset) else {
-        return Ok(false);
-    };
-    let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    // SAFETY: one iovec describing `buf`, which outlives the call; `f` is an open file.
-    let n = unsafe { libc::preadv2(f.as_raw_fd(), &iov, 1, off, libc::RWF_NOWAIT) };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            // Not cached, or no RWF_NOWAIT here: the caller reads the usual way.
-            Some(libc::EAGAIN | libc::EOPNOTSUPP | libc::EINVAL | libc::EINTR) => Ok(false),
-            _ => Err(e),
-        };
-    }
-    Ok(n as usize == buf.len())
+    Ok((msg.bytes, got))
 }
 
 /// A client's connection to one storage service's short-circuit socket.
@@ -445,20 +335,6 @@ fn proto_err(node: NodeId, what: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("short-circuit socket of storage node {node}: {what}"))
 }
 
-fn peer_uid(sock: RawFd) -> io::Result<u32> {
-    // SAFETY: ucred is plain data, and getsockopt writes at most its size.
-    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: valid socket, buffer and length.
-    let r = unsafe {
-        libc::getsockopt(sock, libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len)
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(cred.uid)
-}
-
 impl LocalConn {
     /// Connects to storage node `node`'s socket `name`. `Ok(None)`: nobody
     /// listens there (the service is on another host, or does not offer
@@ -468,12 +344,12 @@ impl LocalConn {
         let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
         let mut stream = match std::os::unix::net::UnixStream::connect_addr(&addr) {
             Ok(s) => s,
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ECONNREFUSED | libc::ENOENT)) => return Ok(None),
+            Err(e) if matches!(Errno::from_io_error(&e), Some(Errno::CONNREFUSED | Errno::NOENT)) => return Ok(None),
             Err(e) => return Err(e),
         };
         stream.set_read_timeout(Some(CONN_TIMEOUT))?;
         stream.set_write_timeout(Some(CONN_TIMEOUT))?;
-        let uid = peer_uid(stream.as_raw_fd())?;
+        let uid = rustix::net::sockopt::socket_peercred(&stream)?.uid.as_raw();
         if !admitted_uid(uid) {
             return Err(proto_err(node, format_args!("served by a process of user {uid}, not root or this user")));
         }
@@ -520,7 +396,7 @@ impl LocalConn {
         let mut stream = &self.stream;
         stream.write_all(&OpenRequest { target, entry, create }.encode())?;
         let mut head = [0u8; 3];
-        let (mut n, fd) = recv_with_fd(self.stream.as_raw_fd(), &mut head)?;
+        let (mut n, fd) = recv_with_fd(self.stream.as_fd(), &mut head)?;
         if n == 0 {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short-circuit socket closed"));
         }
@@ -547,10 +423,13 @@ impl LocalConn {
     /// False once the service's end hung up (it stopped or died): the
     /// descriptors it handed out must not be used any more.
     pub fn alive(&self) -> bool {
-        let mut p = libc::pollfd { fd: self.stream.as_raw_fd(), events: libc::POLLRDHUP, revents: 0 };
-        // SAFETY: one valid pollfd, no waiting.
-        let r = unsafe { libc::poll(&mut p, 1, 0) };
-        r == 0 || (r > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) == 0)
+        let mut p = [PollFd::new(&self.stream, PollFlags::RDHUP)];
+        let no_wait = Timespec { tv_sec: 0, tv_nsec: 0 };
+        match poll(&mut p, Some(&no_wait)) {
+            Ok(0) => true,
+            Ok(_) => !p[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL),
+            Err(_) => false,
+        }
     }
 }
 
