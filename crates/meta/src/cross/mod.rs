@@ -58,10 +58,10 @@ use tracing::{error, warn};
 // ------------------------------------------------------------ crash hook
 
 /// Test hook: `HIVEFS_CRASH_AT=<op>:<step>` makes the metadata service abort
-/// (`std::process::abort`, as `kill -9`) at that step of a cross-node
-/// protocol. `op` is `mkdir`, `rmdir`, `rename`, `link` or `unlink`; `step` is `intent` (the
-/// intent is committed, nothing sent), `peer` (the peer committed its step
-/// and has not answered), `remote` (the coordinator has the peer's answer,
+/// (`std::process::abort`, as `kill -9`) at that step of a cross-node protocol.
+/// `op` is `mkdir`, `rmdir`, `rename`, `link`, `unlink` or `exchange`; `step` is
+/// `intent` (the intent is committed, nothing sent), `peer` (the peer committed its
+/// step and has not answered), `remote` (the coordinator has the peer's answer,
 /// nothing committed) or `commit` (committed, the client not answered).
 pub const CRASH_ENV: &str = "HIVEFS_CRASH_AT";
 
