@@ -2,7 +2,8 @@
 //!
 //! Off unless the embedding program turns them on ([`Client::enable_leases`];
 //! the mount does, because the kernel caches attributes and names for it).
-//! Then every metadata request goes out as `Leasing`; an answer that grants
+//! Then every metadata request names this client's lease session in its
+//! envelope; an answer that grants
 //! a lease on the entry's attributes or on the name it was looked up by is
 //! remembered with its end, counted from when the request was sent (so this
 //! side's copy never outlives the node's record). One task per metadata node

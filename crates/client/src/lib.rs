@@ -17,7 +17,7 @@ mod locks;
 
 use hivefs_cluster::Cluster;
 use hivefs_net::{ClientConfig, Pools, Secret};
-use hivefs_proto::{encode_body, Caller, Capacity, DirEntry, MetaChooser, OpId, Reachability, Reply, Request};
+use hivefs_proto::{Caller, Capacity, DirEntry, Envelope, MetaChooser, OpId, Reachability, Reply, Request};
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, Timespec};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::ids::{EntryId, NodeId, NodeType};
@@ -92,7 +92,7 @@ pub struct Client {
 }
 
 /// Ids of this client's non-idempotent metadata operations, so that they
-/// can be retried safely (`Request::Retryable`): a random client id, a
+/// can be retried safely (`Envelope::op`): a random client id, a
 /// sequence number per operation, and the operations still waiting for an
 /// answer (the lowest of them tells the server what it may forget).
 struct OpIds {
@@ -195,32 +195,26 @@ impl Client {
         &self.cluster
     }
 
-    /// Sends a request to a metadata node. Changes of the namespace travel
-    /// as `Retryable` with an operation id, so that the transport may repeat
+    /// Sends a request to a metadata node. Changes of the namespace carry
+    /// an operation id in their envelope, so that the transport may repeat
     /// them after a lost connection or a restart of the node and the node
     /// applies them once. Open and release are not repeated (they count
     /// handles in the node's memory); they fail instead.
-    /// With leases on, every request travels as `Leasing`, and a granted
-    /// lease is remembered (the answer is then an ordinary `Entry`).
+    /// With leases on, the envelope names this client's lease session, and a
+    /// granted lease is remembered (the answer is then an ordinary `Entry`).
     async fn meta(&self, owner: NodeId, req: &Request) -> FsResult<Reply> {
         let pool = self.cluster.node_pool(NodeType::Meta, owner).await?;
         let plain = req.is_idempotent() || matches!(req, Request::Open { .. } | Request::Release { .. });
         let op = (!plain).then(|| self.ops.begin());
+        let mut env = Envelope { op: op.as_ref().map(|o| o.op), lease_client: None };
         let Some(session) = self.leases.get() else {
-            return match &op {
-                None => pool.rpc(req).await,
-                Some(op) => pool.rpc(&Request::Retryable { op: op.op, req: encode_body(req) }).await,
-            };
+            return pool.rpc_with(&env, req).await;
         };
         self.poll_leases(session, owner);
-        let inner = match &op {
-            None => encode_body(req),
-            Some(op) => encode_body(&Request::Retryable { op: op.op, req: encode_body(req) }),
-        };
-        let idempotent = req.is_idempotent() || op.is_some();
+        env.lease_client = Some(self.ops.client);
         let dirs = self.dir_attrs.get().map(|d| (d, d.begin(req)));
         let sent = std::time::Instant::now();
-        let r = pool.rpc(&Request::Leasing { client: self.ops.client, idempotent, req: inner }).await;
+        let r = pool.rpc_with(&env, req).await;
         let (r, parent) = match r {
             Ok(Reply::WithParent { parent, reply }) => (Ok(*reply), Some(parent)),
             r => (r, None),

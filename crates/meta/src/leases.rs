@@ -1,8 +1,8 @@
 //! Attribute leases: which clients may cache which inodes' attributes, and
 //! telling them before a change is acknowledged.
 //!
-//! A client that polls this node (`LeaseWait`) and sends its requests as
-//! `Leasing` gets, with every answer carrying a non-directory's attributes
+//! A client that polls this node (`LeaseWait`) and names itself in its
+//! requests' envelopes (`lease_client`) gets, with every answer carrying a non-directory's attributes
 //! from this node, a lease of [`Leases::duration`]: a promise that nobody
 //! else's change of those attributes is acknowledged before the client has
 //! dropped its copy or the lease has ended. Names work the same way: an

@@ -45,7 +45,7 @@ pub use targets::DataTargets;
 
 use hivefs_cluster::{register_node, Cluster, NodeIdentity};
 use hivefs_net::{load_secret, serve, ClientConfig, Handler, Peer, Pools, ServerConfig, ServerHandle};
-use hivefs_proto::{Reply, Request, Response};
+use hivefs_proto::{Envelope, Reply, Request, Response};
 use hivefs_types::error::FsError;
 use hivefs_types::fs_err;
 use hivefs_types::ids::{NodeId, NodeType};
@@ -166,7 +166,7 @@ impl MetaHandler {
 }
 
 impl Handler for MetaHandler {
-    async fn handle(&self, req: Request, _payload: Vec<u8>, _peer: &Peer) -> (Response, Vec<u8>) {
+    async fn handle(&self, env: Envelope, req: Request, _payload: Vec<u8>, _peer: &Peer) -> (Response, Vec<u8>) {
         if req == Request::RefreshView {
             return (self.cluster.refresh().await.map(|_| Reply::Ok), Vec::new());
         }
@@ -184,7 +184,7 @@ impl Handler for MetaHandler {
             self.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         let r = match ns {
-            Some(ns) => ns.handle(req).await,
+            Some(ns) => ns.handle_env(env, req).await,
             None => Err(fs_err!(Unavailable, "metadata service is starting or stopping")),
         };
         (r, Vec::new())

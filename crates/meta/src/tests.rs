@@ -7,7 +7,8 @@ use crate::namespace::{Namespace, NamespaceOptions};
 use crate::store::{scan_children, DisposalState};
 use crate::targets::{BoxFut, DataTargets};
 use hivefs_proto::{
-    Caller, DirEntry, Reply, Request, Response, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CREATE, XATTR_REPLACE,
+    Caller, DirEntry, Envelope, Reply, Request, Response, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CREATE,
+    XATTR_REPLACE,
 };
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
 use hivefs_types::error::{ErrorCode, FsResult};
@@ -170,16 +171,19 @@ impl H {
         self.clock.fetch_add(10, Ordering::SeqCst) + 10
     }
 
-    async fn call(&self, r: Request) -> Response {
-        self.ns().handle(r).await
+    async fn call(&self, r: impl Into<Sent>) -> Response {
+        let Sent(env, req) = r.into();
+        self.ns().handle_env(env, req).await
     }
 
-    async fn ok(&self, r: Request) -> Reply {
+    async fn ok(&self, r: impl Into<Sent>) -> Reply {
+        let r = r.into();
         let what = format!("{r:?}");
         self.call(r).await.unwrap_or_else(|e| panic!("{what}: {e}"))
     }
 
-    async fn code(&self, r: Request) -> ErrorCode {
+    async fn code(&self, r: impl Into<Sent>) -> ErrorCode {
+        let r = r.into();
         let what = format!("{r:?}");
         match self.call(r).await {
             Ok(rep) => panic!("{what} succeeded: {rep:?}"),
@@ -187,7 +191,7 @@ impl H {
         }
     }
 
-    async fn entry(&self, r: Request) -> EntryAttr {
+    async fn entry(&self, r: impl Into<Sent>) -> EntryAttr {
         match self.ok(r).await {
             Reply::Entry(a) => a,
             other => panic!("expected an entry, got {other:?}"),
@@ -1217,7 +1221,13 @@ mod service {
     }
 
     impl Handler for FakeCluster {
-        async fn handle(&self, req: Request, _p: Vec<u8>, _peer: &Peer) -> (Response, Vec<u8>) {
+        async fn handle(
+            &self,
+            _env: hivefs_proto::Envelope,
+            req: Request,
+            _p: Vec<u8>,
+            _peer: &Peer,
+        ) -> (Response, Vec<u8>) {
             let addr = self.addr.lock().unwrap().clone();
             let r = match req {
                 Request::RegisterNode { node_type: NodeType::Meta, .. } => {
@@ -1438,8 +1448,18 @@ fn kill9_loses_no_acknowledged_mutation() {
 
 // ------------------------------------------------------------- retries
 
-fn retryable(client: u64, seq: u64, done_below: u64, r: &Request) -> Request {
-    Request::Retryable { op: hivefs_proto::OpId { client, seq, done_below }, req: hivefs_proto::encode_body(r) }
+/// A request as it arrives: with its envelope.
+#[derive(Clone, Debug)]
+struct Sent(Envelope, Request);
+
+impl From<Request> for Sent {
+    fn from(r: Request) -> Sent {
+        Sent(Envelope::default(), r)
+    }
+}
+
+fn retryable(client: u64, seq: u64, done_below: u64, r: &Request) -> Sent {
+    Sent(Envelope { op: Some(hivefs_proto::OpId { client, seq, done_below }), lease_client: None }, r.clone())
 }
 
 #[tokio::test]
@@ -1470,8 +1490,7 @@ async fn a_repeated_operation_is_applied_once_also_across_a_restart() {
     h.ok(retryable(9, 5, 5, &Request::Mkdir { parent: ROOT, name: b"d".to_vec(), mode: 0o755, caller: ME })).await;
     let again = h.entry(retryable(9, 1, 5, &create_req(ROOT, "f", true))).await;
     assert_ne!(again.id, first.id, "a forgotten operation is applied anew");
-    // Nested wrappers and garbage are refused.
-    assert_eq!(h.code(retryable(9, 6, 6, &retryable(9, 7, 6, &Request::Ping))).await, ErrorCode::Invalid);
-    let junk = Request::Retryable { op: hivefs_proto::OpId { client: 9, seq: 8, done_below: 8 }, req: vec![0xff; 9] };
-    assert_eq!(h.code(junk).await, ErrorCode::Protocol);
+    // The retired wrappers are refused.
+    assert_eq!(h.code(Request::RetiredRetryable).await, ErrorCode::NotSupported);
+    assert_eq!(h.code(retryable(9, 6, 6, &Request::RetiredLeasing)).await, ErrorCode::NotSupported);
 }

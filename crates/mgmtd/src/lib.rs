@@ -193,7 +193,13 @@ impl MgmtHandler {
 }
 
 impl Handler for MgmtHandler {
-    async fn handle(&self, req: Request, _payload: Vec<u8>, _peer: &Peer) -> (Response, Vec<u8>) {
+    async fn handle(
+        &self,
+        _env: hivefs_proto::Envelope,
+        req: Request,
+        _payload: Vec<u8>,
+        _peer: &Peer,
+    ) -> (Response, Vec<u8>) {
         let resp = match req {
             // These write the registry (fsync): off the async workers.
             Request::RegisterNode { .. }
@@ -391,7 +397,13 @@ mod tests {
     struct Views(std::sync::atomic::AtomicU32);
 
     impl Handler for Views {
-        async fn handle(&self, req: Request, _payload: Vec<u8>, _peer: &Peer) -> (Response, Vec<u8>) {
+        async fn handle(
+            &self,
+            _env: hivefs_proto::Envelope,
+            req: Request,
+            _payload: Vec<u8>,
+            _peer: &Peer,
+        ) -> (Response, Vec<u8>) {
             if req == Request::RefreshView {
                 self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }

@@ -4,7 +4,9 @@ use crate::auth::{nonce, Secret};
 use crate::io::{read_frame, write_frame};
 use crate::unavailable;
 use bytes::Bytes;
-use hivefs_proto::{decode_body, encode_body, FrameKind, Hello, Reply, Request, Response, PROTOCOL_VERSION};
+use hivefs_proto::{
+    decode_body, encode_body, encode_request, Envelope, FrameKind, Hello, Reply, Request, Response, PROTOCOL_VERSION,
+};
 use hivefs_types::error::{ErrorCode, FsError};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -65,6 +67,8 @@ type Waiter = oneshot::Sender<Result<(Response, Vec<u8>), FsError>>;
 
 struct Outgoing {
     request_id: u64,
+    /// Frame flags of `body` (whether it starts with an envelope).
+    flags: u16,
     body: Vec<u8>,
     /// Shared, not copied, between the attempts of a retried request.
     payload: Bytes,
@@ -110,7 +114,7 @@ async fn connect(addr: &str, cfg: &ClientConfig) -> Result<Conn, FsError> {
     let addr_w = addr.to_string();
     tokio::spawn(async move {
         while let Some(out) = rx.recv().await {
-            let r = write_frame(&mut wr, FrameKind::Request, out.request_id, &out.body, &out.payload).await;
+            let r = write_frame(&mut wr, FrameKind::Request, out.request_id, out.flags, &out.body, &out.payload).await;
             let r = match r {
                 Ok(()) if rx.is_empty() => wr.flush().await,
                 r => r,
@@ -197,7 +201,7 @@ where
         None => Vec::new(),
     };
     let hello = Hello::Client { protocol_version: PROTOCOL_VERSION, nonce: client_nonce, mac };
-    write_frame(wr, FrameKind::Hello, 0, &encode_body(&hello), &[]).await.map_err(|e| unavailable(addr, e))?;
+    write_frame(wr, FrameKind::Hello, 0, 0, &encode_body(&hello), &[]).await.map_err(|e| unavailable(addr, e))?;
     wr.flush().await.map_err(|e| unavailable(addr, e))?;
     let f = read_frame(rd).await.map_err(|e| unavailable(addr, format_args!("handshake: {e}")))?;
     match decode_body::<Hello>(&f.body) {
@@ -225,7 +229,7 @@ impl Conn {
     async fn call(
         &self,
         addr: &str,
-        body: Vec<u8>,
+        (flags, body): (u16, Vec<u8>),
         payload: Bytes,
         timeout: Duration,
     ) -> Result<(Response, Vec<u8>), FsError> {
@@ -236,7 +240,7 @@ impl Conn {
         self.inflight.fetch_add(1, Ordering::Relaxed);
         let _guard = InflightGuard(&self.inflight);
         let exchange = async {
-            if self.tx.send(Outgoing { request_id: id, body, payload }).await.is_err() {
+            if self.tx.send(Outgoing { request_id: id, flags, body, payload }).await.is_err() {
                 return Err(unavailable(addr, "connection lost"));
             }
             wrx.await.unwrap_or_else(|_| Err(unavailable(addr, "connection lost")))
@@ -307,8 +311,20 @@ impl Pool {
     /// `retries` times; the whole call never takes longer than `deadline`.
     /// The payload (a `Vec<u8>` or `Bytes`) is not copied, also not for retries.
     pub async fn call(&self, req: &Request, payload: impl Into<Bytes>) -> Result<(Reply, Vec<u8>), FsError> {
-        let body = encode_body(req);
-        let attempts = if req.is_idempotent() { self.cfg.retries + 1 } else { 1 };
+        self.call_with(&Envelope::default(), req, payload).await
+    }
+
+    /// Like [`Pool::call`], with an envelope (a metadata request's operation
+    /// id and lease session); a request with an operation id is repeated
+    /// like an idempotent one.
+    pub async fn call_with(
+        &self,
+        env: &Envelope,
+        req: &Request,
+        payload: impl Into<Bytes>,
+    ) -> Result<(Reply, Vec<u8>), FsError> {
+        let body = encode_request(env, req);
+        let attempts = if env.may_repeat(req) { self.cfg.retries + 1 } else { 1 };
         let deadline = tokio::time::Instant::now() + self.cfg.deadline;
         let payload: Bytes = payload.into();
         let mut last = None;
@@ -359,6 +375,11 @@ impl Pool {
     /// Like [`Pool::call`] for requests without payload.
     pub async fn rpc(&self, req: &Request) -> Result<Reply, FsError> {
         self.call(req, Bytes::new()).await.map(|(r, _)| r)
+    }
+
+    /// Like [`Pool::call_with`] for requests without payload.
+    pub async fn rpc_with(&self, env: &Envelope, req: &Request) -> Result<Reply, FsError> {
+        self.call_with(env, req, Bytes::new()).await.map(|(r, _)| r)
     }
 }
 

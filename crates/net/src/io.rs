@@ -80,14 +80,15 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
     w: &mut W,
     kind: FrameKind,
     request_id: u64,
+    flags: u16,
     body: &[u8],
     payload: &[u8],
 ) -> std::io::Result<()> {
     let header = FrameHeader {
         body_version: hivefs_proto::BODY_VERSION,
         kind,
-        msg_type: hivefs_proto::body_type_id(body),
-        flags: 0,
+        msg_type: hivefs_proto::frame_type_id(flags, body),
+        flags,
         request_id,
         body_len: u32::try_from(body.len()).map_err(std::io::Error::other)?,
         payload_len: u32::try_from(payload.len()).map_err(std::io::Error::other)?,

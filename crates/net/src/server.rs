@@ -27,8 +27,8 @@
 use crate::auth::{nonce, Secret};
 use crate::io::{read_frame_limited, read_header, read_rest, write_frame, ReadError};
 use hivefs_proto::{
-    decode_body, encode_body, FrameKind, Hello, Reply, Request, Response, MAX_BODY_LEN, MAX_PAYLOAD_LEN,
-    PROTOCOL_VERSION,
+    decode_body, decode_request, encode_body, Envelope, FrameKind, Hello, Reply, Request, Response, MAX_BODY_LEN,
+    MAX_PAYLOAD_LEN, PROTOCOL_VERSION,
 };
 use hivefs_types::error::{ErrorCode, FsError};
 use hivefs_types::ids::NodeType;
@@ -57,7 +57,15 @@ pub struct Peer {
 /// A service's request handler. Returns the response and a raw data payload
 /// (empty unless the reply carries bytes, as `Reply::Data` does).
 pub trait Handler: Send + Sync + 'static {
-    fn handle(&self, req: Request, payload: Vec<u8>, peer: &Peer) -> impl Future<Output = (Response, Vec<u8>)> + Send;
+    /// Answers `req` (with the envelope it came in, empty when it had none)
+    /// from `peer`; the answer's payload goes back after its body.
+    fn handle(
+        &self,
+        env: Envelope,
+        req: Request,
+        payload: Vec<u8>,
+        peer: &Peer,
+    ) -> impl Future<Output = (Response, Vec<u8>)> + Send;
 }
 
 #[derive(Clone, Debug)]
@@ -322,7 +330,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
         nonce: server_nonce,
         auth_required: cfg.secret.is_some(),
     };
-    write_frame(stream, FrameKind::Hello, 0, &encode_body(&hello), &[]).await.map_err(|e| e.to_string())?;
+    write_frame(stream, FrameKind::Hello, 0, 0, &encode_body(&hello), &[]).await.map_err(|e| e.to_string())?;
     stream.flush().await.map_err(|e| e.to_string())?;
     let verdict = match read_frame_limited(stream, HELLO_MAX_BODY, 0).await {
         Ok(f) if f.header.kind != FrameKind::Hello => Err("first frame is not a handshake".to_string()),
@@ -361,7 +369,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
         },
         Err(reason) => (Hello::Refused { reason: reason.clone() }, Err(reason)),
     };
-    write_frame(stream, FrameKind::Hello, 0, &encode_body(&msg), &[]).await.map_err(|e| e.to_string())?;
+    write_frame(stream, FrameKind::Hello, 0, 0, &encode_body(&msg), &[]).await.map_err(|e| e.to_string())?;
     stream.flush().await.map_err(|e| e.to_string())?;
     result
 }
@@ -437,7 +445,7 @@ where
     let writer = tokio::spawn(async move {
         let mut w = BufWriter::with_capacity(64 << 10, wr);
         while let Some(out) = rx.recv().await {
-            if write_frame(&mut w, FrameKind::Response, out.request_id, &out.body, &out.payload).await.is_err() {
+            if write_frame(&mut w, FrameKind::Response, out.request_id, 0, &out.body, &out.payload).await.is_err() {
                 return;
             }
             // Flush only when nothing else is queued: batches small replies.
@@ -485,7 +493,7 @@ where
             }
             continue;
         }
-        let req = match decode_body::<Request>(&frame.body) {
+        let (env, req) = match decode_request(frame.header.flags, &frame.body) {
             Ok(r) => r,
             Err(e) => {
                 let what = format!("malformed request (type {}): {e}", frame.header.msg_type);
@@ -509,7 +517,7 @@ where
         let tx = tx.clone();
         let peer = peer.clone();
         let fut = async move {
-            let (resp, payload) = handler.handle(req, frame.payload, &peer).await;
+            let (resp, payload) = handler.handle(env, req, frame.payload, &peer).await;
             let _ = tx.send(Outgoing { request_id: rid, body: encode_body(&resp), payload, _held: Some(held) }).await;
         };
         // A large future is boxed once instead of being copied by value

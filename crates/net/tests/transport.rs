@@ -13,9 +13,20 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 struct Echo;
 
 impl Handler for Echo {
-    async fn handle(&self, req: Request, payload: Vec<u8>, _peer: &Peer) -> (Response, Vec<u8>) {
+    async fn handle(
+        &self,
+        env: hivefs_proto::Envelope,
+        req: Request,
+        payload: Vec<u8>,
+        _peer: &Peer,
+    ) -> (Response, Vec<u8>) {
         match req {
             Request::Ping => (Ok(Reply::Pong { node_type: NodeType::Storage, node: NodeId(1) }), Vec::new()),
+            // Tells the envelope it came with: the node id is its lease client.
+            Request::GetAttr { .. } => {
+                let node = NodeId(env.lease_client.unwrap_or(0) as u32 + env.op.map_or(0, |o| o.seq as u32));
+                (Ok(Reply::Pong { node_type: NodeType::Meta, node }), Vec::new())
+            }
             Request::WriteChunk { .. } => (Ok(Reply::Data), payload),
             Request::ReadChunk { len: 999, .. } => {
                 tokio::time::sleep(Duration::from_secs(5)).await;
@@ -35,6 +46,19 @@ async fn server(secret: Option<Secret>) -> String {
 
 fn secret() -> Secret {
     Secret::from_bytes(b"correct horse")
+}
+
+#[tokio::test]
+async fn an_envelope_reaches_the_handler_with_its_request() {
+    let addr = server(None).await;
+    let pool = Pool::new(addr, ClientConfig::new(None));
+    let req = Request::GetAttr { id: EntryId::ROOT };
+    let plain = pool.rpc(&req).await.unwrap();
+    assert_eq!(plain, Reply::Pong { node_type: NodeType::Meta, node: NodeId(0) });
+    let op = hivefs_proto::OpId { client: 3, seq: 40, done_below: 1 };
+    let env = hivefs_proto::Envelope { op: Some(op), lease_client: Some(2) };
+    let r = pool.rpc_with(&env, &req).await.unwrap();
+    assert_eq!(r, Reply::Pong { node_type: NodeType::Meta, node: NodeId(42) });
 }
 
 #[tokio::test]
@@ -195,6 +219,7 @@ async fn idle_and_slow_peers_are_dropped_and_free_their_slots() {
         &mut hello,
         hivefs_proto::FrameKind::Hello,
         0,
+        0,
         &hivefs_proto::encode_body(&hivefs_proto::Hello::Client {
             protocol_version: hivefs_proto::PROTOCOL_VERSION,
             nonce: [7; 32],
@@ -247,7 +272,13 @@ struct Gate {
 }
 
 impl Handler for Gate {
-    async fn handle(&self, _req: Request, _payload: Vec<u8>, _peer: &Peer) -> (Response, Vec<u8>) {
+    async fn handle(
+        &self,
+        _env: hivefs_proto::Envelope,
+        _req: Request,
+        _payload: Vec<u8>,
+        _peer: &Peer,
+    ) -> (Response, Vec<u8>) {
         use std::sync::atomic::Ordering::SeqCst;
         let now = self.cur.fetch_add(1, SeqCst) + 1;
         self.max.fetch_max(now, SeqCst);

@@ -1,6 +1,7 @@
 //! The frame header: `magic u16 | body_version u8 | kind u8 | msg_type u16 |
 //! flags u16 | request_id u64 | body_len u32 | payload_len u32`, little-endian,
-//! 24 bytes.
+//! 24 bytes. One flag is defined ([`crate::FLAG_ENVELOPE`]); a header with
+//! any other is refused.
 
 pub const HEADER_LEN: usize = 24;
 pub const MAGIC: u16 = 0x4846; // "HF"
@@ -40,6 +41,8 @@ pub enum FrameError {
     BodyTooLarge(u32),
     #[error("frame payload of {0} bytes exceeds the limit of {MAX_PAYLOAD_LEN}")]
     PayloadTooLarge(u32),
+    #[error("unknown frame flags {0:#06x}")]
+    BadFlags(u16),
     #[error("malformed message body: {0}")]
     Body(String),
 }
@@ -84,11 +87,15 @@ impl FrameHeader {
         if payload_len > MAX_PAYLOAD_LEN {
             return Err(FrameError::PayloadTooLarge(payload_len));
         }
+        let flags = u16::from_le_bytes([b[6], b[7]]);
+        if flags & !crate::FLAGS_KNOWN != 0 {
+            return Err(FrameError::BadFlags(flags));
+        }
         Ok(FrameHeader {
             body_version,
             kind,
             msg_type: u16::from_le_bytes([b[4], b[5]]),
-            flags: u16::from_le_bytes([b[6], b[7]]),
+            flags,
             request_id: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
             body_len,
             payload_len,
@@ -107,12 +114,14 @@ mod tests {
             body_version: crate::BODY_VERSION,
             kind: FrameKind::Request,
             msg_type: 7,
-            flags: 3,
+            flags: crate::FLAG_ENVELOPE,
             request_id: 0xdead_beef,
             body_len: 100,
             payload_len: 4096,
         };
         assert_eq!(FrameHeader::decode(&h.encode()), Ok(h));
+        let unknown = FrameHeader { flags: 2, ..h };
+        assert_eq!(FrameHeader::decode(&unknown.encode()), Err(FrameError::BadFlags(2)));
     }
 
     #[test]

@@ -38,6 +38,43 @@ pub fn decode_body<'a, T: serde::Deserialize<'a>>(b: &'a [u8]) -> Result<T, Fram
     Ok(v)
 }
 
+/// Frame flag of a request: its body starts with an [`Envelope`].
+pub const FLAG_ENVELOPE: u16 = 1;
+/// Every flag a frame may carry; others are refused.
+pub const FLAGS_KNOWN: u16 = FLAG_ENVELOPE;
+
+/// Encodes a request and its envelope: the frame flags and body. An empty
+/// envelope is left out.
+pub fn encode_request(env: &Envelope, req: &Request) -> (u16, Vec<u8>) {
+    if *env == Envelope::default() {
+        return (0, encode_body(req));
+    }
+    let mut body = encode_body(env);
+    body.extend_from_slice(&encode_body(req));
+    (FLAG_ENVELOPE, body)
+}
+
+/// Decodes a request body with the frame's flags: its envelope (empty when
+/// the flag is not set) and the request.
+pub fn decode_request(flags: u16, body: &[u8]) -> Result<(Envelope, Request), FrameError> {
+    if flags & FLAG_ENVELOPE == 0 {
+        return Ok((Envelope::default(), decode_body(body)?));
+    }
+    let (env, rest) = postcard::take_from_bytes(body).map_err(|e| FrameError::Body(format!("envelope: {e}")))?;
+    Ok((env, decode_body(rest)?))
+}
+
+/// The wire type id of a frame body: the message's leading varint (the enum
+/// variant index), after the envelope when `flags` say there is one.
+pub fn frame_type_id(flags: u16, body: &[u8]) -> u16 {
+    if flags & FLAG_ENVELOPE != 0 {
+        if let Ok((_, rest)) = postcard::take_from_bytes::<Envelope>(body) {
+            return body_type_id(rest);
+        }
+    }
+    body_type_id(body)
+}
+
 /// The wire type id of an encoded body: its leading varint (the enum variant index).
 pub fn body_type_id(body: &[u8]) -> u16 {
     let mut v: u32 = 0;

@@ -132,8 +132,34 @@ pub struct DirEntry {
     pub kind: FileKind,
 }
 
-/// Identity of one non-idempotent operation of one client, for
-/// [`Request::Retryable`].
+/// What a request carries besides itself, in one header before its body
+/// (frame flag [`crate::FLAG_ENVELOPE`]): which operation of which client
+/// it carries out, and whether that client takes attribute leases. Sent
+/// only to metadata nodes; other services ignore it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// A non-idempotent request made safe to retry: the metadata node applies
+    /// each operation at most once, records the outcome in the same
+    /// transaction as the change, and answers a repeat (after a lost
+    /// connection or its own restart) with that first outcome.
+    pub op: Option<OpId>,
+    /// The client, which takes attribute leases from this node: an `Entry`
+    /// answer for a non-directory whose inode this node stores comes back as
+    /// `Reply::Leased`, and until the lease ends the node tells the client
+    /// (through `LeaseWait`) before it acknowledges any change of those
+    /// attributes made by someone else.
+    pub lease_client: Option<u64>,
+}
+
+impl Envelope {
+    /// Whether the request may be sent again after a lost answer: it is
+    /// idempotent itself, or its operation id makes it so.
+    pub fn may_repeat(&self, req: &Request) -> bool {
+        req.is_idempotent() || self.op.is_some()
+    }
+}
+
+/// Identity of one non-idempotent operation of one client (see [`Envelope`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct OpId {
     /// Random per client instance (a mount), chosen at start.
@@ -334,17 +360,10 @@ pub enum Request {
     /// before answering, so new files can use them at once.
     RefreshView,
 
-    // ---- retries of non-idempotent requests (meta) ----
-    /// A non-idempotent metadata request made safe to retry: the metadata
-    /// node applies each `op` at most once, records the outcome in the same
-    /// transaction as the change, and answers a repeat of `op` (after a lost
-    /// connection or its own restart) with that first outcome. `req` is an
-    /// encoded [`Request`] (never another `Retryable`), kept as bytes so that
-    /// decoding a message never recurses.
-    Retryable {
-        op: OpId,
-        req: Vec<u8>,
-    },
+    // ---- retired ----
+    /// Id 38, retired: a request made safe to retry now carries its operation
+    /// id in the [`Envelope`]. Servers refuse it.
+    RetiredRetryable,
 
     // ---- fsck (metadata nodes: scans and repairs; storage: chunk listing) ----
     /// Dentries of this node in key order (parent, name), strictly after `after`.
@@ -463,7 +482,7 @@ pub enum Request {
     },
     /// `Create` of a regular file that also opens it (counted like `Open`),
     /// answered with the new entry's attributes and pattern: one round trip
-    /// for open(O_CREAT). Sent as `Retryable`; the open is counted once.
+    /// for open(O_CREAT). Sent with an operation id; the open is counted once.
     CreateOpen {
         parent: EntryId,
         name: Vec<u8>,
@@ -481,17 +500,9 @@ pub enum Request {
         entries: Vec<EntryId>,
     },
     // ---- attribute leases (client ↔ meta, see the meta crate's `leases`) ----
-    /// `req` (an encoded [`Request`], never another `Leasing`) sent by client
-    /// `client`, which takes attribute leases from this node: an `Entry`
-    /// answer for a non-directory whose inode this node stores comes back as
-    /// `Reply::Leased`, and until the lease ends the node tells the client
-    /// (through `LeaseWait`) before it acknowledges any change of those
-    /// attributes made by someone else. `idempotent` is the inner request's.
-    Leasing {
-        client: u64,
-        idempotent: bool,
-        req: Vec<u8>,
-    },
+    /// Id 60, retired: a client that takes attribute leases now says so in
+    /// the [`Envelope`]. Servers refuse it.
+    RetiredLeasing,
     /// A client's long poll for revoked leases: it has handled every
     /// revocation up to sequence number `acked`; the node answers with
     /// `Reply::Revoked` as soon as there are new ones, or empty after at most
@@ -705,9 +716,6 @@ impl Request {
                 | Request::NetBenchRead { .. }
                 | Request::MetaOpCount
                 | Request::MetaPeer { .. }
-                // Applied at most once by the metadata node (its `replies` table).
-                | Request::Retryable { .. }
-                | Request::Leasing { idempotent: true, .. }
                 | Request::LeaseWait { .. }
                 | Request::GetMetaChooser { .. }
                 | Request::FsckIntents
@@ -804,8 +812,9 @@ pub enum Reply {
     MetaChooser(MetaChooser),
     /// Answer to `FsckIntents`: one line per pending cross-node operation.
     FsckIntents(Vec<String>),
-    /// Answer to a `Leasing` request: the entry, and for how long (from when
-    /// the client sent the request) it may cache these attributes.
+    /// Answer to a lease client's request (`Envelope::lease_client`): the
+    /// entry, and for how long (from when the client sent the request) it may
+    /// cache these attributes.
     Leased {
         attr: EntryAttr,
         lease_ms: u32,
@@ -822,7 +831,7 @@ pub enum Reply {
         names: bool,
         upto: u64,
     },
-    /// Answer to a `Leasing` client's change of a directory's entries: the
+    /// Answer to a lease client's change of a directory's entries: the
     /// answer, and the directory's attributes as read after the change.
     WithParent {
         parent: EntryAttr,
@@ -1034,7 +1043,7 @@ mod tests {
             "MoveTargetToPool",
             "ListPools",
             "RefreshView",
-            "Retryable",
+            "RetiredRetryable",
             "FsckDentries",
             "FsckInodes",
             "FsckDisposals",
@@ -1056,7 +1065,7 @@ mod tests {
             "LinkTo",
             "CreateOpen",
             "UnlinkChunks",
-            "Leasing",
+            "RetiredLeasing",
             "LeaseWait",
             "FallocateChunk",
             "SeekChunk",
@@ -1117,7 +1126,7 @@ mod tests {
     fn request_names_are_their_variants() {
         assert_eq!(Request::Ping.name(), "Ping");
         assert_eq!(Request::StatChunk { target: TargetId(1), entry: EntryId::ROOT }.name(), "StatChunk");
-        assert_eq!(Request::Leasing { client: 1, idempotent: true, req: vec![1, 2] }.name(), "Leasing");
+        assert_eq!(Request::RetiredLeasing.name(), "RetiredLeasing");
     }
 
     #[test]
@@ -1147,6 +1156,29 @@ mod tests {
         let b = encode_body(&r);
         assert!(b.len() <= crate::MAX_BODY_LEN as usize, "{} bytes", b.len());
         assert_eq!(decode_body::<Response>(&b).unwrap(), r);
+    }
+
+    #[test]
+    fn an_envelope_goes_before_the_request_and_keeps_its_type_id() {
+        let r = Request::Mkdir { parent: EntryId::ROOT, name: b"d".to_vec(), mode: 0o755, caller: Caller::default() };
+        let (flags, body) = crate::encode_request(&Envelope::default(), &r);
+        assert_eq!((flags, body.clone()), (0, encode_body(&r)), "an empty envelope is left out");
+        assert_eq!(crate::decode_request(flags, &body).unwrap(), (Envelope::default(), r.clone()));
+        let env = Envelope { op: Some(OpId { client: 7, seq: 300, done_below: 299 }), lease_client: Some(7) };
+        let (flags, body) = crate::encode_request(&env, &r);
+        assert_eq!(flags, crate::FLAG_ENVELOPE);
+        // The envelope's bytes, pinned: op Some(7, 300, 299), lease client Some(7).
+        assert_eq!(&body[..8], &[1, 7, 0xac, 2, 0xab, 2, 1, 7]);
+        assert_eq!(crate::frame_type_id(flags, &body), 11);
+        assert_eq!(crate::frame_type_id(flags, &body), crate::frame_type_id(0, &encode_body(&r)));
+        assert_eq!(crate::decode_request(flags, &body).unwrap(), (env, r));
+        assert!(crate::decode_request(flags, &body[..3]).is_err());
+        assert!(env.may_repeat(&Request::Mkdir {
+            parent: EntryId::ROOT,
+            name: vec![],
+            mode: 0,
+            caller: Caller::default()
+        }));
     }
 
     #[test]

@@ -344,7 +344,13 @@ impl Ready {
 }
 
 impl Handler for StorageHandler {
-    async fn handle(&self, req: Request, payload: Vec<u8>, _peer: &Peer) -> (Response, Vec<u8>) {
+    async fn handle(
+        &self,
+        _env: hivefs_proto::Envelope,
+        req: Request,
+        payload: Vec<u8>,
+        _peer: &Peer,
+    ) -> (Response, Vec<u8>) {
         match self.ready.get() {
             Some(ready) => ready.handle(req, payload).await,
             None => {

@@ -44,7 +44,7 @@ use crate::store::{
 };
 use crate::targets::BoxFut;
 use hivefs_cluster::Cluster;
-use hivefs_proto::{MetaChooser, OpId, Reachability, Reply, Request, RENAME_NOREPLACE};
+use hivefs_proto::{Envelope, MetaChooser, OpId, Reachability, Reply, Request, RENAME_NOREPLACE};
 use hivefs_types::attr::{EntryAttr, FileKind, Timespec};
 use hivefs_types::error::{FsError, FsResult};
 use hivefs_types::fs_err;
@@ -109,8 +109,12 @@ impl CrashHook {
 pub trait Peers: Send + Sync + 'static {
     /// Metadata nodes that may own new directories (online ones).
     fn meta_nodes(&self) -> Vec<NodeId>;
+    /// Sends a request with its envelope to metadata node `node`.
+    fn call_with(&self, node: NodeId, env: Envelope, req: Request) -> BoxFut<FsResult<Reply>>;
     /// Sends a request to metadata node `node`.
-    fn call(&self, node: NodeId, req: Request) -> BoxFut<FsResult<Reply>>;
+    fn call(&self, node: NodeId, req: Request) -> BoxFut<FsResult<Reply>> {
+        self.call_with(node, Envelope::default(), req)
+    }
 }
 
 /// [`Peers`] over the cluster view from mgmtd.
@@ -131,9 +135,9 @@ impl Peers for ClusterPeers {
         n
     }
 
-    fn call(&self, node: NodeId, req: Request) -> BoxFut<FsResult<Reply>> {
+    fn call_with(&self, node: NodeId, env: Envelope, req: Request) -> BoxFut<FsResult<Reply>> {
         let cluster = self.cluster.clone();
-        Box::pin(async move { cluster.node_pool(NodeType::Meta, node).await?.rpc(&req).await })
+        Box::pin(async move { cluster.node_pool(NodeType::Meta, node).await?.rpc_with(&env, &req).await })
     }
 }
 

@@ -8,7 +8,7 @@ use super::Namespace;
 use crate::cross::{choose_owner, op_key, CrashHook, MultiMut, Peers};
 use crate::ops::{check_name, dir_inode, is_needs_protocol, load_dentry, load_inode, Mutation};
 use crate::store::{decode, encode, id_key, load_dirx, load_intent, q, Dentry, Inode, Intent, IntentStep, OpError};
-use hivefs_proto::{MetaChooser, OpId, PeerOp, Reply, Request, Response, RENAME_EXCHANGE, RENAME_NOREPLACE};
+use hivefs_proto::{Envelope, MetaChooser, OpId, PeerOp, Reply, Request, Response, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use hivefs_types::attr::{EntryAttr, FileKind};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::fs_err;
@@ -346,27 +346,21 @@ impl Namespace {
 
     /// A request about a file that a rename moved to another node, sent to
     /// that node (the answer of the client's handle opened here).
-    pub(crate) async fn forward_moved(&self, req: &Request) -> Option<Response> {
+    pub(crate) async fn forward_moved(&self, op: Option<OpId>, req: &Request) -> Option<Response> {
         let to = {
             let moved = self.multi.moved.lock().expect("moved lock");
             if moved.is_empty() {
                 return None;
             }
-            let id = |r: &Request| match r {
+            let id = match req {
                 Request::Open { id, .. }
                 | Request::Release { id, .. }
                 | Request::UpdateSize { id, .. }
                 | Request::TouchAtime { id, .. }
                 | Request::GetAttr { id }
-                | Request::SetAttr { id, .. } => Some(*id),
-                _ => None,
+                | Request::SetAttr { id, .. } => *id,
+                _ => return None,
             };
-            let id = match req {
-                Request::Retryable { req: body, .. } => {
-                    hivefs_proto::decode_body::<Request>(body).ok().and_then(|r| id(&r))
-                }
-                r => id(r),
-            }?;
             let (node, _) = *moved.get(&id)?;
             drop(moved);
             // Only while the inode is not back here (a later rename may return it).
@@ -376,13 +370,9 @@ impl Namespace {
             }
             // Count handles opened or released through this node.
             let mut moved = self.multi.moved.lock().expect("moved lock");
-            let inner = match req {
-                Request::Retryable { .. } => None,
-                r => Some(r),
-            };
-            match (inner, moved.get_mut(&id)) {
-                (Some(Request::Open { .. }), Some((_, n))) => *n += 1,
-                (Some(Request::Release { .. }), Some((_, n))) => {
+            match (req, moved.get_mut(&id)) {
+                (Request::Open { .. }, Some((_, n))) => *n += 1,
+                (Request::Release { .. }, Some((_, n))) => {
                     *n = n.saturating_sub(1);
                     if *n == 0 {
                         moved.remove(&id);
@@ -393,7 +383,8 @@ impl Namespace {
             node
         };
         let peers = self.peers()?;
-        Some(peers.call(to, req.clone()).await)
+        // The operation id goes along: the new owner applies it once.
+        Some(peers.call_with(to, Envelope { op, lease_client: None }, req.clone()).await)
     }
 
     /// Hard link of file `id` (on this node) as `new_parent/new_name` on
@@ -823,11 +814,11 @@ mod tests {
             v.sort();
             v
         }
-        fn call(&self, node: NodeId, req: Request) -> BoxFut<FsResult<Reply>> {
+        fn call_with(&self, node: NodeId, env: Envelope, req: Request) -> BoxFut<FsResult<Reply>> {
             let ns = self.0.lock().unwrap().get(&node).and_then(|w| w.upgrade());
             Box::pin(async move {
                 match ns {
-                    Some(ns) => ns.handle(req).await,
+                    Some(ns) => ns.handle_env(env, req).await,
                     None => Err(fs_err!(Unavailable, "metadata node {node} is down")),
                 }
             })
@@ -899,8 +890,8 @@ mod tests {
         Request::Mkdir { parent, name: name.into(), mode: 0o755, caller: Caller::default() }
     }
 
-    fn retryable(seq: u64, req: &Request) -> Request {
-        Request::Retryable { op: OpId { client: 5, seq, done_below: 0 }, req: hivefs_proto::encode_body(req) }
+    fn retryable(seq: u64, req: &Request) -> (Envelope, Request) {
+        (Envelope { op: Some(OpId { client: 5, seq, done_below: 0 }), lease_client: None }, req.clone())
     }
 
     fn attr(r: Response) -> EntryAttr {
@@ -958,12 +949,12 @@ mod tests {
             new_name: b"g".to_vec(),
             flags: 0,
         };
-        n1.handle(retryable(1, &mv)).await.unwrap();
+        n1.handle_env(retryable(1, &mv).0, mv.clone()).await.unwrap();
         assert!(n1.getattr(f.id).is_err(), "the inode left node 1");
         assert_eq!(n2.lookup(d.id, b"g").unwrap().pattern, f.pattern);
         assert_eq!(n2.getxattr(f.id, b"user.a").unwrap(), b"1");
         // A repeat of the same operation gets the first answer.
-        n1.handle(retryable(1, &mv)).await.unwrap();
+        n1.handle_env(retryable(1, &mv).0, mv.clone()).await.unwrap();
         // Non-empty, then empty rmdir of the remote directory.
         let rm = Request::Rmdir { parent: EntryId::ROOT, name: b"d".to_vec() };
         assert_eq!(n1.handle(rm.clone()).await.unwrap_err().code, ErrorCode::NotEmpty);
@@ -1027,8 +1018,8 @@ mod tests {
                 let victim = if step == "peer" { 1 } else { 0 };
                 c.ns(victim).set_crash_hook(CrashHook::Stop(format!("{op}:{step}"), fired.clone()));
                 let n1 = c.ns(0);
-                let r1 = retryable(9, &req);
-                let call = tokio::spawn(async move { n1.handle(r1).await });
+                let (env, r1) = retryable(9, &req);
+                let call = tokio::spawn(async move { n1.handle_env(env, r1).await });
                 while !fired.load(Ordering::SeqCst) {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
@@ -1042,7 +1033,8 @@ mod tests {
                 let (n1, n2) = (c.ns(0), c.ns(1));
                 assert!(intents(&n1).is_empty(), "{op}:{step}: {:?}", intents(&n1));
                 // The client's retry gets the outcome; the state is complete.
-                n1.handle(retryable(9, &req)).await.unwrap_or_else(|e| panic!("{op}:{step} retry: {e}"));
+                let (env, r1) = retryable(9, &req);
+                n1.handle_env(env, r1).await.unwrap_or_else(|e| panic!("{op}:{step} retry: {e}"));
                 match op {
                     "mkdir" => {
                         let a = n1.lookup_any(EntryId::ROOT, b"new").await.unwrap();

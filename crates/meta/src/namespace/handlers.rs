@@ -8,7 +8,7 @@ use super::{Namespace, REQUESTER};
 use crate::fsck::{scan_dentries, scan_disposals, scan_inodes};
 use crate::locks::check_range;
 use crate::ops::Mutation;
-use hivefs_proto::{decode_body, OpId, Reply, Request, Response};
+use hivefs_proto::{Envelope, OpId, Reply, Request, Response};
 use hivefs_types::attr::{EntryAttr, FileKind};
 use hivefs_types::error::FsResult;
 use hivefs_types::fs_err;
@@ -21,53 +21,56 @@ use tracing::{debug, warn};
 impl Namespace {
     // -------------------------------------------------------- dispatch
 
-    /// Answers one request.
+    /// Answers one request that came without an envelope.
     pub async fn handle(&self, req: Request) -> Response {
+        self.handle_env(Envelope::default(), req).await
+    }
+
+    /// Answers one request with its envelope: the operation id makes a
+    /// mutation apply once, the lease client takes leases on what the answer
+    /// carries.
+    pub async fn handle_env(&self, env: Envelope, req: Request) -> Response {
         match req {
-            Request::Leasing { client, req, .. } => match decode_body::<Request>(&req) {
-                Ok(Request::Leasing { .. }) => Err(fs_err!(Invalid, "a leasing request may not wrap another")),
-                Ok(inner) => self.handle_leasing(client, inner).await,
-                Err(e) => Err(fs_err!(Protocol, "malformed leasing request: {e}")),
-            },
             Request::LeaseWait { client, acked, wait_ms } => {
                 Ok(self.leases.wait(client, acked, Duration::from_millis(wait_ms.into())).await)
             }
-            req => self.handle_unleased(req, None).await,
+            Request::RetiredRetryable | Request::RetiredLeasing => {
+                Err(fs_err!(NotSupported, "{} is a retired message (the envelope replaced it)", req.name()))
+            }
+            req => match env.lease_client {
+                Some(client) => self.handle_leasing(client, env.op, req).await,
+                None => self.handle_unleased(env.op, req).await,
+            },
         }
     }
 
     /// A request of a client that takes leases: answered as usual, then an
     /// entry's attributes (a non-directory stored here) and the name it was
     /// looked up or created by (stored here) are leased to the client.
-    async fn handle_leasing(&self, client: u64, inner: Request) -> Response {
+    async fn handle_leasing(&self, client: u64, op: Option<OpId>, req: Request) -> Response {
         use crate::leases::LeaseKey;
         let since = self.leases.mark();
         // A repeat's recorded answer may be older than the mark: no lease on
         // it. Only operations answered with an entry need that look (a read).
-        let (fresh, unwrapped) = match &inner {
-            Request::Retryable { op, req } => {
-                let r = decode_body::<Request>(req).ok();
+        let fresh = match &op {
+            Some(op) => {
                 let no_entry = matches!(
-                    r,
-                    Some(
-                        Request::Unlink { .. }
-                            | Request::Rmdir { .. }
-                            | Request::Rename { .. }
-                            | Request::RenameTo { .. }
-                            | Request::SetXattr { .. }
-                            | Request::RemoveXattr { .. }
-                    )
+                    req,
+                    Request::Unlink { .. }
+                        | Request::Rmdir { .. }
+                        | Request::Rename { .. }
+                        | Request::RenameTo { .. }
+                        | Request::SetXattr { .. }
+                        | Request::RemoveXattr { .. }
                 );
-                (no_entry || self.recorded_reply(op)?.is_none(), r)
+                no_entry || self.recorded_reply(op)?.is_none()
             }
-            _ => (true, None),
+            None => true,
         };
-        let plain = unwrapped.as_ref().unwrap_or(&inner);
-        let name = plain.names().map(|(p, n)| LeaseKey::Name(p, n.into()));
-        let changed_dir = plain.changed_dir();
+        let name = req.names().map(|(p, n)| LeaseKey::Name(p, n.into()));
+        let changed_dir = req.changed_dir();
         let me = crate::leases::Requester { client, token: since.token };
-        let r =
-            self.leased(client, fresh, name, since, REQUESTER.scope(me, self.handle_unleased(inner, unwrapped)).await?);
+        let r = self.leased(client, fresh, name, since, REQUESTER.scope(me, self.handle_unleased(op, req)).await?);
         // The client keeps a changed directory's attributes for as long as
         // it would cache them anyway (client crate's `dirattrs`): read after
         // the change, so they include it.
@@ -108,19 +111,11 @@ impl Namespace {
         }
     }
 
-    /// `body`: a `Retryable` request's body when the caller decoded it already.
-    async fn handle_unleased(&self, req: Request, body: Option<Request>) -> Response {
-        if let Some(r) = self.forward_moved(&req).await {
+    async fn handle_unleased(&self, op: Option<OpId>, req: Request) -> Response {
+        if let Some(r) = self.forward_moved(op, &req).await {
             return r;
         }
-        match req {
-            Request::Retryable { op, req } => match body.map_or_else(|| decode_body::<Request>(&req), Ok) {
-                Ok(Request::Retryable { .. }) => Err(fs_err!(Invalid, "a retryable request may not wrap another")),
-                Ok(inner) => self.handle_op(inner, Some(op)).await,
-                Err(e) => Err(fs_err!(Protocol, "malformed retryable request: {e}")),
-            },
-            req => self.handle_op(req, None).await,
-        }
+        self.handle_op(req, op).await
     }
 
     /// Answers one request; mutations record their outcome under `op`.

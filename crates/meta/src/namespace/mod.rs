@@ -103,7 +103,7 @@ pub struct Namespace {
 }
 
 tokio::task_local! {
-    /// The client whose `Leasing` request is being answered: its own leases
+    /// The lease client whose request is being answered: its own leases
     /// are not revoked by its changes (see `leases`).
     static REQUESTER: crate::leases::Requester;
 }
