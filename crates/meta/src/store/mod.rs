@@ -18,7 +18,7 @@
 //! | `locked_dentries` | parent ++ name                 | intent id (16 B)                 |
 //! | `dir_extra`| directory `EntryId` (16 B)            | [`DirExtra`]                     |
 //! | `peer_done`| intent id (16 B)                      | empty                            |
-//! | `replies`  | client id ++ seq (u64 BE each)        | time ++ answer (see `replies`)   |
+//! | `replies`  | client id ++ seq (u64 BE each)        | version ++ time ++ answer (see `replies`) |
 //!
 //! The last four tables came with several metadata nodes; they are new
 //! tables (absent records mean "nothing pending", "parent on this node",
@@ -31,7 +31,8 @@
 //! node holds a key range, not the key format.
 //!
 //! Values are postcard-encoded, which is not self-describing: any change of a
-//! record type must bump [`FORMAT_VERSION`] and migrate.
+//! record type must bump [`FORMAT_VERSION`] and migrate. `replies` values
+//! are the exception: they carry their own record version (see `replies`).
 
 mod multi;
 mod tables;
