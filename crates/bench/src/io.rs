@@ -12,7 +12,8 @@
 //! rank; the aggregate is Equation 1 over the ranks. Ranks are threads of one
 //! process, or spread over several processes ([`run_part`], one
 //! [`ranks::Part`] per process, phases kept in lock step through a
-//! [`ranks::PhaseSync`]): the command line's `--processes` starts them. Each phase also carries
+//! [`ranks::PhaseSync`], the whole run driven by a [`ranks::Driver`] in
+//! [`run_with`]): the command line's `--processes` starts them. Each phase also carries
 //! its first start and last end as Unix times, so that runs on several client
 //! hosts can be combined into one aggregate (see [`crate::combine`]). Files live in a fresh
 //! directory `hivefs-bench-io.<pid>` under the backend's base and are removed
@@ -20,7 +21,7 @@
 
 use crate::backend::{Backend, BenchFile};
 use crate::progress::{Counter, Progress};
-use crate::ranks::{self, Part, PartResult, PhaseSync};
+use crate::ranks::{self, Driver, Part, PartResult, PhaseSync};
 use crate::{aggregate_mib_per_s, BenchError, Result, Span};
 use serde::Serialize;
 use std::cell::RefCell;
@@ -28,6 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub const TRANSFER_BYTES_MAX: u64 = 64 << 20;
+pub const PHASES: [&str; 2] = ["write", "read"];
 pub const RANKS_MAX: u32 = 1024;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -218,13 +220,32 @@ pub fn prepare<'a>(b: &'a dyn Backend, p: &IoParams, dir: &str) -> Result<Cleanu
 }
 
 pub fn run(backend: Arc<dyn Backend>, p: &IoParams, progress: bool) -> Result<IoReport> {
+    run_with(backend, p, progress, None)
+}
+
+/// A whole run: its ranks in this process's threads, or run by `driver`
+/// (the page cache is then dropped between the phases, when asked, while no
+/// rank works).
+pub fn run_with(
+    backend: Arc<dyn Backend>,
+    p: &IoParams,
+    progress: bool,
+    driver: Option<&mut dyn Driver>,
+) -> Result<IoReport> {
     let b: &dyn Backend = &*backend;
     let dir = run_dir();
     let cleanup = prepare(b, p, &dir)?;
-    let part = run_part(b, p, &dir, Part::all(p.ranks), None, progress)?;
-    check_verified(b, &dir, part.verify_errors)?;
+    let m = match driver {
+        None => ranks::merge(vec![run_part(b, p, &dir, Part::all(p.ranks), None, progress)?], PHASES.len()),
+        Some(d) => {
+            d.run(&PHASES, &mut |ph, _| if ph == 1 && p.drop_caches { drop_caches() } else { Ok(()) }, &mut |_, _| {
+                Ok(())
+            })?
+        }
+    };
+    check_verified(b, &dir, m.verify_errors)?;
     drop(cleanup);
-    Ok(report(b, p, &dir, &part.spans, &vec![part.pid; p.ranks as usize]))
+    Ok(IoReport { processes: m.processes, ..report(b, p, &dir, &m.spans, &m.pids) })
 }
 
 /// Fails the run if any transfer read back wrong.
@@ -256,7 +277,6 @@ pub fn run_part(
     let counter = Counter::default();
     let verify_errors = AtomicU64::new(0);
     let progress_bar: RefCell<Option<Progress>> = RefCell::new(None);
-    let phases = ["write", "read"];
     // The ranks' clock starts right after this (within microseconds).
     let unix0 = crate::unix_now_s();
     let spans = ranks::run(
@@ -271,7 +291,7 @@ pub fn run_part(
             counter.reset();
             *progress_bar.borrow_mut() = Some(Progress::start(
                 progress,
-                format!("io {} {}", p.mode(), phases[ph]),
+                format!("io {} {}", p.mode(), PHASES[ph]),
                 total,
                 "MiB",
                 counter.clone(),
@@ -432,8 +452,8 @@ mod tests {
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        let (spans, pids, bad) = ranks::merge(results, 2);
-        assert_eq!(bad, 0);
+        let ranks::Merged { spans, pids, processes, verify_errors } = ranks::merge(results, 2);
+        assert_eq!((processes, verify_errors), (2, 0));
         let rep = report(&b, &p, "run", &spans, &pids);
         assert_eq!(rep.per_rank.iter().map(|r| r.pid).collect::<Vec<_>>(), vec![std::process::id(); 3]);
         assert_eq!(rep.per_rank.len(), 3);
@@ -444,6 +464,85 @@ mod tests {
         assert_eq!(log.iter().filter(|l| l.starts_with("ready 1")).count(), 2, "{log:?}");
         drop(cleanup);
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
+    }
+
+    /// `--processes 2` as the command line drives it, with the two parts in
+    /// threads of this process and the phase steps over channels.
+    struct TwoParts {
+        b: Arc<dyn Backend>,
+        p: IoParams,
+        /// Part 1 says some of its reads did not check out.
+        tamper: bool,
+        steps: Vec<String>,
+    }
+
+    impl Driver for TwoParts {
+        fn run(
+            &mut self,
+            phases: &[&str],
+            before: &mut dyn FnMut(usize, f64) -> Result<()>,
+            after: &mut dyn FnMut(usize, f64) -> Result<()>,
+        ) -> Result<ranks::Merged> {
+            use std::sync::mpsc::{channel, Receiver, Sender};
+            struct Chan(Sender<()>, Receiver<()>);
+            impl PhaseSync for Chan {
+                fn ready(&mut self, _: usize) -> Result<()> {
+                    self.0.send(()).unwrap();
+                    self.1.recv().unwrap();
+                    Ok(())
+                }
+                fn done(&mut self, _: usize) -> Result<()> {
+                    self.0.send(()).unwrap();
+                    Ok(())
+                }
+            }
+            let dir = run_dir();
+            let (b, p, steps) = (&*self.b, &self.p, &mut self.steps);
+            let mut parts: Vec<PartResult> = std::thread::scope(|s| {
+                let mut kids = Vec::new();
+                for i in 0..2 {
+                    let ((say, heard), (go, wait)) = (channel(), channel());
+                    let dir = &dir;
+                    let h = s.spawn(move || {
+                        run_part(b, p, dir, Part::of(p.ranks, i, 2), Some(&mut Chan(say, wait)), false).unwrap()
+                    });
+                    kids.push((h, heard, go));
+                }
+                for (ph, name) in phases.iter().enumerate() {
+                    kids.iter().for_each(|k| k.1.recv().unwrap());
+                    before(ph, 0.0).unwrap();
+                    steps.push(format!("go {name}"));
+                    kids.iter().for_each(|k| k.2.send(()).unwrap());
+                    kids.iter().for_each(|k| k.1.recv().unwrap());
+                    after(ph, 0.0).unwrap();
+                }
+                kids.into_iter().map(|k| k.0.join().unwrap()).collect()
+            });
+            if self.tamper {
+                parts[1].verify_errors = 3;
+            }
+            Ok(ranks::merge(parts, phases.len()))
+        }
+    }
+
+    #[test]
+    fn a_run_of_parts_in_lock_step_is_reported_and_checked_as_one() {
+        let d = tempfile::tempdir().unwrap();
+        let b: Arc<dyn Backend> = Arc::new(Posix::new(d.path().to_path_buf(), "plain"));
+        let p = IoParams { ranks: 3, reorder: true, ..params() };
+        let mut two = TwoParts { b: b.clone(), p: p.clone(), tamper: false, steps: Vec::new() };
+        let r = run_with(b.clone(), &p, false, Some(&mut two)).unwrap();
+        assert_eq!(two.steps, ["go write", "go read"]);
+        assert_eq!((r.processes, r.ranks, r.per_rank.len()), (2, 3, 3));
+        assert_eq!(r.write.bytes, 3 * 32768);
+        assert_eq!(r.read.bytes, r.write.bytes);
+        assert!(r.read.start_unix_s >= r.write.end_unix_s, "a read started before every write ended");
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0, "files left behind");
+
+        let mut bad = TwoParts { tamper: true, ..two };
+        let e = run_with(b, &p, false, Some(&mut bad)).unwrap_err().to_string();
+        assert!(e.contains("3 transfers read back"), "{e}");
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0, "files left behind after a failure");
     }
 
     #[test]

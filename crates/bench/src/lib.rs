@@ -50,6 +50,10 @@ pub enum BenchError {
     Io { what: String, source: std::io::Error },
     #[error("interrupted (the benchmark's files were removed)")]
     Interrupted,
+    /// What runs the ranks for a [`ranks::Driver`] (the command line's child
+    /// processes) failed; the message says how.
+    #[error("{0}")]
+    Driver(String),
 }
 
 static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

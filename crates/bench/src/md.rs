@@ -17,8 +17,8 @@
 use crate::backend::Backend;
 use crate::cpu::Snapshot;
 use crate::progress::{Counter, Progress};
-use crate::ranks::{self, Part, PartResult, PhaseSync};
-use crate::{BenchError, FsConn, Result, Span};
+use crate::ranks::{self, Driver, Part, PartResult, PhaseSync};
+use crate::{BenchError, FsConn, Result};
 use hivefs_cluster::Cluster;
 use hivefs_proto::{Reply, Request};
 use hivefs_types::ids::NodeType;
@@ -210,21 +210,6 @@ impl Drop for Cleanup<'_> {
     }
 }
 
-/// Runs the ranks of a whole run somewhere else than in this process's
-/// threads (in child processes, each running a [`Part`] with [`run_part`]).
-pub trait Driver {
-    /// Runs `phases` phases. `before(phase, cpu_s)` and `after(phase, cpu_s)`
-    /// are called while no rank works, with the CPU seconds the ranks'
-    /// processes have used so far. Returns per phase one span per rank, in
-    /// rank order, in Unix seconds.
-    fn run(
-        &mut self,
-        phases: usize,
-        before: &mut dyn FnMut(usize, f64) -> Result<()>,
-        after: &mut dyn FnMut(usize, f64) -> Result<()>,
-    ) -> Result<Vec<Vec<Span>>>;
-}
-
 /// The run's own directory name (`hivefs-bench-md.<pid>` of the process that prepares it).
 pub fn run_dir() -> String {
     format!("hivefs-bench-md.{}", std::process::id())
@@ -375,7 +360,7 @@ pub fn run_with(
         Ok(())
     };
     let spans = match driver {
-        Some(d) => d.run(PHASES.len(), &mut before, &mut after)?,
+        Some(d) => d.run(&PHASES, &mut before, &mut after)?.spans,
         None => {
             let unix0 = crate::unix_now_s();
             let spans = ranks::run(

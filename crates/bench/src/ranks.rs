@@ -5,7 +5,8 @@
 //!
 //! Ranks can also be spread over processes: each runs a [`Part`] of them
 //! as threads, with its phases started and ended through a [`PhaseSync`]
-//! by whoever drives the processes, and reports a [`PartResult`].
+//! by whoever drives the processes (a [`Driver`]), and reports a
+//! [`PartResult`]; the driver [`merge`]s them.
 
 use crate::{BenchError, Result, Span};
 use serde::{Deserialize, Serialize};
@@ -77,8 +78,18 @@ impl PartResult {
 }
 
 /// The parts of a run put together: spans per phase of all ranks in rank
-/// order, the process of each rank, and the sum of the verify errors.
-pub fn merge(mut parts: Vec<PartResult>, phases: usize) -> (Vec<Vec<Span>>, Vec<u32>, u64) {
+/// order, the process of each rank, how many processes ran them and the sum
+/// of the verify errors.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Merged {
+    pub spans: Vec<Vec<Span>>,
+    pub pids: Vec<u32>,
+    pub processes: u32,
+    pub verify_errors: u64,
+}
+
+/// Puts the parts of a run together (in any order).
+pub fn merge(mut parts: Vec<PartResult>, phases: usize) -> Merged {
     parts.sort_by_key(|r| r.part_first);
     let mut spans = vec![Vec::new(); phases];
     let mut pids = Vec::new();
@@ -88,7 +99,24 @@ pub fn merge(mut parts: Vec<PartResult>, phases: usize) -> (Vec<Vec<Span>>, Vec<
         }
         pids.extend(std::iter::repeat_n(r.pid, r.spans.first().map_or(0, Vec::len)));
     }
-    (spans, pids, parts.iter().map(|r| r.verify_errors).sum())
+    let verify_errors = parts.iter().map(|r| r.verify_errors).sum();
+    Merged { spans, pids, processes: parts.len() as u32, verify_errors }
+}
+
+/// Runs the ranks of a whole run somewhere else than in this process's
+/// threads (in child processes, each running a [`Part`] with the
+/// benchmark's `run_part`).
+pub trait Driver {
+    /// Runs the phases named `phases`, in order. `before(phase, cpu_s)` and
+    /// `after(phase, cpu_s)` are called while no rank works, with the CPU
+    /// seconds the ranks' processes have used so far. Returns the parts'
+    /// results merged (spans in Unix seconds).
+    fn run(
+        &mut self,
+        phases: &[&str],
+        before: &mut dyn FnMut(usize, f64) -> Result<()>,
+        after: &mut dyn FnMut(usize, f64) -> Result<()>,
+    ) -> Result<Merged>;
 }
 
 /// Runs `phases` phases on `ranks` threads. `work(rank, phase, failed)`
@@ -187,9 +215,9 @@ mod tests {
         let span = |b| Span { start_s: 1.0, end_s: 2.0, bytes: b };
         let a = PartResult { part_first: 2, pid: 7, spans: vec![vec![span(2)]], verify_errors: 1 };
         let b = PartResult { part_first: 0, pid: 5, spans: vec![vec![span(0), span(1)]], verify_errors: 0 };
-        let (spans, pids, bad) = merge(vec![a, b], 1);
-        assert_eq!(spans[0].iter().map(|s| s.bytes).collect::<Vec<_>>(), [0, 1, 2]);
-        assert_eq!((pids, bad), (vec![5, 5, 7], 1));
+        let m = merge(vec![a, b], 1);
+        assert_eq!(m.spans[0].iter().map(|s| s.bytes).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!((m.pids, m.processes, m.verify_errors), (vec![5, 5, 7], 2, 1));
     }
 
     #[test]

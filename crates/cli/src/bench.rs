@@ -375,10 +375,14 @@ fn bench_io(a: IoArgs) -> Result<()> {
     if let Some((part, dir)) = a.procs.child(p.ranks)? {
         return run_child(|sync| io::run_part(&*b, &p, dir, part, Some(sync), false));
     }
+    let progress = !a.common.no_progress;
     let r = match a.procs.processes {
         0 => bail!("--processes must be at least 1"),
-        1 => io::run(b, &p, !a.common.no_progress)?,
-        n => crate::bench_procs::run_io(&*b, &p, n, !a.common.no_progress)?,
+        1 => io::run(b, &p, progress)?,
+        n => {
+            let mut procs = Procs::start(n, p.ranks, &io::run_dir(), &[], &format!("io {}", p.mode()), progress)?;
+            io::run_with(b, &p, false, Some(&mut procs))?
+        }
     };
     if a.common.conn.json {
         return print_json(&r);

@@ -13,11 +13,8 @@
 //! others are killed.
 
 use anyhow::{anyhow, bail, Context, Result};
-use hivefs_bench::backend::Backend;
-use hivefs_bench::io::{self, IoParams, IoReport};
-use hivefs_bench::md;
-use hivefs_bench::ranks::{self, Part, PartResult, PhaseSync};
-use hivefs_bench::Span;
+use hivefs_bench::ranks::{self, Driver, Merged, Part, PartResult, PhaseSync};
+use hivefs_bench::BenchError;
 use std::io::{BufRead, BufReader, Lines, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
@@ -195,9 +192,8 @@ impl Procs {
         after(self.cpu_s())
     }
 
-    /// The children's results, after the last phase: spans per phase of all
-    /// ranks in rank order, the process of each rank, and the verify errors.
-    pub fn finish(&mut self, phases: usize) -> Result<(Vec<Vec<Span>>, Vec<u32>, u64)> {
+    /// The children's results, after the last phase, merged.
+    pub fn finish(&mut self, phases: usize) -> Result<Merged> {
         let n = self.kids.len();
         let mut parts: Vec<PartResult> = Vec::new();
         for i in 0..n {
@@ -214,48 +210,22 @@ impl Procs {
     }
 }
 
-impl md::Driver for Procs {
+impl Driver for Procs {
     fn run(
         &mut self,
-        phases: usize,
+        phases: &[&str],
         before: &mut dyn FnMut(usize, f64) -> hivefs_bench::Result<()>,
         after: &mut dyn FnMut(usize, f64) -> hivefs_bench::Result<()>,
-    ) -> hivefs_bench::Result<Vec<Vec<Span>>> {
-        let mut run = |p: &mut Procs| -> Result<Vec<Vec<Span>>> {
-            for ph in 0..phases {
-                let name = md::PHASES.get(ph).copied().unwrap_or("phase");
+    ) -> hivefs_bench::Result<Merged> {
+        let mut run = |p: &mut Procs| -> Result<Merged> {
+            for (ph, name) in phases.iter().enumerate() {
                 p.phase(ph, name, |cpu| Ok(before(ph, cpu)?), |cpu| Ok(after(ph, cpu)?))?;
             }
-            Ok(p.finish(phases)?.0)
+            p.finish(phases.len())
         };
-        run(self).map_err(|e| hivefs_bench::BenchError::Invalid(format!("{e:#}")))
+        // The library's own errors (an interruption, a hook's failure) as they were.
+        run(self).map_err(|e| e.downcast::<BenchError>().unwrap_or_else(|e| BenchError::Driver(format!("{e:#}"))))
     }
-}
-
-/// `bench io` over `n` processes, as a report of all ranks.
-pub(crate) fn run_io(b: &dyn Backend, p: &IoParams, n: u32, progress: bool) -> Result<IoReport> {
-    p.validate()?;
-    let dir = io::run_dir();
-    let cleanup = io::prepare(b, p, &dir)?;
-    let mut procs = Procs::start(n, p.ranks, &dir, &[], &format!("io {}", p.mode()), progress)?;
-    for (ph, name) in ["write", "read"].into_iter().enumerate() {
-        let drop_caches = ph == 1 && p.drop_caches;
-        procs.phase(
-            ph,
-            name,
-            |_| {
-                if drop_caches {
-                    io::drop_caches()?;
-                }
-                Ok(())
-            },
-            |_| Ok(()),
-        )?;
-    }
-    let (spans, pids, bad) = procs.finish(2)?;
-    io::check_verified(b, &dir, bad)?;
-    drop(cleanup);
-    Ok(IoReport { processes: n, ..io::report(b, p, &dir, &spans, &pids) })
 }
 
 #[cfg(test)]

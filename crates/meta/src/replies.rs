@@ -1,4 +1,5 @@
-//! Outcomes of retryable operations ([`hivefs_proto::Request::Retryable`]).
+//! Outcomes of retryable operations (an operation id in the request's
+//! [`hivefs_proto::Envelope`]).
 //!
 //! Owns the `replies` table: for each `(client, seq)` still needed, the time
 //! it was applied and the answer given. The writer consults it before it

@@ -1,0 +1,53 @@
+//! Repairs: each problem's fix sent to the metadata node that holds the
+//! record (`FsckFix`, applied by its writer, refused when the record changed)
+//! or to the storage target (`UnlinkChunk`).
+
+use crate::checker::{Fix, Kind, Problem};
+use crate::walk::Nodes;
+use hivefs_proto::{Reply, Request};
+use serde::Serialize;
+
+/// What one repair did: `done` with the node's message, or why not.
+#[derive(Clone, Debug, Serialize)]
+pub struct Repair {
+    pub kind: Kind,
+    pub entry: String,
+    pub done: bool,
+    pub message: String,
+}
+
+/// Applies the fixes of `problems` (removals first, see [`Fix`]); a fix that
+/// fails is reported in its [`Repair`], and the others still run.
+pub async fn repair(nodes: &Nodes, problems: &[Problem]) -> Vec<Repair> {
+    let mut order: Vec<&Problem> = problems.iter().collect();
+    order.sort_by_key(|p| p.fix.order());
+    let mut out = Vec::new();
+    for p in order {
+        let r = match &p.fix {
+            Fix::None => Err("no automatic repair; inspect it by hand".to_string()),
+            Fix::UnlinkChunk(t, id) => match nodes.targets.iter().find(|x| x.0 == *t) {
+                Some((_, pool)) => pool
+                    .rpc(&Request::UnlinkChunk { target: *t, entry: *id })
+                    .await
+                    .map(|_| format!("removed chunk file of {id} on target {t}"))
+                    .map_err(|e| format!("target {t}: {e}")),
+                None => Err(format!("target {t} is not registered")),
+            },
+            Fix::Meta(n, fix) => match nodes.metas.iter().find(|x| x.0 == *n) {
+                Some((_, pool)) => match pool.rpc(&Request::FsckFix { fix: fix.clone() }).await {
+                    Ok(Reply::FsckFixed(m)) => Ok(m),
+                    Ok(other) => Err(format!("metadata node {n}: unexpected reply {other:?}")),
+                    Err(e) => Err(format!("metadata node {n}: {e}")),
+                },
+                None => Err(format!("metadata node {n} is not registered")),
+            },
+        };
+        let (done, message) = match r {
+            Ok(m) => (true, m),
+            Err(m) => (false, m),
+        };
+        tracing::info!(entry = %p.entry, done, "fsck repair: {message}");
+        out.push(Repair { kind: p.kind, entry: p.entry.clone(), done, message });
+    }
+    out
+}

@@ -1,0 +1,248 @@
+//! The walks over a running file system: which nodes and targets there are,
+//! the pages of records they list, and the two-walk confirmation.
+
+use crate::checker::{Checker, Problem};
+use crate::{FsckError, Result};
+use hivefs_net::{call_once, ClientConfig, Pool};
+use hivefs_proto::{Reachability, Reply, Request};
+use hivefs_types::ids::{EntryId, NodeId, NodeType, TargetId};
+use serde::Serialize;
+use std::collections::{HashMap, HashSet};
+
+/// Records asked for per page.
+const PAGE: u32 = 1024;
+
+/// Every metadata node and storage target of a file system, each with a
+/// connection pool: what a check walks and where repairs go.
+pub struct Nodes {
+    pub(crate) metas: Vec<(NodeId, Pool)>,
+    pub(crate) targets: Vec<(TargetId, Pool)>,
+}
+
+impl Nodes {
+    /// Asks mgmtd (`mgmtd`, reached with `cfg`) for the registered nodes and
+    /// targets. Fails when a node is offline (a check needs every node) or
+    /// there is no metadata node.
+    pub async fn connect(mgmtd: &str, cfg: &ClientConfig) -> Result<Nodes> {
+        let Reply::Nodes(nodes) = call_once(mgmtd, cfg, &Request::ListNodes { node_type: None })
+            .await
+            .map_err(|e| FsckError::call(format!("mgmtd {mgmtd}"), e))?
+        else {
+            return Err(FsckError::Reply(format!("mgmtd {mgmtd}: unexpected reply to ListNodes")));
+        };
+        let Reply::Targets(targets) = call_once(mgmtd, cfg, &Request::ListTargets)
+            .await
+            .map_err(|e| FsckError::call(format!("mgmtd {mgmtd}"), e))?
+        else {
+            return Err(FsckError::Reply(format!("mgmtd {mgmtd}: unexpected reply to ListTargets")));
+        };
+        let mut metas = Vec::new();
+        let mut storage = HashMap::new();
+        for n in &nodes {
+            if n.reachability == Reachability::Offline {
+                return Err(FsckError::Cluster(format!(
+                    "{} node {} at {} is offline: a check needs every node",
+                    n.node_type, n.id, n.addr
+                )));
+            }
+            match n.node_type {
+                NodeType::Meta => metas.push((n.id, Pool::new(n.addr.clone(), cfg.clone()))),
+                NodeType::Storage => {
+                    storage.insert(n.id, n.addr.clone());
+                }
+                _ => {}
+            }
+        }
+        metas.sort_by_key(|m| m.0);
+        let mut ts = Vec::new();
+        for t in targets {
+            let addr = storage.get(&t.node).ok_or_else(|| {
+                FsckError::Cluster(format!("target {}: its storage node {} is unknown", t.id, t.node))
+            })?;
+            ts.push((t.id, Pool::new(addr.clone(), cfg.clone())));
+        }
+        ts.sort_by_key(|t| t.0);
+        if metas.is_empty() {
+            return Err(FsckError::Cluster(format!("mgmtd {mgmtd} knows no metadata node")));
+        }
+        Ok(Nodes { metas, targets: ts })
+    }
+}
+
+/// A cross-node operation a metadata node has not finished yet: its
+/// coordinator finishes (or undoes) it on its own, so the transient state of
+/// the entries it names is not a problem.
+#[derive(Clone, Debug, Serialize)]
+pub struct Pending {
+    pub meta_node: NodeId,
+    pub operation: String,
+}
+
+/// Pending cross-node operations of every metadata node.
+pub async fn pending_ops(nodes: &Nodes) -> Result<Vec<Pending>> {
+    let mut out = Vec::new();
+    for (n, pool) in &nodes.metas {
+        match pool.rpc(&Request::FsckIntents).await.map_err(|e| FsckError::call(format!("metadata node {n}"), e))? {
+            Reply::FsckIntents(list) => {
+                out.extend(list.into_iter().map(|operation| Pending { meta_node: *n, operation }))
+            }
+            r => return Err(FsckError::Reply(format!("metadata node {n}: unexpected reply to FsckIntents: {r:?}"))),
+        }
+    }
+    Ok(out)
+}
+
+/// Whether a problem concerns an entry that a pending operation names.
+fn touched_by(p: &Problem, pending: &[Pending]) -> bool {
+    pending.iter().any(|o| o.operation.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-')).any(|w| w == p.entry))
+}
+
+/// What two walks confirmed.
+#[derive(Debug)]
+pub struct Checked {
+    /// Problems both walks found, sorted by kind and place.
+    pub problems: Vec<Problem>,
+    /// Records the last walk read.
+    pub scanned: u64,
+    /// Cross-node operations still pending after the walks.
+    pub pending: Vec<Pending>,
+}
+
+/// One walk: every target's chunk files, then every metadata node's disposal
+/// records, inodes and dentries, page by page; `progress` hears the number of
+/// records scanned so far after each page.
+async fn walk(
+    nodes: &Nodes,
+    want: HashSet<EntryId>,
+    progress: &mut (dyn FnMut(u64) + Send),
+) -> Result<(Vec<Problem>, u64)> {
+    let mut c = Checker::with_wanted(want);
+    for (t, pool) in &nodes.targets {
+        let mut after = None;
+        loop {
+            let r = pool.rpc(&Request::ListChunks { target: *t, after, max: PAGE }).await;
+            let Reply::Chunks { chunks, more } =
+                r.map_err(|e| FsckError::call(format!("listing chunks of target {t}"), e))?
+            else {
+                return Err(FsckError::Reply(format!("target {t}: unexpected reply to ListChunks")));
+            };
+            after = chunks.last().map(|x| x.0);
+            for (id, len) in chunks {
+                c.add_chunk(*t, id, len);
+            }
+            progress(c.scanned);
+            if !more || after.is_none() {
+                break;
+            }
+        }
+    }
+    let meta_err = |n: &NodeId, what: &str, e| FsckError::call(format!("scanning {what} of metadata node {n}"), e);
+    for (n, pool) in &nodes.metas {
+        let mut after = None;
+        loop {
+            let Reply::FsckDisposals { records, more } = pool
+                .rpc(&Request::FsckDisposals { after, max: PAGE })
+                .await
+                .map_err(|e| meta_err(n, "disposal records", e))?
+            else {
+                return Err(FsckError::Reply(format!("metadata node {n}: unexpected reply to FsckDisposals")));
+            };
+            after = records.last().map(|r| r.id);
+            records.iter().for_each(|r| c.add_disposal(r));
+            progress(c.scanned);
+            if !more || after.is_none() {
+                break;
+            }
+        }
+    }
+    for (n, pool) in &nodes.metas {
+        let mut after = None;
+        loop {
+            let Reply::FsckInodes { inodes, more } =
+                pool.rpc(&Request::FsckInodes { after, max: PAGE }).await.map_err(|e| meta_err(n, "inodes", e))?
+            else {
+                return Err(FsckError::Reply(format!("metadata node {n}: unexpected reply to FsckInodes")));
+            };
+            after = inodes.last().map(|i| i.id);
+            inodes.into_iter().for_each(|i| c.add_inode(*n, i));
+            progress(c.scanned);
+            if !more || after.is_none() {
+                break;
+            }
+        }
+    }
+    for (n, pool) in &nodes.metas {
+        let mut after = None;
+        loop {
+            let Reply::FsckDentries { entries, more } = pool
+                .rpc(&Request::FsckDentries { after: after.clone(), max: PAGE })
+                .await
+                .map_err(|e| meta_err(n, "dentries", e))?
+            else {
+                return Err(FsckError::Reply(format!("metadata node {n}: unexpected reply to FsckDentries")));
+            };
+            after = entries.last().map(|d| (d.parent, d.name.clone()));
+            entries.into_iter().for_each(|d| c.add_dentry(*n, d));
+            progress(c.scanned);
+            if !more || after.is_none() {
+                break;
+            }
+        }
+    }
+    let scanned = c.scanned;
+    Ok((c.finish(), scanned))
+}
+
+/// Two walks; a problem counts only if both found it (see the crate doc).
+/// Problems of entries that a pending cross-node operation names (before or
+/// after the walks) are left out: that operation's coordinator resolves them.
+pub async fn check(nodes: &Nodes, progress: &mut (dyn FnMut(u64) + Send)) -> Result<Checked> {
+    let mut pending = pending_ops(nodes).await?;
+    let (first, scanned) = walk(nodes, HashSet::new(), progress).await?;
+    if first.is_empty() {
+        return Ok(Checked { problems: first, scanned, pending });
+    }
+    let keys: HashSet<String> = first.iter().map(|p| p.key.clone()).collect();
+    let want = first.iter().filter_map(|p| EntryId::parse(&p.entry)).collect();
+    let (second, scanned) = walk(nodes, want, progress).await?;
+    let after = pending_ops(nodes).await?;
+    let mut all = pending.clone();
+    all.extend(after.iter().cloned());
+    let problems = second.into_iter().filter(|p| keys.contains(&p.key) && !touched_by(p, &all)).collect();
+    // Report what is still pending now.
+    pending = after;
+    Ok(Checked { problems, scanned, pending })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hivefs_types::attr::FileKind;
+
+    #[test]
+    fn a_problem_is_touched_by_a_pending_operation_that_names_its_entry() {
+        let e = EntryId { node: 1, epoch: 1, counter: 0x2A };
+        let mut c = Checker::default();
+        c.add_chunk(TargetId(1), e, 1);
+        c.add_dentry(
+            NodeId(1),
+            hivefs_proto::FsckDentry {
+                parent: EntryId::ROOT,
+                name: b"x".to_vec(),
+                id: e,
+                kind: FileKind::File,
+                owner: NodeId(1),
+            },
+        );
+        let ps = c.finish();
+        assert_eq!(ps.len(), 2);
+        let op = |s: &str| vec![Pending { meta_node: NodeId(2), operation: s.into() }];
+        for p in &ps {
+            assert!(touched_by(p, &op("rename 1-1-2A into root (from node 2)")));
+            assert!(touched_by(p, &op("link(1-1-2A)")));
+            assert!(!touched_by(p, &op("rename 1-1-2A0 into root")));
+            assert!(!touched_by(p, &op("rename 1-1-2 into root")));
+            assert!(!touched_by(p, &[]));
+        }
+    }
+}
