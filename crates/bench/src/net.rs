@@ -70,7 +70,7 @@ pub struct NetReport {
 
 /// Runs one phase on every node at once; returns each node's span.
 async fn phase(
-    nodes: &[(NodeId, std::sync::Arc<hivefs_net::Pool>)],
+    nodes: &[(NodeId, std::sync::Arc<dyn hivefs_net::Call>)],
     p: &NetParams,
     write: bool,
     t0: Instant,

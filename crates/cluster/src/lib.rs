@@ -8,7 +8,7 @@
 
 #![forbid(unsafe_code)]
 
-use hivefs_net::{Pool, Pools};
+use hivefs_net::{Call, Pools};
 use hivefs_proto::{Capacity, NodeInfo, PoolInfo, Reply, Request, TargetCapacity, TargetInfo};
 use hivefs_types::error::{ErrorCode, FsError};
 use hivefs_types::ids::{NodeId, NodeType, PoolId, TargetId};
@@ -85,7 +85,7 @@ impl NodeIdentity {
 /// Registers this node with mgmtd (retrying until mgmtd answers or
 /// `deadline` passes) and persists the assigned id.
 pub async fn register_node(
-    mgmt: &Pool,
+    mgmt: &dyn Call,
     node_type: NodeType,
     dir: &Path,
     identity: &mut NodeIdentity,
@@ -126,7 +126,7 @@ pub async fn register_node(
 }
 
 /// Sends heartbeats forever; `sample` is called for fresh capacity figures.
-pub fn spawn_heartbeat<F>(mgmt: Arc<Pool>, node_type: NodeType, node: NodeId, every: Duration, sample: F)
+pub fn spawn_heartbeat<F>(mgmt: Arc<dyn Call>, node_type: NodeType, node: NodeId, every: Duration, sample: F)
 where
     F: Fn() -> (Vec<TargetCapacity>, Option<Capacity>) + Send + 'static,
 {
@@ -170,7 +170,7 @@ impl ClusterView {
 /// The routing map plus the connection pools to reach everything in it.
 pub struct Cluster {
     pools: Pools,
-    mgmt: Arc<Pool>,
+    mgmt: Arc<dyn Call>,
     view: RwLock<Arc<ClusterView>>,
 }
 
@@ -180,7 +180,7 @@ impl Cluster {
         Arc::new(Cluster { pools, mgmt, view: RwLock::new(Arc::default()) })
     }
 
-    pub fn mgmt(&self) -> Arc<Pool> {
+    pub fn mgmt(&self) -> Arc<dyn Call> {
         self.mgmt.clone()
     }
 
@@ -246,12 +246,12 @@ impl Cluster {
         })
     }
 
-    pub async fn node_pool(&self, node_type: NodeType, node: NodeId) -> Result<Arc<Pool>, FsError> {
+    pub async fn node_pool(&self, node_type: NodeType, node: NodeId) -> Result<Arc<dyn Call>, FsError> {
         Ok(self.pools.get(&self.node_addr(node_type, node).await?))
     }
 
     /// The pool of the storage node that holds `target`.
-    pub async fn target_pool(&self, target: TargetId) -> Result<Arc<Pool>, FsError> {
+    pub async fn target_pool(&self, target: TargetId) -> Result<Arc<dyn Call>, FsError> {
         let node = match self.view().targets.get(&target) {
             Some(t) => t.node,
             None => {
@@ -262,5 +262,66 @@ impl Cluster {
             }
         };
         self.node_pool(NodeType::Storage, node).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use hivefs_net::{CallFuture, ClientConfig};
+    use hivefs_proto::{Envelope, Reachability};
+
+    /// A service answered in this process: a mgmtd that knows one metadata
+    /// node, and that node, which answers pings.
+    struct InProcess(String);
+
+    impl Call for InProcess {
+        fn addr(&self) -> &str {
+            &self.0
+        }
+
+        fn call_with<'a>(&'a self, _env: &'a Envelope, req: &'a Request, _payload: Bytes) -> CallFuture<'a> {
+            Box::pin(async move {
+                let meta = NodeInfo {
+                    id: NodeId(2),
+                    node_type: NodeType::Meta,
+                    addr: "meta-2".into(),
+                    hostname: "h".into(),
+                    last_seen_ms: 0,
+                    reachability: Reachability::Online,
+                    capacity: None,
+                };
+                let r = match (self.0.as_str(), req) {
+                    ("mgmtd", Request::ListNodes { .. }) => Reply::Nodes(vec![meta]),
+                    ("mgmtd", Request::ListTargets) => Reply::Targets(vec![]),
+                    ("mgmtd", Request::GetRootOwner) => Reply::RootOwner(Some(NodeId(2))),
+                    ("mgmtd", Request::ListPools) => Reply::Pools(vec![]),
+                    ("meta-2", Request::Ping) => Reply::Pong { node_type: NodeType::Meta, node: NodeId(2) },
+                    (who, r) => return Err(FsError::new(ErrorCode::NotSupported, format!("{who}: {r:?}"))),
+                };
+                Ok((r, Vec::new()))
+            })
+        }
+    }
+
+    /// The cluster view and the ways to nodes work over any `Call`, not
+    /// only TCP pools: the seam a simulated network plugs into.
+    #[tokio::test]
+    async fn a_cluster_reaches_its_nodes_through_the_pools_connector() {
+        let pools = Pools::with_connector(
+            ClientConfig::new(None),
+            Arc::new(|addr: &str| Arc::new(InProcess(addr.to_string())) as Arc<dyn Call>),
+        );
+        let c = Cluster::new("mgmtd", pools);
+        let v = c.refresh().await.unwrap();
+        assert_eq!(v.root_owner, Some(NodeId(2)));
+        let meta = c.node_pool(NodeType::Meta, NodeId(2)).await.unwrap();
+        assert_eq!(meta.addr(), "meta-2");
+        let pong = meta.rpc(&Request::Ping).await.unwrap();
+        assert_eq!(pong, Reply::Pong { node_type: NodeType::Meta, node: NodeId(2) });
+        assert!(Arc::ptr_eq(&meta, &c.node_pool(NodeType::Meta, NodeId(2)).await.unwrap()), "one way per address");
+        let e = c.node_pool(NodeType::Meta, NodeId(3)).await.err().unwrap();
+        assert_eq!(e.code, ErrorCode::NotFound);
     }
 }

@@ -312,7 +312,7 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
     let advertise = cfg.advertise.clone().unwrap_or_else(|| default_advertise(local_addr));
 
     let setup = async {
-        let node = register_node(&cluster.mgmt(), NodeType::Meta, &dir, &mut identity, &advertise, MGMTD_DEADLINE)
+        let node = register_node(&*cluster.mgmt(), NodeType::Meta, &dir, &mut identity, &advertise, MGMTD_DEADLINE)
             .await
             .map_err(|source| MetaError::Register { mgmtd: cfg.mgmtd.clone(), dir: dir.clone(), source })?;
         let opts = NamespaceOptions {

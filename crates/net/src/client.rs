@@ -9,6 +9,8 @@ use hivefs_proto::{
 };
 use hivefs_types::error::{ErrorCode, FsError};
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -383,25 +385,78 @@ impl Pool {
     }
 }
 
-/// Pools for all peers, by address.
+/// The answer of a [`Call`]: the reply and its data payload.
+pub type CallFuture<'a> = Pin<Box<dyn Future<Output = Result<(Reply, Vec<u8>), FsError>> + Send + 'a>>;
+
+/// The way to one service: sends a request (with its envelope and data
+/// payload) and waits for the answer, repeating it after a lost connection
+/// when [`Envelope::may_repeat`] allows. Clients and services reach each
+/// other only through this; [`Pool`] (TCP) is the implementation they run
+/// with, and a simulation supplies another (see [`Pools::with_connector`]).
+pub trait Call: Send + Sync + 'static {
+    /// The service's address (for messages).
+    fn addr(&self) -> &str;
+    fn call_with<'a>(&'a self, env: &'a Envelope, req: &'a Request, payload: Bytes) -> CallFuture<'a>;
+}
+
+impl Call for Pool {
+    fn addr(&self) -> &str {
+        Pool::addr(self)
+    }
+
+    fn call_with<'a>(&'a self, env: &'a Envelope, req: &'a Request, payload: Bytes) -> CallFuture<'a> {
+        Box::pin(Pool::call_with(self, env, req, payload))
+    }
+}
+
+impl dyn Call {
+    /// A request without envelope.
+    pub async fn call(&self, req: &Request, payload: impl Into<Bytes>) -> Result<(Reply, Vec<u8>), FsError> {
+        self.call_with(&Envelope::default(), req, payload.into()).await
+    }
+
+    /// A request without envelope and payload.
+    pub async fn rpc(&self, req: &Request) -> Result<Reply, FsError> {
+        self.call_with(&Envelope::default(), req, Bytes::new()).await.map(|(r, _)| r)
+    }
+
+    /// A request with an envelope, without payload.
+    pub async fn rpc_with(&self, env: &Envelope, req: &Request) -> Result<Reply, FsError> {
+        self.call_with(env, req, Bytes::new()).await.map(|(r, _)| r)
+    }
+}
+
+/// Makes the [`Call`] for a service's address.
+pub type Connector = Arc<dyn Fn(&str) -> Arc<dyn Call> + Send + Sync>;
+
+/// The ways to every peer, by address: one [`Pool`] each, or what a
+/// connector makes.
 #[derive(Clone)]
 pub struct Pools {
     cfg: ClientConfig,
-    pools: Arc<Mutex<HashMap<String, Arc<Pool>>>>,
+    connect: Connector,
+    pools: Arc<Mutex<HashMap<String, Arc<dyn Call>>>>,
 }
 
 impl Pools {
+    /// TCP pools with `cfg`.
     pub fn new(cfg: ClientConfig) -> Pools {
-        Pools { cfg, pools: Arc::default() }
+        let c = cfg.clone();
+        Pools::with_connector(cfg, Arc::new(move |addr: &str| Arc::new(Pool::new(addr, c.clone())) as Arc<dyn Call>))
+    }
+
+    /// Pools whose calls `connect` makes (a simulated network).
+    pub fn with_connector(cfg: ClientConfig, connect: Connector) -> Pools {
+        Pools { cfg, connect, pools: Arc::default() }
     }
 
     pub fn config(&self) -> &ClientConfig {
         &self.cfg
     }
 
-    pub fn get(&self, addr: &str) -> Arc<Pool> {
+    pub fn get(&self, addr: &str) -> Arc<dyn Call> {
         let mut m = self.pools.lock().expect("pools lock");
-        m.entry(addr.to_string()).or_insert_with(|| Arc::new(Pool::new(addr, self.cfg.clone()))).clone()
+        m.entry(addr.to_string()).or_insert_with(|| (self.connect)(addr)).clone()
     }
 }
 

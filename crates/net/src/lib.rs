@@ -6,7 +6,10 @@
 //! connection pools per peer, and the server loop with its limits
 //! (connections, in-flight requests per connection, frame sizes).
 //!
-//! It knows nothing of what requests mean: services plug in a [`Handler`].
+//! It knows nothing of what requests mean: services plug in a [`Handler`],
+//! and callers reach a service through the [`Call`] trait ([`Pool`] is its
+//! TCP implementation; [`Pools::with_connector`] lets a simulation or a test
+//! put another network in its place).
 //! The connection code is generic over any `AsyncRead + AsyncWrite` stream;
 //! only `listen`/`connect` are TCP-specific, so another transport (RDMA) can
 //! be added beside them without touching the services. The short-circuit
@@ -21,7 +24,7 @@ pub mod io;
 pub mod server;
 
 pub use auth::{generate_secret_file, load_secret, Secret};
-pub use client::{call_once, ClientConfig, Pool, Pools};
+pub use client::{call_once, Call, CallFuture, ClientConfig, Connector, Pool, Pools};
 pub use server::{serve, Handler, Peer, ServerConfig, ServerHandle};
 
 use hivefs_types::error::{ErrorCode, FsError};

@@ -26,7 +26,7 @@ pub use target::{init_target, open_target, TargetFile, CHUNKS_DIR, TARGET_FILE};
 
 use hivefs_chunk::ChunkStore;
 use hivefs_cluster::NodeIdentity;
-use hivefs_net::{serve, ClientConfig, Handler, Peer, Pool, ServerConfig, ServerHandle};
+use hivefs_net::{serve, Call, ClientConfig, Handler, Peer, Pool, ServerConfig, ServerHandle};
 use hivefs_proto::{ChunkCopy, Reply, Request, Response, TargetCapacity, MAX_PAYLOAD_LEN};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::fs_err;
@@ -367,7 +367,7 @@ struct Opened {
 }
 
 /// Registers each target with mgmtd and persists its id; checks stored ids.
-async fn register_targets(mgmt: &Pool, node: NodeId, opened: &mut [Opened]) -> Result<Vec<TargetId>, StorageError> {
+async fn register_targets(mgmt: &dyn Call, node: NodeId, opened: &mut [Opened]) -> Result<Vec<TargetId>, StorageError> {
     let mut ids = Vec::with_capacity(opened.len());
     for t in opened.iter_mut() {
         if let Some(stored) = t.file.node_id {
@@ -456,12 +456,18 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
         None => local_addr.to_string(),
     };
 
-    let mgmt = Arc::new(Pool::new(cfg.mgmtd.clone(), ClientConfig::new(secret.clone())));
-    let node =
-        hivefs_cluster::register_node(&mgmt, NodeType::Storage, &cfg.dir, &mut identity, &advertise, REGISTER_DEADLINE)
-            .await
-            .map_err(|source| StorageError::Mgmt { mgmtd: cfg.mgmtd.clone(), source })?;
-    let ids = register_targets(&mgmt, node, &mut opened).await?;
+    let mgmt: Arc<dyn Call> = Arc::new(Pool::new(cfg.mgmtd.clone(), ClientConfig::new(secret.clone())));
+    let node = hivefs_cluster::register_node(
+        &*mgmt,
+        NodeType::Storage,
+        &cfg.dir,
+        &mut identity,
+        &advertise,
+        REGISTER_DEADLINE,
+    )
+    .await
+    .map_err(|source| StorageError::Mgmt { mgmtd: cfg.mgmtd.clone(), source })?;
+    let ids = register_targets(&*mgmt, node, &mut opened).await?;
 
     let stores: HashMap<TargetId, Arc<ChunkStore>> =
         ids.iter().zip(&opened).map(|(&id, o)| (id, Arc::new(ChunkStore::new(id, &o.dir)))).collect();
@@ -526,7 +532,7 @@ impl Drop for AbortOnDrop {
 /// this node (its registry was replaced), registers again under the same
 /// uuids and checks that the ids did not change.
 struct Heartbeat {
-    mgmt: Arc<Pool>,
+    mgmt: Arc<dyn Call>,
     node: NodeId,
     identity: NodeIdentity,
     dir: PathBuf,
@@ -568,7 +574,7 @@ impl Heartbeat {
 
     async fn register_again(&mut self) -> Result<(), FsError> {
         let node = hivefs_cluster::register_node(
-            &self.mgmt,
+            &*self.mgmt,
             NodeType::Storage,
             &self.dir,
             &mut self.identity,
