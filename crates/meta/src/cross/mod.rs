@@ -34,6 +34,13 @@ mod rename;
 mod rmdir;
 mod unlink;
 
+pub use exchange::{ExchangeCommit, ExchangeIntent, PeerExchangeIn};
+pub use link::{LinkAbort, LinkCommit, LinkIntent, PeerLinkIn};
+pub use mkdir::{MkdirAbort, MkdirCommit, MkdirIntent, PeerCreateDir};
+pub use rename::{PeerRenameIn, PeerSetParent, RenameCommit, RenameIntent};
+pub use rmdir::{PeerRemoveDir, RmdirCommit, RmdirIntent};
+pub use unlink::{PeerDropLink, UnlinkCommit, UnlinkIntent};
+
 use crate::ops::{
     check_name, check_unlocked, dentry, dir_inode, drop_link, inherit_group, inode, is_empty_dir, load_dentry,
     load_inode, new_inode, to_attr, touch_dir, Ctx, LINK_MAX,
@@ -185,230 +192,126 @@ pub fn choose_owner(
 
 // ------------------------------------------------------------- mutations
 
-/// Writer mutations of the protocol (see the module doc).
+/// Drops an intent whose remote step was refused; answers `err`.
+#[derive(Clone, Debug)]
+pub struct Abort {
+    pub intent: EntryId,
+    pub err: FsError,
+}
+
+/// Peer: forgets what it recorded under `intent` (the coordinator committed).
+#[derive(Clone, Debug)]
+pub struct PeerForget {
+    pub intent: EntryId,
+}
+
+/// Sets the metadata-node chooser of directory `id` for its new subdirectories.
+#[derive(Clone, Debug)]
+pub struct SetChooser {
+    pub id: EntryId,
+    pub chooser: MetaChooser,
+}
+
+/// Writer mutations of the protocol (see the module doc): each step's
+/// fields, and its transaction (`apply`), are in the file of its operation.
 #[derive(Clone, Debug)]
 pub enum MultiMut {
-    MkdirIntent {
-        intent: EntryId,
-        parent: EntryId,
-        name: Vec<u8>,
-        mode: u32,
-        uid: u32,
-        gid: u32,
-        owner: NodeId,
-        op: Option<OpId>,
-    },
-    MkdirCommit {
-        intent: EntryId,
-        attr: EntryAttr,
-    },
-    MkdirAbort {
-        intent: EntryId,
-        err: FsError,
-    },
-    RmdirIntent {
-        intent: EntryId,
-        parent: EntryId,
-        name: Vec<u8>,
-        op: Option<OpId>,
-    },
-    RmdirCommit {
-        intent: EntryId,
-    },
-    RenameIntent {
-        intent: EntryId,
-        parent: EntryId,
-        name: Vec<u8>,
-        new_parent: EntryId,
-        new_owner: NodeId,
-        new_name: Vec<u8>,
-        flags: u32,
-        op: Option<OpId>,
-    },
-    RenameCommit {
-        intent: EntryId,
-    },
-    /// Drops an intent whose remote step was refused; answers `err`.
-    Abort {
-        intent: EntryId,
-        err: FsError,
-    },
-    PeerCreateDir {
-        id: EntryId,
-        inode: Inode,
-        parent_owner: NodeId,
-        chooser: Option<MetaChooser>,
-    },
-    PeerRemoveDir {
-        id: EntryId,
-    },
-    PeerSetParent {
-        id: EntryId,
-        parent: EntryId,
-        parent_owner: NodeId,
-    },
-    PeerRenameIn {
-        intent: EntryId,
-        src_parent: EntryId,
-        new_parent: EntryId,
-        new_name: Vec<u8>,
-        flags: u32,
-        dentry: Dentry,
-        inode: Option<Inode>,
-        xattrs: Vec<(Vec<u8>, Vec<u8>)>,
-    },
-    PeerForget {
-        intent: EntryId,
-    },
-    SetChooser {
-        id: EntryId,
-        chooser: MetaChooser,
-    },
-    /// Raises the link count of file `id` and records the intent to name
-    /// it as `new_parent/new_name` on `new_owner`.
-    LinkIntent {
-        intent: EntryId,
-        id: EntryId,
-        new_parent: EntryId,
-        new_owner: NodeId,
-        new_name: Vec<u8>,
-        op: Option<OpId>,
-    },
-    LinkCommit {
-        intent: EntryId,
-    },
-    /// The dentry was refused: the raised link is dropped again.
-    LinkAbort {
-        intent: EntryId,
-        err: FsError,
-    },
-    UnlinkIntent {
-        intent: EntryId,
-        parent: EntryId,
-        name: Vec<u8>,
-        op: Option<OpId>,
-    },
-    UnlinkCommit {
-        intent: EntryId,
-    },
-    PeerLinkIn {
-        intent: EntryId,
-        new_parent: EntryId,
-        new_name: Vec<u8>,
-        dentry: Dentry,
-    },
-    PeerDropLink {
-        intent: EntryId,
-        id: EntryId,
-    },
-    ExchangeIntent {
-        intent: EntryId,
-        parent: EntryId,
-        name: Vec<u8>,
-        new_parent: EntryId,
-        new_owner: NodeId,
-        new_name: Vec<u8>,
-        b: Dentry,
-        op: Option<OpId>,
-    },
-    ExchangeCommit {
-        intent: EntryId,
-    },
-    PeerExchangeIn {
-        intent: EntryId,
-        new_parent: EntryId,
-        new_name: Vec<u8>,
-        expect: EntryId,
-        put: Dentry,
-    },
+    MkdirIntent(mkdir::MkdirIntent),
+    MkdirCommit(mkdir::MkdirCommit),
+    MkdirAbort(mkdir::MkdirAbort),
+    RmdirIntent(rmdir::RmdirIntent),
+    RmdirCommit(rmdir::RmdirCommit),
+    RenameIntent(rename::RenameIntent),
+    RenameCommit(rename::RenameCommit),
+    Abort(Abort),
+    PeerCreateDir(mkdir::PeerCreateDir),
+    PeerRemoveDir(rmdir::PeerRemoveDir),
+    PeerSetParent(rename::PeerSetParent),
+    PeerRenameIn(rename::PeerRenameIn),
+    PeerForget(PeerForget),
+    SetChooser(SetChooser),
+    LinkIntent(link::LinkIntent),
+    LinkCommit(link::LinkCommit),
+    LinkAbort(link::LinkAbort),
+    UnlinkIntent(unlink::UnlinkIntent),
+    UnlinkCommit(unlink::UnlinkCommit),
+    PeerLinkIn(link::PeerLinkIn),
+    PeerDropLink(unlink::PeerDropLink),
+    ExchangeIntent(exchange::ExchangeIntent),
+    ExchangeCommit(exchange::ExchangeCommit),
+    PeerExchangeIn(exchange::PeerExchangeIn),
 }
 
 impl MultiMut {
     pub(crate) fn adds_to_namespace(&self) -> bool {
         matches!(
             self,
-            MultiMut::MkdirIntent { .. }
-                | MultiMut::PeerCreateDir { .. }
-                | MultiMut::PeerRenameIn { .. }
-                | MultiMut::LinkIntent { .. }
-                | MultiMut::PeerLinkIn { .. }
+            MultiMut::MkdirIntent(_)
+                | MultiMut::PeerCreateDir(_)
+                | MultiMut::PeerRenameIn(_)
+                | MultiMut::LinkIntent(_)
+                | MultiMut::PeerLinkIn(_)
         )
     }
 }
 
 pub(crate) fn apply(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, m: MultiMut) -> OpResult<Reply> {
     match m {
-        MultiMut::MkdirIntent { intent, parent, name, mode, uid, gid, owner, op } => {
-            mkdir::mkdir_intent(t, ctx, intent, parent, name, mode, uid, gid, owner, op)
-        }
-        MultiMut::MkdirCommit { intent, attr } => mkdir::mkdir_commit(t, ctx, intent, attr),
-        MultiMut::MkdirAbort { intent, err } => mkdir::mkdir_abort(t, ctx, intent, err),
-        MultiMut::RmdirIntent { intent, parent, name, op } => rmdir::rmdir_intent(t, ctx, intent, parent, name, op),
-        MultiMut::RmdirCommit { intent } => rmdir::rmdir_commit(t, ctx, intent),
-        MultiMut::RenameIntent { intent, parent, name, new_parent, new_owner, new_name, flags, op } => {
-            rename::rename_intent(t, ctx, intent, parent, name, new_parent, new_owner, new_name, flags, op)
-        }
-        MultiMut::RenameCommit { intent } => rename::rename_commit(t, ctx, intent),
-        MultiMut::Abort { intent, err } => abort(t, ctx, intent, err),
-        MultiMut::PeerCreateDir { id, inode: i, parent_owner, chooser } => {
-            mkdir::peer_create_dir(t, ctx, id, i, parent_owner, chooser)
-        }
-        MultiMut::PeerRemoveDir { id } => rmdir::peer_remove_dir(t, ctx, id),
-        MultiMut::PeerSetParent { id, parent, parent_owner } => {
-            rename::peer_set_parent(t, ctx, id, parent, parent_owner)
-        }
-        MultiMut::PeerRenameIn {
-            intent,
-            src_parent,
-            new_parent,
-            new_name,
-            flags,
-            dentry: src,
-            inode: moved,
-            xattrs,
-        } => rename::peer_rename_in(t, ctx, intent, src_parent, new_parent, new_name, flags, src, moved, xattrs),
-        MultiMut::PeerForget { intent } => peer_forget(t, ctx, intent),
-        MultiMut::LinkIntent { intent, id, new_parent, new_owner, new_name, op } => {
-            link::link_intent(t, ctx, intent, id, new_parent, new_owner, new_name, op)
-        }
-        MultiMut::LinkCommit { intent } => link::link_commit(t, ctx, intent),
-        MultiMut::LinkAbort { intent, err } => link::link_abort(t, ctx, intent, err),
-        MultiMut::UnlinkIntent { intent, parent, name, op } => unlink::unlink_intent(t, ctx, intent, parent, name, op),
-        MultiMut::UnlinkCommit { intent } => unlink::unlink_commit(t, ctx, intent),
-        MultiMut::PeerLinkIn { intent, new_parent, new_name, dentry: d } => {
-            link::peer_link_in(t, ctx, intent, new_parent, new_name, d)
-        }
-        MultiMut::PeerDropLink { intent, id } => unlink::peer_drop_link(t, ctx, intent, id),
-        MultiMut::ExchangeIntent { intent, parent, name, new_parent, new_owner, new_name, b, op } => {
-            exchange::exchange_intent(t, ctx, intent, parent, name, new_parent, new_owner, new_name, b, op)
-        }
-        MultiMut::ExchangeCommit { intent } => exchange::exchange_commit(t, ctx, intent),
-        MultiMut::PeerExchangeIn { intent, new_parent, new_name, expect, put } => {
-            exchange::peer_exchange_in(t, ctx, intent, new_parent, new_name, expect, put)
-        }
-        MultiMut::SetChooser { id, chooser } => set_chooser(t, ctx, id, chooser),
+        MultiMut::MkdirIntent(m) => m.apply(t, ctx),
+        MultiMut::MkdirCommit(m) => m.apply(t, ctx),
+        MultiMut::MkdirAbort(m) => m.apply(t, ctx),
+        MultiMut::RmdirIntent(m) => m.apply(t, ctx),
+        MultiMut::RmdirCommit(m) => m.apply(t, ctx),
+        MultiMut::RenameIntent(m) => m.apply(t, ctx),
+        MultiMut::RenameCommit(m) => m.apply(t, ctx),
+        MultiMut::Abort(m) => m.apply(t, ctx),
+        MultiMut::PeerCreateDir(m) => m.apply(t, ctx),
+        MultiMut::PeerRemoveDir(m) => m.apply(t, ctx),
+        MultiMut::PeerSetParent(m) => m.apply(t, ctx),
+        MultiMut::PeerRenameIn(m) => m.apply(t, ctx),
+        MultiMut::PeerForget(m) => m.apply(t, ctx),
+        MultiMut::SetChooser(m) => m.apply(t, ctx),
+        MultiMut::LinkIntent(m) => m.apply(t, ctx),
+        MultiMut::LinkCommit(m) => m.apply(t, ctx),
+        MultiMut::LinkAbort(m) => m.apply(t, ctx),
+        MultiMut::UnlinkIntent(m) => m.apply(t, ctx),
+        MultiMut::UnlinkCommit(m) => m.apply(t, ctx),
+        MultiMut::PeerLinkIn(m) => m.apply(t, ctx),
+        MultiMut::PeerDropLink(m) => m.apply(t, ctx),
+        MultiMut::ExchangeIntent(m) => m.apply(t, ctx),
+        MultiMut::ExchangeCommit(m) => m.apply(t, ctx),
+        MultiMut::PeerExchangeIn(m) => m.apply(t, ctx),
     }
 }
 
-fn abort(t: &mut Tables<'_>, _ctx: &mut Ctx<'_>, intent: EntryId, err: FsError) -> OpResult<Reply> {
-    clear_intent(t, intent)?;
-    Err(err.into())
+impl Abort {
+    pub(super) fn apply(self, t: &mut Tables<'_>, _ctx: &mut Ctx<'_>) -> OpResult<Reply> {
+        let Abort { intent, err } = self;
+        clear_intent(t, intent)?;
+        Err(err.into())
+    }
 }
 
-fn peer_forget(t: &mut Tables<'_>, _ctx: &mut Ctx<'_>, intent: EntryId) -> OpResult<Reply> {
-    t.peer_done.remove(id_key(intent).as_slice())?;
-    Ok(Reply::Ok)
+impl PeerForget {
+    pub(super) fn apply(self, t: &mut Tables<'_>, _ctx: &mut Ctx<'_>) -> OpResult<Reply> {
+        let PeerForget { intent } = self;
+        t.peer_done.remove(id_key(intent).as_slice())?;
+        Ok(Reply::Ok)
+    }
 }
 
-fn set_chooser(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, chooser: MetaChooser) -> OpResult<Reply> {
-    let node = ctx.node;
-    let mut i = dir_inode(&t.inodes, id)?;
-    let mut x = load_dirx(&t.dirx, id)?.unwrap_or_default();
-    x.chooser = Some(chooser);
-    put_dirx(t, id, &x)?;
-    i.ctime = ctx.now;
-    t.put_inode(id, &i)?;
-    Ok(Reply::Entry(to_attr(id, &i, node)))
+impl SetChooser {
+    pub(super) fn apply(self, t: &mut Tables<'_>, ctx: &mut Ctx<'_>) -> OpResult<Reply> {
+        let SetChooser { id, chooser } = self;
+        let node = ctx.node;
+        let mut i = dir_inode(&t.inodes, id)?;
+        let mut x = load_dirx(&t.dirx, id)?.unwrap_or_default();
+        x.chooser = Some(chooser);
+        put_dirx(t, id, &x)?;
+        i.ctime = ctx.now;
+        t.put_inode(id, &i)?;
+        Ok(Reply::Entry(to_attr(id, &i, node)))
+    }
 }
 
 /// The commit of an intent that removes the dentry `parent/name` it held:

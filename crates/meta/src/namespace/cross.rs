@@ -6,6 +6,11 @@
 
 use super::Namespace;
 use crate::cross::{choose_owner, op_key, CrashHook, MultiMut, Peers};
+use crate::cross::{
+    Abort, ExchangeCommit, ExchangeIntent, LinkAbort, LinkCommit, LinkIntent, MkdirAbort, MkdirCommit, MkdirIntent,
+    PeerCreateDir, PeerDropLink, PeerExchangeIn, PeerForget, PeerLinkIn, PeerRemoveDir, PeerRenameIn, PeerSetParent,
+    RenameCommit, RenameIntent, RmdirCommit, RmdirIntent, SetChooser, UnlinkCommit, UnlinkIntent,
+};
 use crate::ops::{check_name, dir_inode, is_needs_protocol, load_dentry, load_inode, Mutation};
 use crate::store::{decode, encode, id_key, load_dirx, load_intent, q, Dentry, Inode, Intent, IntentStep, OpError};
 use hivefs_proto::{Envelope, MetaChooser, OpId, PeerOp, Reply, Request, Response, RENAME_EXCHANGE, RENAME_NOREPLACE};
@@ -51,9 +56,9 @@ impl Remote {
 /// The undo of an intent whose remote step was refused.
 fn undo(step: &IntentStep, intent: EntryId, err: FsError) -> MultiMut {
     match step {
-        IntentStep::Mkdir { .. } => MultiMut::MkdirAbort { intent, err },
-        IntentStep::Link { .. } => MultiMut::LinkAbort { intent, err },
-        _ => MultiMut::Abort { intent, err },
+        IntentStep::Mkdir { .. } => MultiMut::MkdirAbort(MkdirAbort { intent, err }),
+        IntentStep::Link { .. } => MultiMut::LinkAbort(LinkAbort { intent, err }),
+        _ => MultiMut::Abort(Abort { intent, err }),
     }
 }
 
@@ -198,7 +203,7 @@ impl Namespace {
             "mkdir",
             intent,
             op,
-            MultiMut::MkdirIntent { intent, parent, name, mode, uid, gid, owner, op },
+            MultiMut::MkdirIntent(MkdirIntent { intent, parent, name, mode, uid, gid, owner, op }),
         )
         .await
     }
@@ -214,7 +219,7 @@ impl Namespace {
         }
         let intent = self.next_intent();
         // Pending before the intent exists: a retry of `op` waits for this attempt.
-        self.start_protocol("rmdir", intent, op, MultiMut::RmdirIntent { intent, parent, name, op }).await
+        self.start_protocol("rmdir", intent, op, MultiMut::RmdirIntent(RmdirIntent { intent, parent, name, op })).await
     }
 
     /// Rename; `new_owner` is the node owning `new_parent` (`None`: this node).
@@ -260,7 +265,8 @@ impl Namespace {
             ));
         }
         let intent = self.next_intent();
-        let m = MultiMut::RenameIntent { intent, parent, name, new_parent, new_owner, new_name, flags, op };
+        let m =
+            MultiMut::RenameIntent(RenameIntent { intent, parent, name, new_parent, new_owner, new_name, flags, op });
         self.start_protocol("rename", intent, op, m).await
     }
 
@@ -321,7 +327,8 @@ impl Namespace {
             into(&b, parent, self.node()).await?;
         }
         let intent = self.next_intent();
-        let m = MultiMut::ExchangeIntent { intent, parent, name, new_parent, new_owner, new_name, b, op };
+        let m =
+            MultiMut::ExchangeIntent(ExchangeIntent { intent, parent, name, new_parent, new_owner, new_name, b, op });
         self.start_protocol("exchange", intent, op, m).await
     }
 
@@ -404,7 +411,7 @@ impl Namespace {
             return self.submit_op(op, Mutation::Link { id, new_parent, new_name }).await;
         }
         let intent = self.next_intent();
-        let m = MultiMut::LinkIntent { intent, id, new_parent, new_owner, new_name, op };
+        let m = MultiMut::LinkIntent(LinkIntent { intent, id, new_parent, new_owner, new_name, op });
         self.start_protocol("link", intent, op, m).await
     }
 
@@ -418,7 +425,8 @@ impl Namespace {
             r => return r,
         }
         let intent = self.next_intent();
-        self.start_protocol("unlink", intent, op, MultiMut::UnlinkIntent { intent, parent, name, op }).await
+        self.start_protocol("unlink", intent, op, MultiMut::UnlinkIntent(UnlinkIntent { intent, parent, name, op }))
+            .await
     }
 
     /// True if `dir` (owned by `owner`) is `ancestor` or below it, walking
@@ -494,13 +502,13 @@ impl Namespace {
             IntentStep::Mkdir { id, owner, inode, chooser, .. } => {
                 let req = PeerOp::CreateDir { id, inode: encode(&inode), parent_owner: me, chooser };
                 match self.peer_call(owner, req).await {
-                    Ok(Reply::Entry(attr)) => Remote::done(MultiMut::MkdirCommit { intent, attr }),
+                    Ok(Reply::Entry(attr)) => Remote::done(MultiMut::MkdirCommit(MkdirCommit { intent, attr })),
                     Ok(r) => return Err(unexpected(r)),
                     Err(err) => Remote::Refused(err),
                 }
             }
             IntentStep::Rmdir { id, owner, .. } => match self.peer_call(owner, PeerOp::RemoveDir { id }).await {
-                Ok(_) => Remote::done(MultiMut::RmdirCommit { intent }),
+                Ok(_) => Remote::done(MultiMut::RmdirCommit(RmdirCommit { intent })),
                 Err(err) => Remote::Refused(err),
             },
             IntentStep::Rename { parent, new_parent, new_owner, new_name, flags, id, kind, owner, moved, .. } => {
@@ -537,7 +545,7 @@ impl Namespace {
                 }
                 let away = new_owner != me;
                 Remote::Done {
-                    commit: Box::new(MultiMut::RenameCommit { intent }),
+                    commit: Box::new(MultiMut::RenameCommit(RenameCommit { intent })),
                     forget: away.then_some(new_owner),
                     hand_over: (moved_file && away).then_some((id, new_owner)),
                 }
@@ -548,7 +556,7 @@ impl Namespace {
                     return Ok(r);
                 }
                 Remote::Done {
-                    commit: Box::new(MultiMut::LinkCommit { intent }),
+                    commit: Box::new(MultiMut::LinkCommit(LinkCommit { intent })),
                     forget: Some(new_owner),
                     hand_over: None,
                 }
@@ -581,14 +589,18 @@ impl Namespace {
                     }
                 }
                 let forget = (new_owner != me).then_some(new_owner);
-                Remote::Done { commit: Box::new(MultiMut::ExchangeCommit { intent }), forget, hand_over: None }
+                Remote::Done {
+                    commit: Box::new(MultiMut::ExchangeCommit(ExchangeCommit { intent })),
+                    forget,
+                    hand_over: None,
+                }
             }
             IntentStep::Unlink { id, owner, .. } => {
                 if let Some(r) = refused(self.peer_call(owner, PeerOp::DropLink { intent, id }).await) {
                     return Ok(r);
                 }
                 Remote::Done {
-                    commit: Box::new(MultiMut::UnlinkCommit { intent }),
+                    commit: Box::new(MultiMut::UnlinkCommit(UnlinkCommit { intent })),
                     forget: Some(owner),
                     hand_over: None,
                 }
@@ -677,17 +689,19 @@ impl Namespace {
         match op {
             PeerOp::CreateDir { id, inode, parent_owner, chooser } => {
                 let inode: Inode = decode("inode", id, &inode).map_err(|m| fs_err!(Protocol, "{m}"))?;
-                let r = self.submit_multi(None, MultiMut::PeerCreateDir { id, inode, parent_owner, chooser }).await;
+                let r = self
+                    .submit_multi(None, MultiMut::PeerCreateDir(PeerCreateDir { id, inode, parent_owner, chooser }))
+                    .await;
                 self.crash("mkdir", "peer")?;
                 r
             }
             PeerOp::RemoveDir { id } => {
-                let r = self.submit_multi(None, MultiMut::PeerRemoveDir { id }).await;
+                let r = self.submit_multi(None, MultiMut::PeerRemoveDir(PeerRemoveDir { id })).await;
                 self.crash("rmdir", "peer")?;
                 r
             }
             PeerOp::SetParent { id, parent, parent_owner } => {
-                self.submit_multi(None, MultiMut::PeerSetParent { id, parent, parent_owner }).await
+                self.submit_multi(None, MultiMut::PeerSetParent(PeerSetParent { id, parent, parent_owner })).await
             }
             PeerOp::GetParent { id } => {
                 let node = self.node();
@@ -723,7 +737,7 @@ impl Namespace {
                     Some(b) => Some(decode::<Inode>("inode", id, &b).map_err(|m| fs_err!(Protocol, "{m}"))?),
                     None => None,
                 };
-                let m = MultiMut::PeerRenameIn {
+                let m = MultiMut::PeerRenameIn(PeerRenameIn {
                     intent,
                     src_parent,
                     new_parent,
@@ -732,7 +746,7 @@ impl Namespace {
                     dentry: Dentry { id, kind, owner },
                     inode,
                     xattrs,
-                };
+                });
                 let r = self.submit_multi(None, m).await;
                 if let (Ok(_), Some(o)) = (&r, dropped) {
                     let _ = self.peer_call(o, PeerOp::Forget { intent }).await;
@@ -740,21 +754,23 @@ impl Namespace {
                 self.crash("rename", "peer")?;
                 r
             }
-            PeerOp::Forget { intent } => self.submit_multi(None, MultiMut::PeerForget { intent }).await,
+            PeerOp::Forget { intent } => self.submit_multi(None, MultiMut::PeerForget(PeerForget { intent })).await,
             PeerOp::LinkIn { intent, new_parent, new_name, id, kind, owner } => {
                 let dentry = Dentry { id, kind, owner };
-                let r = self.submit_multi(None, MultiMut::PeerLinkIn { intent, new_parent, new_name, dentry }).await;
+                let r = self
+                    .submit_multi(None, MultiMut::PeerLinkIn(PeerLinkIn { intent, new_parent, new_name, dentry }))
+                    .await;
                 self.crash("link", "peer")?;
                 r
             }
             PeerOp::DropLink { intent, id } => {
-                let r = self.submit_multi(None, MultiMut::PeerDropLink { intent, id }).await;
+                let r = self.submit_multi(None, MultiMut::PeerDropLink(PeerDropLink { intent, id })).await;
                 self.crash("unlink", "peer")?;
                 r
             }
             PeerOp::ExchangeIn { intent, new_parent, new_name, expect, id, kind, owner } => {
                 let put = Dentry { id, kind, owner };
-                let m = MultiMut::PeerExchangeIn { intent, new_parent, new_name, expect, put };
+                let m = MultiMut::PeerExchangeIn(PeerExchangeIn { intent, new_parent, new_name, expect, put });
                 let r = self.submit_multi(None, m).await;
                 self.crash("exchange", "peer")?;
                 r
@@ -776,7 +792,7 @@ impl Namespace {
     }
 
     pub(crate) async fn set_meta_chooser(&self, id: EntryId, chooser: MetaChooser, op: Option<OpId>) -> Response {
-        self.submit_multi(op, MultiMut::SetChooser { id, chooser }).await
+        self.submit_multi(op, MultiMut::SetChooser(SetChooser { id, chooser })).await
     }
 }
 
