@@ -213,6 +213,7 @@ pub fn run_suite(fs: &TestFs) {
     posix::names::symlinks(fs);
     posix::names::name_and_path_limits(fs);
     posix::names::special_files(fs);
+    posix::names::removed_open_directories(fs);
     posix::xattr::xattrs(fs);
     posix::xattr::posix_acls(fs);
 }

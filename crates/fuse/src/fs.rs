@@ -228,7 +228,28 @@ impl Inner {
         }
     }
 
+    /// `r`, or, when the metadata node no longer has the directory `ino`
+    /// (removed while this mount's kernel holds it open or as a current
+    /// directory), its last attributes with no links, changed by `change`.
+    /// They are this mount's alone: nobody else can name the directory.
+    fn or_removed_dir(
+        &self,
+        ino: INodeNo,
+        r: FsResult<EntryAttr>,
+        change: impl FnOnce(&mut EntryAttr),
+    ) -> FsResult<EntryAttr> {
+        match r {
+            Err(e) if e.code == ErrorCode::NotFound => {
+                self.inodes.lock().expect("inodes").removed_dir(ino.0, change).ok_or(e)
+            }
+            r => r,
+        }
+    }
+
     fn to_attr(&self, ino: u64, a: &EntryAttr) -> FileAttr {
+        if a.kind == FileKind::Dir {
+            self.inodes.lock().expect("inodes").shown(ino, a);
+        }
         let (mut size, mut mtime, mut ctime) = (a.size, a.mtime, a.ctime);
         if a.kind == FileKind::File {
             if let Some(l) = self.local_sizes.lock().expect("sizes").get(&a.id) {
@@ -659,7 +680,9 @@ impl Filesystem for HiveFs {
             // the change's answer (for the rest of the directory TTL).
             let (a, cached) = match inner.client.cached_dir_attr(e.id) {
                 Some((a, left)) => (a, Some(left)),
-                None => (inner.on_ent(ino, |e| inner.client.getattr(e)).await?, None),
+                None => {
+                    (inner.or_removed_dir(ino, inner.on_ent(ino, |e| inner.client.getattr(e)).await, |_| {})?, None)
+                }
             };
             Ok(move |reply: ReplyAttr| match cached {
                 Some(left) => reply.attr(&left, &inner.to_attr(ino.0, &a)),
@@ -690,7 +713,20 @@ impl Filesystem for HiveFs {
             SetAttr { mode: mode.map(|m| m & 0o7777), uid, gid, size, atime: settime(atime), mtime: settime(mtime) };
         let c = caller(req);
         run!(self, reply, |inner| {
-            let a = inner.on_ent(ino, |e| inner.client.setattr(e, set.clone(), c)).await?;
+            let r = inner.on_ent(ino, |e| inner.client.setattr(e, set.clone(), c)).await;
+            let a = inner.or_removed_dir(ino, r, |d| {
+                let now = system_to_ts(SystemTime::now());
+                let at = |t: &SetTime| match t {
+                    SetTime::Now => now,
+                    SetTime::At(t) => *t,
+                };
+                d.mode = set.mode.unwrap_or(d.mode);
+                d.uid = set.uid.unwrap_or(d.uid);
+                d.gid = set.gid.unwrap_or(d.gid);
+                d.atime = set.atime.as_ref().map_or(d.atime, at);
+                d.mtime = set.mtime.as_ref().map_or(d.mtime, at);
+                d.ctime = now;
+            })?;
             if let Some(s) = size {
                 inner.set_local_size(a.id, s);
             }

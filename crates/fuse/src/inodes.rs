@@ -9,8 +9,15 @@
 //! caches, not the size of the file system. A number the kernel comes back
 //! with after forgetting it (a file handle, NFS re-export) is resolved from
 //! the id again (`EntryId::from_ino`).
+//!
+//! For directories it also keeps the attributes last shown to the kernel: a
+//! directory removed while the kernel still holds it (an open descriptor, a
+//! process's current directory) keeps answering `fstat` and attribute
+//! changes from them, with no links, as Linux does (the metadata node has
+//! forgotten it; see `docs/design-meta.md`, "Known gaps").
 
 use hivefs_client::Ent;
+use hivefs_types::attr::{EntryAttr, FileKind};
 use hivefs_types::ids::EntryId;
 use std::collections::HashMap;
 use tracing::error;
@@ -20,6 +27,8 @@ pub const ROOT_INO: u64 = 1;
 struct Node {
     ent: Ent,
     nlookup: u64,
+    /// Directories: the attributes last shown to the kernel.
+    dir: Option<Box<EntryAttr>>,
 }
 
 pub struct Inodes {
@@ -30,14 +39,14 @@ impl Inodes {
     pub fn new(root: Ent) -> Inodes {
         debug_assert_eq!(root.id.ino(), ROOT_INO);
         let mut by_ino = HashMap::new();
-        by_ino.insert(ROOT_INO, Node { ent: root, nlookup: 1 });
+        by_ino.insert(ROOT_INO, Node { ent: root, nlookup: 1, dir: None });
         Inodes { by_ino }
     }
 
     /// The inode number for `ent`, taking one kernel reference.
     pub fn remember(&mut self, ent: Ent) -> u64 {
         let ino = ent.id.ino();
-        let n = self.by_ino.entry(ino).or_insert(Node { ent, nlookup: 0 });
+        let n = self.by_ino.entry(ino).or_insert(Node { ent, nlookup: 0, dir: None });
         if n.ent.id != ent.id {
             // Only ids outside the exact space (a store from before its
             // bounds) have hashed numbers that can meet; the newer wins.
@@ -60,6 +69,31 @@ impl Inodes {
     pub fn ino_of(&self, id: &EntryId) -> Option<u64> {
         let ino = id.ino();
         self.by_ino.get(&ino).filter(|n| n.ent.id == *id).map(|_| ino)
+    }
+
+    /// Notes the attributes of a directory the kernel is shown.
+    pub fn shown(&mut self, ino: u64, a: &EntryAttr) {
+        if a.kind != FileKind::Dir {
+            return;
+        }
+        if let Some(n) = self.by_ino.get_mut(&ino).filter(|n| n.ent.id == a.id) {
+            match &mut n.dir {
+                Some(d) => (**d).clone_from(a),
+                None => n.dir = Some(Box::new(a.clone())),
+            }
+        }
+    }
+
+    /// A directory the kernel still holds that its metadata node no longer
+    /// has (removed): its last attributes, without links or size, changed
+    /// by `change` (an attribute change through a descriptor). `None` for
+    /// anything else.
+    pub fn removed_dir(&mut self, ino: u64, change: impl FnOnce(&mut EntryAttr)) -> Option<EntryAttr> {
+        let d = self.by_ino.get_mut(&ino)?.dir.as_mut()?;
+        d.nlink = 0;
+        d.size = 0;
+        change(d);
+        Some((**d).clone())
     }
 
     pub fn get(&self, ino: u64) -> Option<Ent> {

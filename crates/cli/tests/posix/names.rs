@@ -418,3 +418,71 @@ pub fn special_files(fs: &TestFs) {
             .map(|(n, s)| (n.to_string(), s))
     );
 }
+
+/// What the calls on a directory held open after it lost its name give:
+/// (fstat ok, nlink, is a directory, fchmod, mode after it, create inside,
+/// list it, a shell whose cwd it is: `stat -c %h .`).
+fn held_after_removal(root: &Path, replace: bool) -> (i32, u64, bool, i32, u32, i32, i32, String) {
+    let d = root.join("held");
+    mkdir(&d, 0o755);
+    chmod(&d, 0o755);
+    let c = cs(&d);
+    // SAFETY: valid C string.
+    let fd = ok(unsafe { libc::open(c.as_ptr(), O_RDONLY | O_DIRECTORY | libc::O_CLOEXEC) }, "open held");
+    // A shell waits in the directory until it is gone, then reports its links.
+    let gone = root.join("gone");
+    let script = format!("cd {} && while [ ! -e {} ]; do sleep 0.02; done; stat -c %h .", d.display(), gone.display());
+    let sh =
+        std::process::Command::new("sh").args(["-c", &script]).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    if replace {
+        let other = root.join("other");
+        mkdir(&other, 0o755);
+        assert_eq!(rename2(&other, &d, 0), 0, "rename {} over {}", other.display(), d.display());
+    } else {
+        // SAFETY: valid C string.
+        ok(unsafe { libc::rmdir(c.as_ptr()) }, "rmdir held");
+    }
+    write_file(&gone, b"");
+    let cwd_links = String::from_utf8_lossy(&sh.wait_with_output().unwrap().stdout).trim().to_string();
+    // Past the kernel's attribute cache: fstat asks the file system.
+    std::thread::sleep(hivefs_fuse::DIR_ATTR_TTL + std::time::Duration::from_millis(200));
+    // SAFETY: zeroed stat is a valid out buffer; fd is open.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let stat_e = e(unsafe { libc::fstat(fd, &mut st) });
+    // SAFETY: fd is open.
+    let chmod_e = e(unsafe { libc::fchmod(fd, 0o700) });
+    let mut st2: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::fstat(fd, &mut st2) };
+    let name = CString::new("x").unwrap();
+    // SAFETY: fd is a directory descriptor, valid C string.
+    let create_e = e(unsafe { libc::openat(fd, name.as_ptr(), O_CREAT | O_WRONLY | libc::O_CLOEXEC, 0o644) });
+    let mut buf = [0u8; 4096];
+    // SAFETY: fd is open, buf is writable.
+    let list_e = e(unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) });
+    // SAFETY: fd is open.
+    unsafe { libc::close(fd) };
+    std::fs::remove_file(&gone).unwrap();
+    if replace {
+        std::fs::remove_dir(&d).unwrap();
+    }
+    let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+    (stat_e, st.st_nlink, is_dir, chmod_e, st2.st_mode & 0o7777, create_e, list_e, cwd_links)
+}
+
+/// A directory held open (a descriptor, a current directory) and then
+/// removed by rmdir or replaced by rename answers as it does on Linux's
+/// local file systems: fstat and fchmod work, it has no links, nothing can
+/// be created in it and listing it fails.
+pub fn removed_open_directories(fs: &TestFs) {
+    let local = tempfile::tempdir().unwrap();
+    for replace in [false, true] {
+        let on_mount = held_after_removal(&base(fs, &format!("held-{replace}"), 0o755), replace);
+        let on_disk = held_after_removal(local.path(), replace);
+        assert_eq!(on_mount, on_disk, "replaced by rename: {replace}");
+        assert_eq!(on_mount.0, 0, "fstat of a removed open directory");
+        assert_eq!((on_mount.1, on_mount.4, on_mount.5), (0, 0o700, ENOENT), "{on_mount:?}");
+        assert_eq!(on_mount.7, "0", "the shell's current directory has no links");
+    }
+}
