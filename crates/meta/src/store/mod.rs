@@ -373,9 +373,10 @@ mod tests {
         b.iter().map(|x| format!("{x:02x}")).collect()
     }
 
-    /// The store's records as they are on disk (format version 1): a change
-    /// of any record type shows here first, and needs a format version and
-    /// a migration (the metadata journal will carry the same records).
+    /// The store's records as they are on disk (format version 1), the
+    /// cross-node intents included: a change of any record type shows here
+    /// first, and needs a format version and a migration (the metadata
+    /// journal will carry the same records).
     #[test]
     fn record_encodings_are_pinned() {
         let id = EntryId { node: 1, epoch: 2, counter: 3 };
@@ -411,7 +412,7 @@ mod tests {
             parent: Some(EntryId::ROOT),
             ..file.clone()
         };
-        let cases: [(&str, Vec<u8>, &str); 5] = [
+        let cases: [(&str, Vec<u8>, &str); 7] = [
             ("dentry", encode(&Dentry { id, kind: FileKind::Dir, owner: NodeId(2) }), "0102030102"),
             ("file inode", encode(&file), "00a403e80764f0a20401020704070607000100808004020409000000"),
             ("directory inode", encode(&dir), "01ed0be8076400030207040706070000018080200001030001000001"),
@@ -427,6 +428,33 @@ mod tests {
                     chooser: Some(hivefs_proto::MetaChooser::RoundRobin),
                 }),
                 "01030102",
+            ),
+            (
+                "rmdir intent",
+                encode(&Intent {
+                    op: Some(hivefs_proto::OpId { client: 7, seq: 300, done_below: 299 }),
+                    step: IntentStep::Rmdir { parent: EntryId::ROOT, name: b"d".to_vec(), id, owner: NodeId(2) },
+                }),
+                "0107ac02ab0201000001016401020302",
+            ),
+            (
+                "rename intent with a moved file",
+                encode(&Intent {
+                    op: None,
+                    step: IntentStep::Rename {
+                        parent: EntryId::ROOT,
+                        name: b"a".to_vec(),
+                        new_parent: id,
+                        new_owner: NodeId(2),
+                        new_name: b"b".to_vec(),
+                        flags: 1,
+                        id,
+                        kind: FileKind::File,
+                        owner: NodeId(1),
+                        moved: Some((file.clone(), vec![(b"user.x".to_vec(), b"1".to_vec())])),
+                    },
+                }),
+                "000200000101610102030201620101020300010100a403e80764f0a204010207040706070001008080040204090000000106757365722e780131",
             ),
         ];
         for (what, got, want) in cases {
