@@ -10,6 +10,7 @@ use hivefs_proto::Caller;
 use hivefs_types::attr::{FileKind, Timespec};
 use hivefs_types::error::{ErrorCode, FsError};
 use hivefs_types::pattern::Pattern;
+use rustix::process::{getgid, getuid};
 use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::io::{Error, ErrorKind};
@@ -114,13 +115,9 @@ impl BenchFile for PosixFile {
     }
 
     fn close(self: Box<Self>) -> IoResult<()> {
-        // SAFETY: the descriptor is owned by this file and not used afterwards.
-        let fd = std::os::unix::io::IntoRawFd::into_raw_fd(self.0);
-        // close(2) reports errors of a network file system's final flush.
-        if unsafe { libc::close(fd) } != 0 {
-            return Err(Error::last_os_error());
-        }
-        Ok(())
+        // close(2) reports errors of a network file system's final flush,
+        // which dropping the file would ignore.
+        nix::unistd::close(self.0).map_err(Error::from)
     }
 }
 
@@ -168,8 +165,7 @@ impl Native {
         let client = rt
             .block_on(Client::connect(opts))
             .map_err(|e| Error::other(format!("cannot connect to HiveFS at mgmtd {mgmtd}: {e}")))?;
-        // SAFETY: getuid/getgid cannot fail.
-        let caller = unsafe { Caller { uid: libc::getuid(), gid: libc::getgid() } };
+        let caller = Caller { uid: getuid().as_raw(), gid: getgid().as_raw() };
         let n =
             Native { client, rt, dirs: Mutex::new(HashMap::new()), base: base.trim_matches('/').to_string(), caller };
         n.dir(&n.base.clone())?;

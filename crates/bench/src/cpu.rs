@@ -8,14 +8,10 @@ use std::path::{Path, PathBuf};
 
 /// User plus system CPU seconds of this process so far.
 pub fn self_cpu_s() -> f64 {
-    // SAFETY: `rusage` is plain old data; getrusage fills it.
-    let mut r: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid, writable rusage.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut r) } != 0 {
-        return 0.0;
-    }
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(r.ru_utime) + tv(r.ru_stime)
+    use nix::sys::resource::{getrusage, UsageWho};
+    let Ok(r) = getrusage(UsageWho::RUSAGE_SELF) else { return 0.0 };
+    let tv = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+    tv(r.user_time()) + tv(r.system_time())
 }
 
 /// User plus system CPU seconds of process `pid` from `/proc/<pid>/stat`.
@@ -25,8 +21,7 @@ pub fn pid_cpu_s(pid: i32) -> Option<f64> {
 }
 
 fn clock_ticks() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let t = rustix::param::clock_ticks_per_second();
     if t > 0 {
         t as f64
     } else {

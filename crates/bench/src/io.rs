@@ -185,8 +185,7 @@ impl Drop for Cleanup<'_> {
 }
 
 pub fn drop_caches() -> Result<()> {
-    // SAFETY: sync(2) has no preconditions.
-    unsafe { libc::sync() };
+    rustix::fs::sync();
     std::fs::write("/proc/sys/vm/drop_caches", b"3\n")
         .map_err(|e| BenchError::io("dropping the page cache (/proc/sys/vm/drop_caches; needs root)", e))
 }

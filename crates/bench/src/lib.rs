@@ -17,6 +17,8 @@
 //! one JSON object. This crate owns measuring, not presenting, and it never
 //! asserts anything about speed.
 
+#![forbid(unsafe_code)]
+
 pub mod backend;
 pub mod combine;
 pub mod cpu;

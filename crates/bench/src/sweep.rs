@@ -18,6 +18,7 @@ use hivefs_net::Secret;
 use hivefs_proto::Caller;
 use hivefs_types::attr::{EntryAttr, FileKind};
 use hivefs_types::pattern::{Chooser, DirPattern};
+use rustix::process::{getgid, getuid};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -314,8 +315,7 @@ impl Control {
             .block_on(Client::connect(Options::new(mgmtd.to_string(), secret)))
             .map_err(fs_err(format!("connecting to mgmtd {mgmtd}")))?;
         rt.block_on(client.cluster().refresh()).map_err(fs_err(format!("cluster view from mgmtd {mgmtd}")))?;
-        // SAFETY: getuid/getgid cannot fail.
-        let caller = unsafe { Caller { uid: libc::getuid(), gid: libc::getgid() } };
+        let caller = Caller { uid: getuid().as_raw(), gid: getgid().as_raw() };
         Ok(Control { rt, client, caller })
     }
 

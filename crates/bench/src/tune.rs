@@ -70,11 +70,11 @@ fn median(v: &[f64]) -> f64 {
 }
 
 fn children_cpu() -> (f64, f64) {
-    // SAFETY: getrusage only writes into the struct we pass.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    (tv(ru.ru_utime), tv(ru.ru_stime))
+    use nix::sys::resource::{getrusage, UsageWho};
+    // getrusage(RUSAGE_CHILDREN) does not fail; zeros if it somehow did.
+    let Ok(ru) = getrusage(UsageWho::RUSAGE_CHILDREN) else { return (0.0, 0.0) };
+    let tv = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+    (tv(ru.user_time()), tv(ru.system_time()))
 }
 
 fn clean_dir(dir: &std::path::Path) -> Result<()> {

@@ -11,6 +11,7 @@ use clap::Args;
 use hivefs_fsck::{Nodes, Pending, Report};
 use hivefs_net::{call_once, ClientConfig};
 use hivefs_proto::{Reachability, Reply, Request};
+use rustix::process::{kill_process, Pid, Signal};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -66,8 +67,8 @@ impl Drop for OfflineServices {
     fn drop(&mut self) {
         // Storage, then metadata, then mgmtd: the reverse of the start order.
         for (name, c) in self.children.iter_mut().rev() {
-            // SAFETY: signalling a child process started by this command.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            // A child process started by this command, not yet reaped.
+            let _ = kill_process(Pid::from_child(c), Signal::TERM);
             let start = Instant::now();
             while matches!(c.try_wait(), Ok(None)) {
                 if start.elapsed() > Duration::from_secs(10) {

@@ -69,6 +69,7 @@ enum Cmd {
 /// stays at 89 MiB (tests/bigdir.rs). Small allocations still go through
 /// glibc's per-thread caches without the arena lock. An explicit
 /// `MALLOC_ARENA_MAX` in the environment is left to glibc.
+#[allow(unsafe_code)] // mallopt: neither rustix nor nix wraps it
 fn limit_malloc_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
@@ -83,6 +84,7 @@ fn limit_malloc_arenas() {
 /// Unix tools do (`hivefs targets | head -1`), instead of panicking in
 /// `println!`. Services, `up`, `down` and `fsck` keep ignoring SIGPIPE: they
 /// must not die half-way through their work because a reader went away.
+#[allow(unsafe_code)] // rustix has no signal dispositions; nix's `signal` is unsafe too
 fn quiet_broken_pipe(cmd: &Cmd) {
     let reports_only = !matches!(
         cmd,
@@ -102,6 +104,7 @@ extern "C" fn on_interrupt(_: libc::c_int) {
 
 /// Benchmarks stop at the first SIGINT or SIGTERM and remove their files (and a
 /// sweep its extra mounts) before exiting; a second signal ends them at once.
+#[allow(unsafe_code)] // rustix has no signal handlers; nix's `sigaction` is unsafe too
 fn graceful_interrupt() {
     for sig in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: a zeroed sigaction with a handler that only stores to an atomic

@@ -255,14 +255,14 @@ pub fn mount_record(mnt: &Path) -> Result<MountRecord> {
 /// Raises the soft limit of open descriptors to the hard one: a mount holds
 /// a descriptor per chunk file it reads or writes directly (short-circuit).
 fn raise_nofile_limit() {
-    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit/setrlimit on a struct owned here.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
-            r.rlim_cur = r.rlim_max.min(1 << 20);
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
-                tracing::debug!("cannot raise the open-file limit: {}", std::io::Error::last_os_error());
-            }
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let r = getrlimit(Resource::Nofile);
+    // None is RLIM_INFINITY.
+    let (cur, max) = (r.current.unwrap_or(u64::MAX), r.maximum.unwrap_or(u64::MAX));
+    if cur < max {
+        let raised = Rlimit { current: Some(max.min(1 << 20)), maximum: r.maximum };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            tracing::debug!("cannot raise the open-file limit: {}", std::io::Error::from(e));
         }
     }
 }

@@ -9,7 +9,7 @@
 //! same file system.
 
 use crate::services::mount_record_path;
-use crate::util::{absolute, is_mounted, parse_size, pid_alive, print_table, read_pid};
+use crate::util::{absolute, is_mounted, parse_size, pid_alive, print_table, read_pid, send_signal};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use hivefs_client::{Client, Options};
@@ -17,6 +17,7 @@ use hivefs_net::{call_once, ClientConfig};
 use hivefs_proto::{Reachability, Reply, Request};
 use hivefs_types::ids::NodeType;
 use hivefs_types::pattern::{validate_chunk_size, Chooser, DirPattern};
+use rustix::process::Signal;
 use serde::{Deserialize, Serialize};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -512,8 +513,7 @@ pub fn up(a: UpArgs) -> Result<()> {
             let _ = unmount(&mnt, true);
         }
         if let Some(pid) = service_running(&cdir, "mount") {
-            // SAFETY: signalling a process we started.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
+            send_signal(pid, Signal::TERM);
         }
         std::fs::create_dir_all(&mnt).with_context(|| format!("cannot create mount point {}", mnt.display()))?;
         hivefs_fuse::check_mountpoint(&mnt).map_err(|e| anyhow!(e))?;
@@ -716,16 +716,15 @@ pub(crate) fn unmount(mnt: &Path, lazy: bool) -> Result<bool> {
 }
 
 fn stop_pid(name: &str, pid: i32, grace: Duration) {
-    // SAFETY: signalling a process this file system started (pid from its pid file).
-    unsafe { libc::kill(pid, libc::SIGTERM) };
+    // A process this file system started (pid from its pid file).
+    send_signal(pid, Signal::TERM);
     let start = Instant::now();
     while pid_alive(pid) && start.elapsed() < grace {
         std::thread::sleep(Duration::from_millis(50));
     }
     if pid_alive(pid) {
         eprintln!("{name} (pid {pid}) did not stop within {grace:?}; killing it");
-        // SAFETY: as above.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        send_signal(pid, Signal::KILL);
     }
 }
 

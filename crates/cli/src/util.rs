@@ -1,6 +1,7 @@
 //! Small helpers of the command line: sizes, tables, logging, signals.
 
 use anyhow::{Context, Result};
+use rustix::process::{kill_process, test_kill_process, Pid, Signal};
 use std::path::{Path, PathBuf};
 
 /// Parses "512k", "1m", "4KiB", "1g", "4096" into bytes (binary units).
@@ -76,9 +77,27 @@ pub async fn wait_for_signal() {
     }
 }
 
+/// The process of a pid file's id; none for ids that are not positive
+/// (kill(2) would take them for process groups).
+fn process(pid: i32) -> Option<Pid> {
+    if pid > 0 {
+        Pid::from_raw(pid)
+    } else {
+        None
+    }
+}
+
 pub fn pid_alive(pid: i32) -> bool {
-    // SAFETY: kill with signal 0 only checks that the process exists.
-    pid > 0 && unsafe { libc::kill(pid, 0) } == 0 && !is_zombie(pid)
+    // kill with signal 0 only checks that the process exists.
+    process(pid).is_some_and(|p| test_kill_process(p).is_ok()) && !is_zombie(pid)
+}
+
+/// Sends `sig` to process `pid` (from a pid file). Whether it arrived is
+/// seen by watching the process ([`pid_alive`]).
+pub fn send_signal(pid: i32, sig: Signal) {
+    if let Some(p) = process(pid) {
+        let _ = kill_process(p, sig);
+    }
 }
 
 fn is_zombie(pid: i32) -> bool {

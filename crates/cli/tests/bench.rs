@@ -338,8 +338,9 @@ fn interrupted_benchmarks_remove_their_files() {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         std::thread::sleep(std::time::Duration::from_millis(300));
-        // SAFETY: signalling the process group of the child started above.
-        unsafe { libc::kill(-(child.id() as i32), libc::SIGINT) };
+        // The process group of the child started above.
+        let group = rustix::process::Pid::from_child(&child);
+        rustix::process::kill_process_group(group, rustix::process::Signal::INT).unwrap();
         let o = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(130), "{args:?}: {err}");

@@ -3,6 +3,10 @@
 //! an open sees what another client left on close, and O_APPEND writes
 //! from two mounts never overwrite each other.
 
+// Raw system calls on the mount, as a program would make them (exact
+// arguments, errno): the point of these tests.
+#![allow(unsafe_code)]
+
 mod common;
 
 use common::TestFs;

@@ -3,6 +3,10 @@
 //! across storage servers), the results match the local disk's, and the
 //! bytes do not pass through the mount.
 
+// Raw system calls on the mount, as a program would make them (exact
+// arguments, errno): the point of these tests.
+#![allow(unsafe_code)]
+
 mod common;
 
 use common::*;

@@ -435,15 +435,11 @@ fn vm_hwm_kib(pid: i32) -> u64 {
 }
 
 fn raise_nofile_limit() -> u64 {
-    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: plain syscalls on a local struct.
-    unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
-        r.rlim_cur = r.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
-    }
-    r.rlim_cur
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let r = getrlimit(Resource::Nofile);
+    let _ = setrlimit(Resource::Nofile, Rlimit { current: r.maximum, maximum: r.maximum });
+    // None is RLIM_INFINITY.
+    getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
 }
 
 #[derive(Clone, Copy, Debug)]

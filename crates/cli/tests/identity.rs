@@ -4,6 +4,10 @@
 //! metadata nodes, and for every hard link), tools that find hard links by
 //! inode number keep a tree's link structure, and file handles stay valid.
 
+// Raw system calls on the mount, as a program would make them (exact
+// arguments, errno): the point of these tests.
+#![allow(unsafe_code)]
+
 mod common;
 
 use common::*;

@@ -8,6 +8,7 @@ mod common;
 use common::{errno_of as errno, TestFs};
 use hivefs_bench::md::MetaCounts;
 use hivefs_bench::FsConn;
+use rustix::process::{kill_process, Pid, Signal};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -95,11 +96,12 @@ fn a_frozen_mount_delays_a_change_only_until_its_lease_ends() {
     // SIGSTOP right after stats there that the lease answered: the mount
     // cannot answer its revocation.
     assert!(stats_served_from_cache(&m, &there, 5), "the other mount got no lease");
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let proc = Pid::from_raw(pid).expect("positive pid");
+    kill_process(proc, Signal::STOP).unwrap();
     let start = Instant::now();
     std::fs::set_permissions(&here, std::fs::Permissions::from_mode(0o640)).unwrap();
     let took = start.elapsed();
-    unsafe { libc::kill(pid, libc::SIGCONT) };
+    kill_process(proc, Signal::CONT).unwrap();
     eprintln!("chmod with a frozen lease holder took {took:?}");
     // It waited for the lease (1.5 s from the stat, which came just before)...
     assert!(took >= Duration::from_millis(500), "chmod did not wait for the frozen holder: {took:?}");

@@ -3,6 +3,10 @@
 //! F_SETLKW, F_GETLK), lease expiry of a killed client, and O_APPEND writes
 //! from two mounts.
 
+// Raw system calls on the mount, as a program would make them (exact
+// arguments, errno): the point of these tests.
+#![allow(unsafe_code)]
+
 mod common;
 
 use common::*;

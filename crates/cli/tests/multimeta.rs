@@ -5,6 +5,10 @@
 //! restarted by `hivefs up`, and the operation is then either fully applied
 //! or not visible, with `hivefs fsck` clean.
 
+// Raw system calls on the mount, as a program would make them (exact
+// arguments, errno): the point of these tests.
+#![allow(unsafe_code)]
+
 mod common;
 
 use common::*;

@@ -1,5 +1,9 @@
 //! Namespace operations and their errors, with plain system calls on the mount.
 
+// Raw system calls on the mount, as a program would make them (exact
+// arguments, errno): the point of these tests.
+#![allow(unsafe_code)]
+
 mod common;
 use common::*;
 use std::ffi::CString;

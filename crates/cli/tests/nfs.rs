@@ -43,8 +43,7 @@ fn ok_on(host: &Host, program: &str, args: &[&str]) -> Vec<u8> {
 }
 
 fn drop_caches() {
-    // SAFETY: sync(2) has no preconditions.
-    unsafe { libc::sync() };
+    rustix::fs::sync();
     std::fs::write("/proc/sys/vm/drop_caches", "2").expect("drop caches (needs root)");
 }
 

@@ -5,6 +5,10 @@
 //! `run_suite` takes any mounted file system, so the same cases run against
 //! one metadata server and against several.
 
+// Raw system calls on the mount, as a program would make them (exact
+// arguments, errno): the point of these tests.
+#![allow(unsafe_code)]
+
 mod common;
 mod posix {
     pub mod access;

@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use rustix::process::{kill_process, Pid, Signal};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::time::Duration;
 
@@ -13,16 +14,16 @@ struct Stopped(i32);
 
 impl Stopped {
     fn new(pid: i32) -> Stopped {
-        // SAFETY: stopping a service this test started.
-        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        // A service this test started.
+        let _ = kill_process(Pid::from_raw(pid).expect("positive pid"), Signal::STOP);
         Stopped(pid)
     }
 }
 
 impl Drop for Stopped {
     fn drop(&mut self) {
-        // SAFETY: resuming the service stopped above.
-        unsafe { libc::kill(self.0, libc::SIGCONT) };
+        // The service stopped above.
+        let _ = kill_process(Pid::from_raw(self.0).expect("positive pid"), Signal::CONT);
     }
 }
 

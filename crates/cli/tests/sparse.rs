@@ -2,6 +2,10 @@
 //! over files striped across several targets, each checked against the same
 //! sequence on a file of the local disk.
 
+// Raw system calls on the mount, as a program would make them (exact
+// arguments, errno): the point of these tests.
+#![allow(unsafe_code)]
+
 mod common;
 
 use common::*;

@@ -9,6 +9,8 @@
 //! It must not know about FUSE or errno; the mount crate and the CLI sit on
 //! top of it.
 
+#![forbid(unsafe_code)]
+
 mod data;
 mod dirattrs;
 mod leases;

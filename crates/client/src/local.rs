@@ -33,12 +33,10 @@ const FILES_MAX: usize = 4096;
 
 /// [`FILES_MAX`], or a quarter of the soft `RLIMIT_NOFILE` if that is less.
 fn files_max() -> usize {
-    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes the struct it is given.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
-        return FILES_MAX / 4;
-    }
-    usize::try_from(r.rlim_cur / 4).unwrap_or(FILES_MAX).min(FILES_MAX)
+    use rustix::process::{getrlimit, Resource};
+    // None is RLIM_INFINITY.
+    let cur = getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX);
+    usize::try_from(cur / 4).unwrap_or(FILES_MAX).min(FILES_MAX)
 }
 /// After a service did not answer on its socket: try again after this long.
 const RETRY_ABSENT: Duration = Duration::from_secs(30);

@@ -17,6 +17,8 @@
 //! services (the command line starts those of a stopped file system and
 //! hands this crate the mgmtd address).
 
+#![forbid(unsafe_code)]
+
 pub mod checker;
 pub mod repair;
 pub mod walk;

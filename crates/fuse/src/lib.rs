@@ -11,6 +11,8 @@
 //! The FUSE transport sits behind `fuser` here; a later FUSE-over-io_uring
 //! transport would replace `mount()` and keep `HiveFs`'s request handlers.
 
+#![forbid(unsafe_code)]
+
 mod errno;
 mod fs;
 mod inodes;

@@ -23,6 +23,8 @@
 //! → this file (configuration, mgmtd, serving). `chooser` and `targets` (the
 //! storage targets' view) stand apart.
 
+#![forbid(unsafe_code)]
+
 pub mod chooser;
 pub mod cross;
 pub mod fsck;

@@ -25,7 +25,6 @@ use hivefs_types::ids::TargetId;
 use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -256,11 +255,8 @@ fn read_file(path: &Path, p: &Params) -> std::io::Result<()> {
 
 fn drop_cache(path: &Path) -> std::io::Result<()> {
     let f = File::open(path)?;
-    // SAFETY: a valid open descriptor; fadvise only gives the kernel a hint.
-    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if r != 0 {
-        return Err(std::io::Error::from_raw_os_error(r));
-    }
+    // Offset 0 and no length: the whole file.
+    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed)?;
     Ok(())
 }
 

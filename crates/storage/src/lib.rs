@@ -15,6 +15,8 @@
 //! The service is a library: [`start`] runs it inside the caller's tokio
 //! runtime, so tests run it in-process and the binary stays thin.
 
+#![forbid(unsafe_code)]
+
 pub mod bench;
 pub mod error;
 pub mod ratelimit;

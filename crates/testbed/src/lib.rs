@@ -52,10 +52,13 @@
 //!
 //! Needs root (network and mount namespaces, tc). By-hand use: the `hivefs-testbed` binary.
 
+#![forbid(unsafe_code)]
+
 use anyhow::{anyhow, bail, Context, Result};
-use std::ffi::{CString, OsStr};
+use rustix::mount::{unmount, UnmountFlags};
+use rustix::process::{geteuid, kill_process, Pid, Signal};
+use std::ffi::OsStr;
 use std::net::Ipv4Addr;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -720,10 +723,12 @@ fn kill_namespace_processes(ns: &str) {
     let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() else { return };
     let pids: Vec<i32> =
         String::from_utf8_lossy(&out.stdout).split_whitespace().filter_map(|p| p.parse().ok()).collect();
-    for (sig, wait) in [(libc::SIGTERM, Duration::from_secs(2)), (libc::SIGKILL, Duration::from_secs(5))] {
-        for &p in pids.iter().filter(|&&p| pid_running(p)) {
-            // SAFETY: plain kill(2) of a process inside this test bed's namespace.
-            unsafe { libc::kill(p, sig) };
+    for (sig, wait) in [(Signal::TERM, Duration::from_secs(2)), (Signal::KILL, Duration::from_secs(5))] {
+        for &p in pids.iter().filter(|&&p| p > 0 && pid_running(p)) {
+            // A process inside this test bed's namespace.
+            if let Some(p) = Pid::from_raw(p) {
+                let _ = kill_process(p, sig);
+            }
         }
         let start = Instant::now();
         while pids.iter().any(|&p| pid_running(p)) && start.elapsed() < wait {
@@ -754,8 +759,8 @@ fn process_start_time(pid: u32) -> Result<u64> {
 fn stop_children(mut children: Vec<(String, Child)>, grace: Duration) {
     for (_, c) in &mut children {
         if matches!(c.try_wait(), Ok(None)) {
-            // SAFETY: signalling our own child, which has not been reaped.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            // Our own child, which has not been reaped.
+            let _ = kill_process(Pid::from_child(c), Signal::TERM);
         }
     }
     let start = Instant::now();
@@ -786,11 +791,9 @@ fn detach_mounts_under(dirs: &[PathBuf]) {
     points.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
     points.dedup();
     for p in points {
-        let Ok(c) = CString::new(p.as_os_str().as_bytes()) else { continue };
-        // SAFETY: umount2 with a valid C string; MNT_DETACH never waits for the file system.
-        let r = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-        if r != 0 {
-            eprintln!("hivefs-testbed: cannot detach {}: {}", p.display(), std::io::Error::last_os_error());
+        // MNT_DETACH never waits for the file system.
+        if let Err(e) = unmount(&p, UnmountFlags::DETACH) {
+            eprintln!("hivefs-testbed: cannot detach {}: {}", p.display(), std::io::Error::from(e));
         }
     }
 }
@@ -826,8 +829,7 @@ fn check_label(what: &str, s: &str, max: usize) -> Result<()> {
 }
 
 fn need_root() -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !geteuid().is_root() {
         bail!("hivefs-testbed needs root (network namespaces, veths, tc, mounts); run it, and the multi-host tests, as root");
     }
     Ok(())

@@ -2,6 +2,7 @@
 //! directories. Every file system is torn down on drop, also when a test fails.
 #![allow(dead_code)]
 
+use rustix::process::{kill_process, Pid, Signal};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -109,8 +110,8 @@ impl TestFs {
 
     pub fn kill9(&self, service: &str) {
         let pid = self.pid(service);
-        // SAFETY: killing a service this test started.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        // A service this test started.
+        let _ = kill_process(Pid::from_raw(pid).expect("positive pid"), Signal::KILL);
         let start = Instant::now();
         while std::fs::metadata(format!("/proc/{pid}")).is_ok() && start.elapsed() < Duration::from_secs(10) {
             // The process is reaped by init; wait until it is gone or a zombie

@@ -2,6 +2,7 @@
 //! the kernel knobs set around it, and the end of the session.
 
 use super::*;
+use std::os::fd::AsFd;
 
 /// Refuses a mount point that is missing, not a directory, not empty, or already a mount.
 pub fn check_mountpoint(mnt: &Path) -> Result<(), String> {
@@ -104,16 +105,10 @@ pub fn mount(
     cfg.n_threads = Some(opts.fuse_threads.max(1));
     cfg.clone_fd = true;
     let epoch_fd = {
-        let before = fuse_fds();
         let session = fuser::Session::new(fs, mnt, &cfg)?;
-        // The descriptor the session just opened; a duplicate stays valid
-        // as long as the connection.
-        let fd = fuse_fds().into_iter().filter(|fd| !before.contains(fd)).max();
-        let f = fd.and_then(|fd| {
-            // SAFETY: `fd` is an open descriptor of this process; dup gives a new one we own.
-            let d = unsafe { libc::dup(fd) };
-            (d >= 0).then(|| unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(d) })
-        });
+        // The session's /dev/fuse descriptor; a duplicate stays valid as
+        // long as the connection.
+        let f = session.as_fd().try_clone_to_owned().map(std::fs::File::from).ok();
         let f = f.filter(|f| match inc_epoch(f) {
             Ok(()) => true,
             Err(e) => {
@@ -165,16 +160,6 @@ pub fn mount(
 }
 
 /// `/dev/fuse` descriptors open in this process.
-fn fuse_fds() -> Vec<i32> {
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
-    dir.filter_map(|e| {
-        let e = e.ok()?;
-        let target = std::fs::read_link(e.path()).ok()?;
-        (target == Path::new("/dev/fuse")).then(|| e.file_name().to_str()?.parse().ok())?
-    })
-    .collect()
-}
-
 /// Kernel FUSE protocol: `FUSE_NOTIFY_INC_EPOCH` (7.44).
 const FUSE_NOTIFY_INC_EPOCH: i32 = 8;
 
