@@ -13,6 +13,7 @@ use hivefs_types::attr::{EntryAttr, FileKind};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, NodeId};
+use rand::Rng;
 use redb::ReadableTable;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -67,8 +68,9 @@ impl Namespace {
         *self.multi.crash.write().expect("crash lock") = hook;
     }
 
-    fn crash(&self, op: &str, step: &str) -> FsResult<()> {
-        self.multi.crash.read().expect("crash lock").at(op, step)
+    async fn crash(&self, op: &str, step: &str) -> FsResult<()> {
+        let hook = self.multi.crash.read().expect("crash lock").clone();
+        hook.reached(op, step).await
     }
 
     fn peers(&self) -> Option<Arc<dyn Peers>> {
@@ -139,7 +141,8 @@ impl Namespace {
             return me;
         }
         let mut counts = self.multi.counts.lock().expect("counts lock");
-        let n = choose_owner(chooser, &nodes, &counts, &self.multi.rr, rand::random());
+        let random = self.multi.rng.lock().expect("chooser rng lock").gen();
+        let n = choose_owner(chooser, &nodes, &counts, &self.multi.rr, random);
         *counts.entry(n).or_insert(0) += 1;
         n
     }
@@ -447,7 +450,7 @@ impl Namespace {
         self.set_pending(op, true);
         let r = match self.submit_multi(None, m).await {
             Err(e) => Err(e),
-            Ok(_) => match self.crash(what, "intent") {
+            Ok(_) => match self.crash(what, "intent").await {
                 Ok(()) => self.drive(intent).await,
                 Err(e) => Err(e),
             },
@@ -469,9 +472,9 @@ impl Namespace {
         match self.remote(intent, &rec.step).await? {
             Remote::Refused(err) => self.submit_multi(rec.op, undo(&rec.step, intent, err)).await,
             Remote::Done { commit, forget, hand_over } => {
-                self.crash(what, "remote")?;
+                self.crash(what, "remote").await?;
                 let r = self.submit_multi(rec.op, *commit).await;
-                self.crash(what, "commit")?;
+                self.crash(what, "commit").await?;
                 if let (Ok(_), Some((id, to))) = (&r, hand_over) {
                     self.hand_over_opens(id, to).await;
                 }
@@ -678,12 +681,12 @@ impl Namespace {
             PeerOp::CreateDir { id, inode, parent_owner, chooser } => {
                 let inode: Inode = decode("inode", id, &inode).map_err(|m| fs_err!(Protocol, "{m}"))?;
                 let r = self.submit_multi(None, MultiMut::PeerCreateDir { id, inode, parent_owner, chooser }).await;
-                self.crash("mkdir", "peer")?;
+                self.crash("mkdir", "peer").await?;
                 r
             }
             PeerOp::RemoveDir { id } => {
                 let r = self.submit_multi(None, MultiMut::PeerRemoveDir { id }).await;
-                self.crash("rmdir", "peer")?;
+                self.crash("rmdir", "peer").await?;
                 r
             }
             PeerOp::SetParent { id, parent, parent_owner } => {
@@ -737,26 +740,26 @@ impl Namespace {
                 if let (Ok(_), Some(o)) = (&r, dropped) {
                     let _ = self.peer_call(o, PeerOp::Forget { intent }).await;
                 }
-                self.crash("rename", "peer")?;
+                self.crash("rename", "peer").await?;
                 r
             }
             PeerOp::Forget { intent } => self.submit_multi(None, MultiMut::PeerForget { intent }).await,
             PeerOp::LinkIn { intent, new_parent, new_name, id, kind, owner } => {
                 let dentry = Dentry { id, kind, owner };
                 let r = self.submit_multi(None, MultiMut::PeerLinkIn { intent, new_parent, new_name, dentry }).await;
-                self.crash("link", "peer")?;
+                self.crash("link", "peer").await?;
                 r
             }
             PeerOp::DropLink { intent, id } => {
                 let r = self.submit_multi(None, MultiMut::PeerDropLink { intent, id }).await;
-                self.crash("unlink", "peer")?;
+                self.crash("unlink", "peer").await?;
                 r
             }
             PeerOp::ExchangeIn { intent, new_parent, new_name, expect, id, kind, owner } => {
                 let put = Dentry { id, kind, owner };
                 let m = MultiMut::PeerExchangeIn { intent, new_parent, new_name, expect, put };
                 let r = self.submit_multi(None, m).await;
-                self.crash("exchange", "peer")?;
+                self.crash("exchange", "peer").await?;
                 r
             }
             PeerOp::Opened { id, count } => {
@@ -852,6 +855,7 @@ mod tests {
                 seed: Some(7),
                 clock: None,
                 min_free_bytes: 0,
+                inline_writer: None,
             };
             let ns = Arc::new(Namespace::open(opts, Arc::new(OneTarget)).unwrap());
             ns.set_peers(self.net.clone());
@@ -963,6 +967,46 @@ mod tests {
         assert!(n2.getattr(d.id).is_err());
         assert_eq!(n1.getattr(EntryId::ROOT).unwrap().nlink, 2);
         assert!(intents(&n1).is_empty());
+    }
+
+    /// `CrashHook::Halt`: the task that reaches the step stops there for
+    /// good (its caller gets no answer) and the notify fires; the intent
+    /// stays, and a restart finishes it.
+    #[tokio::test]
+    async fn a_halted_step_stops_its_task_and_tells() {
+        let mut c = setup().await;
+        let fired = Arc::new(tokio::sync::Notify::new());
+        c.ns(0).set_crash_hook(CrashHook::Halt("mkdir:remote".into(), fired.clone()));
+        let n1 = c.ns(0);
+        let call = tokio::spawn(async move { n1.handle(mkdir_req(EntryId::ROOT, "new")).await });
+        fired.notified().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!call.is_finished(), "the halted call never answers");
+        call.abort();
+        let _ = call.await;
+        assert_eq!(intents(&c.ns(0)).len(), 1);
+        c.restart(0).await;
+        assert!(intents(&c.ns(0)).is_empty());
+        assert_eq!(c.ns(0).lookup_any(EntryId::ROOT, b"new").await.unwrap().owner, NodeId(2));
+    }
+
+    /// The `random` metadata-node chooser draws from `NamespaceOptions::seed`.
+    #[tokio::test]
+    async fn the_random_meta_chooser_follows_the_seed() {
+        let mut owners = Vec::new();
+        for _ in 0..2 {
+            let c = Cluster::new(3);
+            let n1 = c.ns(0);
+            n1.ensure_root().await.unwrap();
+            n1.handle(Request::SetMetaChooser { id: EntryId::ROOT, chooser: MetaChooser::Random }).await.unwrap();
+            let mut v = Vec::new();
+            for i in 0..12 {
+                v.push(attr(n1.handle(mkdir_req(EntryId::ROOT, &format!("d{i}"))).await).owner);
+            }
+            owners.push(v);
+        }
+        assert_eq!(owners[0], owners[1]);
+        assert!(owners[0].iter().any(|&o| o != owners[0][0]), "spread over the nodes: {:?}", owners[0]);
     }
 
     #[tokio::test]
