@@ -119,45 +119,44 @@ pub(super) fn peer_rename_in(
     let dst = load_dentry(&t.dentries, new_parent, &new_name)?;
     let mut replaced = None;
     if let Some(d) = &dst {
-        if d.id != src.id {
-            if flags & RENAME_NOREPLACE != 0 {
-                return Err(fs_err!(Exists, "entry {} already exists in directory {new_parent}", q(&new_name)).into());
-            }
-            check_unlocked(t, new_parent, &new_name)?;
-            match (is_dir, d.kind == FileKind::Dir) {
-                (true, false) => {
-                    return Err(fs_err!(
-                        NotDir,
-                        "cannot replace non-directory {} in {new_parent} by a directory",
-                        q(&new_name)
-                    )
-                    .into())
-                }
-                (false, true) => {
-                    return Err(fs_err!(
-                        IsDir,
-                        "cannot replace directory {} in {new_parent} by a non-directory",
-                        q(&new_name)
-                    )
-                    .into())
-                }
-                _ => {}
-            }
-            // A directory owned elsewhere was removed there before this step.
-            let local = load_inode(&t.inodes, d.id)?.filter(|_| d.owner == node);
-            if let Some(di) = &local {
-                if di.kind == FileKind::Dir && !is_empty_dir(&t.dentries, d.id)? {
-                    return Err(fs_err!(
-                        NotEmpty,
-                        "directory {} ({}) in {new_parent} is not empty",
-                        q(&new_name),
-                        d.id
-                    )
-                    .into());
-                }
-            }
-            replaced = Some((d.clone(), local));
+        if d.id == src.id {
+            // Another name of the same file: the coordinator looked before
+            // its intent and found none, so it came since (a link racing).
+            return Err(fs_err!(Busy, "{} in {new_parent} changed during a rename; try again", q(&new_name)).into());
         }
+        if flags & RENAME_NOREPLACE != 0 {
+            return Err(fs_err!(Exists, "entry {} already exists in directory {new_parent}", q(&new_name)).into());
+        }
+        check_unlocked(t, new_parent, &new_name)?;
+        match (is_dir, d.kind == FileKind::Dir) {
+            (true, false) => {
+                return Err(fs_err!(
+                    NotDir,
+                    "cannot replace non-directory {} in {new_parent} by a directory",
+                    q(&new_name)
+                )
+                .into())
+            }
+            (false, true) => {
+                return Err(fs_err!(
+                    IsDir,
+                    "cannot replace directory {} in {new_parent} by a non-directory",
+                    q(&new_name)
+                )
+                .into())
+            }
+            _ => {}
+        }
+        // A directory owned elsewhere was removed there before this step.
+        let local = load_inode(&t.inodes, d.id)?.filter(|_| d.owner == node);
+        if let Some(di) = &local {
+            if di.kind == FileKind::Dir && !is_empty_dir(&t.dentries, d.id)? {
+                return Err(
+                    fs_err!(NotEmpty, "directory {} ({}) in {new_parent} is not empty", q(&new_name), d.id).into()
+                );
+            }
+        }
+        replaced = Some((d.clone(), local));
     }
     // ---- writes only below this line
     if let Some((d, local)) = replaced {

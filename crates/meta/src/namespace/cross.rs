@@ -262,9 +262,38 @@ impl Namespace {
                 src.id
             ));
         }
+        if src.kind != FileKind::Dir && self.may_have_other_names(&src)? {
+            // Two names of one file: POSIX renames nothing (as the local rule).
+            match self.lookup_at(new_owner, new_parent, &new_name).await {
+                Ok(dst) if dst.id == src.id => return Ok(Reply::Ok),
+                Err(e) if transient(&e) => return Err(e),
+                _ => {}
+            }
+        }
         let intent = self.next_intent();
         let m = MultiMut::RenameIntent { intent, parent, name, new_parent, new_owner, new_name, flags, op };
         self.start_protocol("rename", intent, op, m).await
+    }
+
+    /// Whether the non-directory that dentry `src` (held here) names may
+    /// have other names: its inode is elsewhere or has more than one link.
+    fn may_have_other_names(&self, src: &Dentry) -> FsResult<bool> {
+        if src.owner != self.node() {
+            return Ok(true);
+        }
+        Ok(self.read(|t| load_inode(&t.inodes, src.id))?.is_none_or(|i| i.nlink > 1))
+    }
+
+    /// Lookup of `parent/name` on metadata node `owner` (this node: here).
+    async fn lookup_at(&self, owner: NodeId, parent: EntryId, name: &[u8]) -> FsResult<EntryAttr> {
+        if owner == self.node() {
+            return self.lookup_any(parent, name).await;
+        }
+        let peers = self.peers().ok_or_else(|| fs_err!(Unavailable, "metadata node {owner}: no peers configured"))?;
+        match peers.call(owner, Request::Lookup { parent, name: name.to_vec() }).await? {
+            Reply::Entry(e) => Ok(e),
+            r => Err(unexpected(r)),
+        }
     }
 
     /// Sets the ctime of inode `id` on metadata node `owner` to now.
@@ -292,16 +321,7 @@ impl Namespace {
         let a = self
             .read(|t| load_dentry(&t.dentries, parent, &name))?
             .ok_or_else(|| fs_err!(NotFound, "no entry {} in directory {parent}", q(&name)))?;
-        let battr = if new_owner == self.node() {
-            self.lookup_any(new_parent, &new_name).await?
-        } else {
-            let peers =
-                self.peers().ok_or_else(|| fs_err!(Unavailable, "metadata node {new_owner}: no peers configured"))?;
-            match peers.call(new_owner, Request::Lookup { parent: new_parent, name: new_name.clone() }).await? {
-                Reply::Entry(e) => e,
-                r => return Err(unexpected(r)),
-            }
-        };
+        let battr = self.lookup_at(new_owner, new_parent, &new_name).await?;
         let b = Dentry { id: battr.id, kind: battr.kind, owner: battr.owner };
         if a.id == b.id {
             return Ok(Reply::Ok);
@@ -894,6 +914,11 @@ mod tests {
         Request::Mkdir { parent, name: name.into(), mode: 0o755, caller: Caller::default() }
     }
 
+    fn create_req(parent: EntryId, name: &str) -> Request {
+        let caller = Caller::default();
+        Request::Create { parent, name: name.into(), kind: FileKind::File, mode: 0o644, rdev: 0, excl: true, caller }
+    }
+
     fn retryable(seq: u64, req: &Request) -> (Envelope, Request) {
         (Envelope { op: Some(OpId { client: 5, seq, done_below: 0 }), lease_client: None }, req.clone())
     }
@@ -933,15 +958,7 @@ mod tests {
         let up = attr(n2.handle(Request::Lookup { parent: d.id, name: b"..".to_vec() }).await);
         assert_eq!((up.id, up.owner), (EntryId::ROOT, NodeId(1)));
         // A file moves from the root (node 1) into d (node 2) with its xattr.
-        let create = Request::Create {
-            parent: EntryId::ROOT,
-            name: b"f".to_vec(),
-            kind: FileKind::File,
-            mode: 0o644,
-            rdev: 0,
-            excl: true,
-            caller: Caller::default(),
-        };
+        let create = create_req(EntryId::ROOT, "f");
         let f = attr(n1.handle(create).await);
         let sx = Request::SetXattr { id: f.id, name: b"user.a".to_vec(), value: b"1".to_vec(), flags: 0 };
         n1.handle(sx).await.unwrap();
@@ -967,6 +984,45 @@ mod tests {
         assert!(n2.getattr(d.id).is_err());
         assert_eq!(n1.getattr(EntryId::ROOT).unwrap().nlink, 2);
         assert!(intents(&n1).is_empty());
+    }
+
+    /// A rename across nodes onto another name of the same file renames
+    /// nothing (POSIX), as the local rule does: both names stay. (It used
+    /// to remove the source name and leave the link count one too high.)
+    #[tokio::test]
+    async fn renaming_a_file_onto_its_other_name_across_nodes_changes_nothing() {
+        let c = setup().await;
+        let (n1, n2) = (c.ns(0), c.ns(1));
+        let d = attr(n1.handle(mkdir_req(EntryId::ROOT, "d")).await);
+        assert_eq!(d.owner, NodeId(2));
+        let create = create_req(EntryId::ROOT, "f");
+        let f = attr(n1.handle(create).await);
+        // d/g on node 2 names f, whose inode stays on node 1.
+        let link = Request::LinkTo { id: f.id, new_parent: d.id, new_parent_owner: NodeId(2), new_name: b"g".to_vec() };
+        attr(n1.handle(link).await);
+        let to_root = Request::RenameTo {
+            parent: d.id,
+            name: b"g".to_vec(),
+            new_parent: EntryId::ROOT,
+            new_parent_owner: NodeId(1),
+            new_name: b"f".to_vec(),
+            flags: 0,
+        };
+        let to_d = Request::RenameTo {
+            parent: EntryId::ROOT,
+            name: b"f".to_vec(),
+            new_parent: d.id,
+            new_parent_owner: NodeId(2),
+            new_name: b"g".to_vec(),
+            flags: RENAME_NOREPLACE,
+        };
+        for (coordinator, req) in [(&n2, to_root), (&n1, to_d)] {
+            coordinator.handle(req.clone()).await.unwrap_or_else(|e| panic!("{req:?}: {e}"));
+            assert_eq!(n1.lookup(EntryId::ROOT, b"f").unwrap().id, f.id, "{req:?}");
+            assert_eq!(n2.lookup_any(d.id, b"g").await.unwrap().id, f.id, "{req:?}");
+            assert_eq!(n1.getattr(f.id).unwrap().nlink, 2, "{req:?}");
+            assert!(intents(&n1).is_empty() && intents(&n2).is_empty());
+        }
     }
 
     /// `CrashHook::Halt`: the task that reaches the step stops there for
@@ -1035,15 +1091,7 @@ mod tests {
             for step in ["intent", "peer", "remote", "commit"] {
                 let mut c = setup().await;
                 let d = attr(c.ns(0).handle(mkdir_req(EntryId::ROOT, "d")).await);
-                let create = Request::Create {
-                    parent: EntryId::ROOT,
-                    name: b"f".to_vec(),
-                    kind: FileKind::File,
-                    mode: 0o644,
-                    rdev: 0,
-                    excl: true,
-                    caller: Caller::default(),
-                };
+                let create = create_req(EntryId::ROOT, "f");
                 c.ns(0).handle(create).await.unwrap();
                 let req = match op {
                     "mkdir" => mkdir_req(EntryId::ROOT, "new"),
