@@ -172,7 +172,8 @@ pub struct Multi {
     pub(crate) rr: AtomicU64,
     /// The `random` chooser's source (seeded by `NamespaceOptions::seed`).
     pub(crate) rng: Mutex<StdRng>,
-    /// Client operations whose intent is pending: their retries wait.
+    /// Client operations being carried out here (an attempt runs, or their
+    /// intent is pending after a restart): their repeats wait.
     pub(crate) pending: Mutex<HashSet<(u64, u64)>>,
     pub(crate) finished: tokio::sync::Notify,
     /// Files whose inode a rename moved to another node while handles

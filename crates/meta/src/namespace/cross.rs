@@ -15,9 +15,12 @@ use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, NodeId};
 use rand::Rng;
 use redb::ReadableTable;
+use std::collections::HashSet;
+use std::hash::Hash;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::Notify;
 use tracing::{info, warn};
 
 /// Transport failures, after which a step is sent again.
@@ -55,6 +58,35 @@ fn undo(step: &IntentStep, intent: EntryId, err: FsError) -> MultiMut {
         IntentStep::Mkdir { .. } => MultiMut::MkdirAbort { intent, err },
         IntentStep::Link { .. } => MultiMut::LinkAbort { intent, err },
         _ => MultiMut::Abort { intent, err },
+    }
+}
+
+/// A key held in one of the namespace's in-memory claim sets (a client
+/// operation an attempt is carrying out, [`Namespace::claim`]). Dropping
+/// it lets a waiting repeat go on.
+struct Claim<'a, K: Eq + Hash + Copy> {
+    set: &'a Mutex<HashSet<K>>,
+    released: &'a Notify,
+    key: Option<K>,
+}
+
+impl<K: Eq + Hash + Copy> Drop for Claim<'_, K> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key {
+            self.set.lock().expect("claims lock").remove(&key);
+            self.released.notify_waiters();
+        }
+    }
+}
+
+/// Takes `key` in `set`, waiting while someone else holds it.
+async fn hold<'a, K: Eq + Hash + Copy>(set: &'a Mutex<HashSet<K>>, released: &'a Notify, key: K) -> Claim<'a, K> {
+    loop {
+        let notified = released.notified();
+        if set.lock().expect("claims lock").insert(key) {
+            return Claim { set, released, key: Some(key) };
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
     }
 }
 
@@ -147,18 +179,17 @@ impl Namespace {
         n
     }
 
-    /// The recorded answer of a client operation that was applied, waiting
-    /// first for its pending intent (after a restart, recovery finishes it).
-    async fn recorded(&self, op: Option<OpId>) -> FsResult<Option<Response>> {
-        let Some(op) = op else { return Ok(None) };
-        loop {
-            let notified = self.multi.finished.notified();
-            if !self.multi.pending.lock().expect("pending lock").contains(&op_key(&op)) {
-                break;
-            }
-            let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
-        }
-        self.recorded_reply(&op)
+    /// Claims client operation `op` for this attempt, waiting while another
+    /// attempt of it runs here (the client repeated it after a timeout) or
+    /// its intent is pending (after a restart, recovery finishes it); then
+    /// its recorded answer if it was applied. A repeat thus never runs
+    /// beside the first attempt: it gets that attempt's answer. The claim
+    /// ends when the returned guard is dropped.
+    async fn claim(&self, op: Option<OpId>) -> FsResult<(Claim<'_, (u64, u64)>, Option<Response>)> {
+        let (set, released) = (&self.multi.pending, &self.multi.finished);
+        let Some(op) = op else { return Ok((Claim { set, released, key: None }, None)) };
+        let claim = hold(set, released, op_key(&op)).await;
+        Ok((claim, self.recorded_reply(&op)?))
     }
 
     fn set_pending(&self, op: Option<OpId>, on: bool) {
@@ -187,7 +218,8 @@ impl Namespace {
         gid: u32,
         op: Option<OpId>,
     ) -> Response {
-        if let Some(r) = self.recorded(op).await? {
+        let (_claim, first) = self.claim(op).await?;
+        if let Some(r) = first {
             return r;
         }
         let chooser = self.read(|t| load_dirx(t.dirx_table()?, parent))?.and_then(|x| x.chooser).unwrap_or_default();
@@ -196,19 +228,14 @@ impl Namespace {
             return self.submit_op(op, Mutation::Mkdir { parent, name, mode, uid, gid }).await;
         }
         let intent = self.next_intent();
-        // Pending before the intent exists: a retry of `op` waits for this attempt.
-        self.start_protocol(
-            "mkdir",
-            intent,
-            op,
-            MultiMut::MkdirIntent { intent, parent, name, mode, uid, gid, owner, op },
-        )
-        .await
+        self.start_protocol("mkdir", intent, MultiMut::MkdirIntent { intent, parent, name, mode, uid, gid, owner, op })
+            .await
     }
 
     /// Rmdir; a directory owned elsewhere goes through the protocol.
     pub(crate) async fn rmdir_any(&self, parent: EntryId, name: Vec<u8>, op: Option<OpId>) -> Response {
-        if let Some(r) = self.recorded(op).await? {
+        let (_claim, first) = self.claim(op).await?;
+        if let Some(r) = first {
             return r;
         }
         match self.submit_op(op, Mutation::Rmdir { parent, name: name.clone() }).await {
@@ -216,8 +243,7 @@ impl Namespace {
             r => return r,
         }
         let intent = self.next_intent();
-        // Pending before the intent exists: a retry of `op` waits for this attempt.
-        self.start_protocol("rmdir", intent, op, MultiMut::RmdirIntent { intent, parent, name, op }).await
+        self.start_protocol("rmdir", intent, MultiMut::RmdirIntent { intent, parent, name, op }).await
     }
 
     /// Rename; `new_owner` is the node owning `new_parent` (`None`: this node).
@@ -232,7 +258,8 @@ impl Namespace {
         flags: u32,
         op: Option<OpId>,
     ) -> Response {
-        if let Some(r) = self.recorded(op).await? {
+        let (_claim, first) = self.claim(op).await?;
+        if let Some(r) = first {
             return r;
         }
         let new_owner = new_owner.unwrap_or(self.node());
@@ -272,7 +299,7 @@ impl Namespace {
         }
         let intent = self.next_intent();
         let m = MultiMut::RenameIntent { intent, parent, name, new_parent, new_owner, new_name, flags, op };
-        self.start_protocol("rename", intent, op, m).await
+        self.start_protocol("rename", intent, m).await
     }
 
     /// Whether the non-directory that dentry `src` (held here) names may
@@ -345,7 +372,7 @@ impl Namespace {
         }
         let intent = self.next_intent();
         let m = MultiMut::ExchangeIntent { intent, parent, name, new_parent, new_owner, new_name, b, op };
-        self.start_protocol("exchange", intent, op, m).await
+        self.start_protocol("exchange", intent, m).await
     }
 
     /// After a rename moved file `id` to `new_owner`: its open handles count
@@ -420,7 +447,8 @@ impl Namespace {
         new_name: Vec<u8>,
         op: Option<OpId>,
     ) -> Response {
-        if let Some(r) = self.recorded(op).await? {
+        let (_claim, first) = self.claim(op).await?;
+        if let Some(r) = first {
             return r;
         }
         if new_owner == self.node() {
@@ -428,12 +456,13 @@ impl Namespace {
         }
         let intent = self.next_intent();
         let m = MultiMut::LinkIntent { intent, id, new_parent, new_owner, new_name, op };
-        self.start_protocol("link", intent, op, m).await
+        self.start_protocol("link", intent, m).await
     }
 
     /// Unlink; a dentry naming a file on another node goes through the protocol.
     pub(crate) async fn unlink_any(&self, parent: EntryId, name: Vec<u8>, op: Option<OpId>) -> Response {
-        if let Some(r) = self.recorded(op).await? {
+        let (_claim, first) = self.claim(op).await?;
+        if let Some(r) = first {
             return r;
         }
         match self.submit_op(op, Mutation::Unlink { parent, name: name.clone() }).await {
@@ -441,7 +470,7 @@ impl Namespace {
             r => return r,
         }
         let intent = self.next_intent();
-        self.start_protocol("unlink", intent, op, MultiMut::UnlinkIntent { intent, parent, name, op }).await
+        self.start_protocol("unlink", intent, MultiMut::UnlinkIntent { intent, parent, name, op }).await
     }
 
     /// True if `dir` (owned by `owner`) is `ancestor` or below it, walking
@@ -463,20 +492,13 @@ impl Namespace {
         Err(fs_err!(Io, "parent chain of {dir} is longer than 65536 directories: corrupt parent pointers"))
     }
 
-    /// Starts a cross-node operation: records its intent (from then on a retry
-    /// of `op` waits for this attempt instead of starting another), then drives
-    /// it. `what` names the operation for the crash hook.
-    async fn start_protocol(&self, what: &str, intent: EntryId, op: Option<OpId>, m: MultiMut) -> Response {
-        self.set_pending(op, true);
-        let r = match self.submit_multi(None, m).await {
-            Err(e) => Err(e),
-            Ok(_) => match self.crash(what, "intent").await {
-                Ok(()) => self.drive(intent).await,
-                Err(e) => Err(e),
-            },
-        };
-        self.set_pending(op, false);
-        r
+    /// Starts a cross-node operation (of client operation `op`, which the
+    /// caller has claimed): records its intent, then drives it. `what`
+    /// names the operation for the crash hook.
+    async fn start_protocol(&self, what: &str, intent: EntryId, m: MultiMut) -> Response {
+        self.submit_multi(None, m).await?;
+        self.crash(what, "intent").await?;
+        self.drive(intent).await
     }
 
     /// Carries an intent from its remote step to its commit (or undo): the
@@ -1023,6 +1045,44 @@ mod tests {
             assert_eq!(n1.getattr(f.id).unwrap().nlink, 2, "{req:?}");
             assert!(intents(&n1).is_empty() && intents(&n2).is_empty());
         }
+    }
+
+    /// A client's repeat of an operation (same id; its transport timed out)
+    /// that arrives while the first attempt is still before its intent —
+    /// here walking the destination's parents on a node that does not
+    /// answer — waits for that attempt and gets its answer: it does not run
+    /// a second attempt (which met the first one's intent and answered
+    /// `Busy` although the rename was done).
+    #[tokio::test]
+    async fn a_repeat_waits_for_the_attempt_in_progress() {
+        let c = setup().await;
+        let (n1, n2) = (c.ns(0), c.ns(1));
+        let d = attr(n1.handle(mkdir_req(EntryId::ROOT, "d")).await);
+        let e = attr(n1.handle(mkdir_req(EntryId::ROOT, "e")).await);
+        assert_eq!((d.owner, e.owner), (NodeId(2), NodeId(2)));
+        let mv = Request::RenameTo {
+            parent: EntryId::ROOT,
+            name: b"e".to_vec(),
+            new_parent: d.id,
+            new_parent_owner: NodeId(2),
+            new_name: b"e".to_vec(),
+            flags: 0,
+        };
+        let away = c.net.0.lock().unwrap().remove(&NodeId(2)).unwrap();
+        let attempt = |n: Arc<Namespace>| {
+            let (env, req) = retryable(7, &mv);
+            tokio::spawn(async move { n.handle_env(env, req).await })
+        };
+        let first = attempt(n1.clone());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let repeat = attempt(n1.clone());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        c.net.0.lock().unwrap().insert(NodeId(2), away);
+        first.await.unwrap().unwrap();
+        repeat.await.unwrap().unwrap();
+        assert!(n1.lookup(EntryId::ROOT, b"e").is_err());
+        assert_eq!(n2.lookup(d.id, b"e").unwrap().id, e.id);
+        assert!(intents(&n1).is_empty());
     }
 
     /// `CrashHook::Halt`: the task that reaches the step stops there for
