@@ -175,6 +175,8 @@ pub struct Multi {
     /// Client operations being carried out here (an attempt runs, or their
     /// intent is pending after a restart): their repeats wait.
     pub(crate) pending: Mutex<HashSet<(u64, u64)>>,
+    /// Intents whose peer step runs here: a repeat of the step waits.
+    pub(crate) steps: Mutex<HashSet<EntryId>>,
     pub(crate) finished: tokio::sync::Notify,
     /// Files whose inode a rename moved to another node while handles
     /// opened here were open: their requests are forwarded there (node, and
@@ -198,6 +200,7 @@ impl Multi {
             rr: AtomicU64::default(),
             rng: Mutex::new(rng),
             pending: Mutex::default(),
+            steps: Mutex::default(),
             finished: tokio::sync::Notify::new(),
             moved: Mutex::default(),
         }

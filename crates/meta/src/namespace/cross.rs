@@ -61,8 +61,9 @@ fn undo(step: &IntentStep, intent: EntryId, err: FsError) -> MultiMut {
     }
 }
 
-/// A key held in one of the namespace's in-memory claim sets (a client
-/// operation an attempt is carrying out, [`Namespace::claim`]). Dropping
+/// A key held in one of the namespace's in-memory claim sets: a client
+/// operation an attempt is carrying out ([`Namespace::claim`]), or an
+/// intent whose peer step runs here ([`Namespace::step_lock`]). Dropping
 /// it lets a waiting repeat go on.
 struct Claim<'a, K: Eq + Hash + Copy> {
     set: &'a Mutex<HashSet<K>>,
@@ -190,6 +191,17 @@ impl Namespace {
         let Some(op) = op else { return Ok((Claim { set, released, key: None }, None)) };
         let claim = hold(set, released, op_key(&op)).await;
         Ok((claim, self.recorded_reply(&op)?))
+    }
+
+    /// Peer steps of one intent run one at a time on this node: a repeat
+    /// that arrives while an earlier delivery of the step still runs (its
+    /// coordinator gave up on that one, or restarted and drives the intent
+    /// again) waits for it. So the repeat reads the record that makes the
+    /// step idempotent after that delivery wrote it, and a `Forget` cannot
+    /// drop the record while a delivery that would act again without it
+    /// (a rename's step on the replaced entry's owner) still runs.
+    async fn step_lock(&self, intent: EntryId) -> Claim<'_, EntryId> {
+        hold(&self.multi.steps, &self.multi.finished, intent).await
     }
 
     fn set_pending(&self, op: Option<OpId>, on: bool) {
@@ -719,6 +731,14 @@ impl Namespace {
 
     /// Answers a step sent by the coordinating node.
     pub(crate) async fn peer(&self, op: PeerOp) -> Response {
+        let _step = match &op {
+            PeerOp::RenameIn { intent, .. }
+            | PeerOp::Forget { intent }
+            | PeerOp::LinkIn { intent, .. }
+            | PeerOp::DropLink { intent, .. }
+            | PeerOp::ExchangeIn { intent, .. } => Some(self.step_lock(*intent).await),
+            _ => None,
+        };
         match op {
             PeerOp::CreateDir { id, inode, parent_owner, chooser } => {
                 let inode: Inode = decode("inode", id, &inode).map_err(|m| fs_err!(Protocol, "{m}"))?;
@@ -1083,6 +1103,56 @@ mod tests {
         assert!(n1.lookup(EntryId::ROOT, b"e").is_err());
         assert_eq!(n2.lookup(d.id, b"e").unwrap().id, e.id);
         assert!(intents(&n1).is_empty());
+    }
+
+    /// Two deliveries of one rename's destination step on the peer (the
+    /// coordinator sent it again; the first still runs, waiting for the
+    /// owner of the file it replaces): the second waits for the first, so
+    /// the replaced file loses one link, not two. (The second used to
+    /// finish first and `Forget` the replaced file's record on its owner;
+    /// the first then dropped the link again.)
+    #[tokio::test]
+    async fn a_repeated_peer_step_waits_for_the_delivery_in_progress() {
+        let c = setup().await;
+        let (n1, n2) = (c.ns(0), c.ns(1));
+        let d = attr(n1.handle(mkdir_req(EntryId::ROOT, "d")).await);
+        let create = |name: &str| create_req(EntryId::ROOT, name);
+        // d/x on node 2 names v, whose inode (two links) is on node 1.
+        let v = attr(n1.handle(create("v")).await);
+        let link = Request::LinkTo { id: v.id, new_parent: d.id, new_parent_owner: NodeId(2), new_name: b"x".to_vec() };
+        attr(n1.handle(link).await);
+        let f = attr(n1.handle(create("f")).await);
+        // The step of "rename /f over d/x", as node 1 would send it.
+        let step = Request::MetaPeer {
+            op: PeerOp::RenameIn {
+                intent: n1.next_intent(),
+                src_parent: EntryId::ROOT,
+                new_parent: d.id,
+                new_name: b"x".to_vec(),
+                flags: 0,
+                id: f.id,
+                kind: FileKind::File,
+                owner: NodeId(1),
+                inode: None,
+                xattrs: Vec::new(),
+            },
+        };
+        // Node 1 does not answer: the first delivery waits to drop v's link.
+        let away = c.net.0.lock().unwrap().remove(&NodeId(1)).unwrap();
+        let deliver = || {
+            let (n2, step) = (n2.clone(), step.clone());
+            tokio::spawn(async move { n2.handle(step).await })
+        };
+        let first = deliver();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let second = deliver();
+        tokio::time::sleep(Duration::from_millis(70)).await;
+        c.net.0.lock().unwrap().insert(NodeId(1), away);
+        second.await.unwrap().unwrap();
+        first.await.unwrap().unwrap();
+        assert_eq!(n2.lookup_any(d.id, b"x").await.unwrap().id, f.id);
+        assert_eq!(n1.getattr(v.id).unwrap().nlink, 1, "v lost exactly one link");
+        assert_eq!(n1.lookup(EntryId::ROOT, b"v").unwrap().id, v.id);
     }
 
     /// `CrashHook::Halt`: the task that reaches the step stops there for
