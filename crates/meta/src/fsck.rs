@@ -340,6 +340,7 @@ mod tests {
             seed: Some(1),
             clock: None,
             min_free_bytes: 0,
+            inline_writer: None,
         };
         Namespace::open(opts, Arc::new(OneTarget)).unwrap()
     }

@@ -324,6 +324,7 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
             seed: None,
             clock: None,
             min_free_bytes: cfg.min_free_bytes,
+            inline_writer: None,
         };
         let targets = Arc::new(targets::ClusterTargets { cluster: cluster.clone() });
         let ns = Arc::new(Namespace::from_store(store, opts, targets)?);

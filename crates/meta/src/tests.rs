@@ -140,6 +140,7 @@ fn open_ns(dir: &std::path::Path, t: Arc<FakeTargets>, clock: Arc<AtomicI64>, sy
         seed: Some(42),
         clock: Some(Arc::new(move || ts(c.load(Ordering::SeqCst)))),
         min_free_bytes: 0,
+        inline_writer: None,
     };
     Namespace::open(opts, t).expect("open namespace")
 }
@@ -1055,6 +1056,7 @@ async fn the_epoch_moves_on_before_ids_leave_the_inode_number_space() {
         seed: Some(42),
         clock: Some(Arc::new(move || ts(c.load(Ordering::SeqCst)))),
         min_free_bytes: 0,
+        inline_writer: None,
     };
     let mut store = crate::store::Store::open(&h.dir.path().join(crate::namespace::DB_FILE), true).unwrap();
     let epoch = store.epoch;

@@ -11,6 +11,12 @@
 //! A mutation refused by the namespace rules fails alone (rules check before
 //! they write, see `ops`); a store failure fails the whole batch, and nothing
 //! of it is committed.
+//!
+//! [`Writer::inline`] is the deterministic variant for simulations
+//! (`crates/sim`): no thread; submits commit in their order, one at a time,
+//! each after its [`CommitLatency`] (at least one yield, so other tasks
+//! interleave where a queued submit would), as a batch of one in the
+//! submitting task. The service always uses [`Writer::spawn`].
 
 use crate::chooser;
 use crate::cross::MultiMut;
@@ -45,6 +51,10 @@ pub fn system_clock() -> Clock {
         Timespec { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
     })
 }
+
+/// How long a commit of [`Writer::inline`] takes, drawn per commit (a
+/// simulation's seeded choice; zero: the submitter only yields once).
+pub type CommitLatency = Arc<dyn Fn() -> std::time::Duration + Send + Sync>;
 
 /// Counts of batches and mutations, to see how well commits are shared.
 #[derive(Debug, Default)]
@@ -216,7 +226,16 @@ struct Job {
 pub struct Writer {
     tx: Option<mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// [`Writer::inline`]: what the submitting task commits with.
+    inline: Option<Inline>,
     pub stats: Arc<WriterStats>,
+}
+
+/// The writer's side of [`Writer::inline`]: the database and the state
+/// (taken by one submit at a time, in order), and the commit latency.
+struct Inline {
+    db_state: tokio::sync::Mutex<(Arc<Database>, WriterState)>,
+    latency: CommitLatency,
 }
 
 fn stopped() -> FsError {
@@ -229,11 +248,38 @@ impl Writer {
         let stats = Arc::new(WriterStats::default());
         let st = stats.clone();
         let thread = std::thread::Builder::new().name("meta-writer".into()).spawn(move || run(&db, rx, state, &st))?;
-        Ok(Writer { tx: Some(tx), thread: Some(thread), stats })
+        Ok(Writer { tx: Some(tx), thread: Some(thread), inline: None, stats })
+    }
+
+    /// A writer without thread: submits commit one at a time in the order
+    /// they came (as the thread takes its queue); each waits `latency` (in
+    /// tokio time), then commits its mutation alone in the submitting task,
+    /// blocking it for the commit. For deterministic simulations on one
+    /// thread (paused time).
+    pub fn inline(db: Arc<Database>, state: WriterState, latency: CommitLatency) -> Writer {
+        Writer {
+            tx: None,
+            thread: None,
+            inline: Some(Inline { db_state: tokio::sync::Mutex::new((db, state)), latency }),
+            stats: Arc::new(WriterStats::default()),
+        }
     }
 
     /// Queues a mutation and waits until it is committed (or refused).
     pub async fn submit(&self, m: Queued) -> FsResult<Done> {
+        if let Some(inline) = &self.inline {
+            // In the order of submission, one at a time, as the thread
+            // commits its queue; while one commits, other tasks run.
+            let mut guard = inline.db_state.lock().await;
+            match (inline.latency)() {
+                d if d.is_zero() => tokio::task::yield_now().await,
+                d => tokio::time::sleep(d).await,
+            }
+            let (db, st) = &mut *guard;
+            self.stats.batches.fetch_add(1, Ordering::Relaxed);
+            self.stats.mutations.fetch_add(1, Ordering::Relaxed);
+            return run_batch(db, st, vec![m]).pop().ok_or_else(stopped);
+        }
         let (reply, rx) = oneshot::channel();
         let tx = self.tx.as_ref().ok_or_else(stopped)?;
         tx.send(Job { m, reply }).await.map_err(|_| stopped())?;
@@ -243,6 +289,7 @@ impl Writer {
     /// Stops accepting mutations, lets the thread finish its batch, and joins it.
     pub fn shutdown(&mut self) {
         self.tx = None;
+        self.inline = None;
         if let Some(t) = self.thread.take() {
             if t.join().is_err() {
                 error!("metadata writer thread panicked");

@@ -56,6 +56,8 @@ use hivefs_types::attr::{EntryAttr, FileKind, Timespec};
 use hivefs_types::error::{FsError, FsResult};
 use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, NodeId, NodeType};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 use redb::ReadableTable;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -79,8 +81,16 @@ pub enum CrashHook {
     /// Abort the process at `op:step`.
     Abort(String),
     /// Unit tests: stop the operation at `op:step` with an error, leaving the
-    /// store as an abort would; the flag tells that it fired.
+    /// store as an abort would; the flag tells that it fired. (The error
+    /// goes back up the caller's code path, so a step run by the node for
+    /// itself reads it as the peer's refusal: use it for a peer that is
+    /// another node.)
     Stop(String, Arc<std::sync::atomic::AtomicBool>),
+    /// Simulations (`crates/sim`): the task that reaches `op:step` stops
+    /// there for good, as the process would at an abort (nothing after the
+    /// step runs, no error path either), and `fired` is notified so that
+    /// the simulator stops the rest of the node.
+    Halt(String, Arc<tokio::sync::Notify>),
 }
 
 impl CrashHook {
@@ -94,7 +104,18 @@ impl CrashHook {
         }
     }
 
-    pub(crate) fn at(&self, op: &str, step: &str) -> FsResult<()> {
+    /// Called at every step: aborts, fails or halts at the hooked one.
+    pub(crate) async fn reached(&self, op: &str, step: &str) -> FsResult<()> {
+        if let CrashHook::Halt(s, fired) = self {
+            if s.split_once(':') == Some((op, step)) {
+                fired.notify_one();
+                std::future::pending::<()>().await;
+            }
+        }
+        self.at(op, step)
+    }
+
+    fn at(&self, op: &str, step: &str) -> FsResult<()> {
         let hit = |s: &str| s.split_once(':') == Some((op, step));
         match self {
             CrashHook::Abort(s) if hit(s) => {
@@ -149,7 +170,6 @@ impl Peers for ClusterPeers {
 }
 
 /// What a namespace keeps for the multi-node part.
-#[derive(Default)]
 pub struct Multi {
     pub(crate) peers: RwLock<Option<Arc<dyn Peers>>>,
     pub(crate) crash: RwLock<CrashHook>,
@@ -157,13 +177,41 @@ pub struct Multi {
     /// Directories owned per metadata node (last report plus our choices since).
     pub(crate) counts: Mutex<HashMap<NodeId, u64>>,
     pub(crate) rr: AtomicU64,
-    /// Client operations whose intent is pending: their retries wait.
+    /// The `random` chooser's source (seeded by `NamespaceOptions::seed`).
+    pub(crate) rng: Mutex<StdRng>,
+    /// Client operations being carried out here (an attempt runs, or their
+    /// intent is pending after a restart): their repeats wait.
     pub(crate) pending: Mutex<HashSet<(u64, u64)>>,
+    /// Intents whose peer step runs here: a repeat of the step waits.
+    pub(crate) steps: Mutex<HashSet<EntryId>>,
     pub(crate) finished: tokio::sync::Notify,
     /// Files whose inode a rename moved to another node while handles
     /// opened here were open: their requests are forwarded there (node, and
     /// handles not yet released).
     pub(crate) moved: Mutex<HashMap<EntryId, (NodeId, u32)>>,
+}
+
+impl Multi {
+    /// `seed`: of the `random` metadata-node chooser (`None`: from the OS).
+    pub(crate) fn new(seed: Option<u64>) -> Multi {
+        // Not the target choosers' stream: the two draw independently.
+        let rng = match seed {
+            Some(s) => StdRng::seed_from_u64(s ^ 0x6d65_7461_6e6f_6465),
+            None => StdRng::from_entropy(),
+        };
+        Multi {
+            peers: RwLock::default(),
+            crash: RwLock::default(),
+            intent_seq: AtomicU64::default(),
+            counts: Mutex::default(),
+            rr: AtomicU64::default(),
+            rng: Mutex::new(rng),
+            pending: Mutex::default(),
+            steps: Mutex::default(),
+            finished: tokio::sync::Notify::new(),
+            moved: Mutex::default(),
+        }
+    }
 }
 
 pub(crate) fn op_key(op: &OpId) -> (u64, u64) {

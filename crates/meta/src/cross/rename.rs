@@ -143,7 +143,12 @@ impl PeerRenameIn {
         let dst = load_dentry(&t.dentries, new_parent, &new_name)?;
         let mut replaced = None;
         if let Some(d) = &dst {
-            if d.id != src.id {
+            if d.id == src.id {
+                // Another name of the same file: the coordinator looked before
+                // its intent and found none, so it came since (a link racing).
+                return Err(fs_err!(Busy, "{} in {new_parent} changed during a rename; try again", q(&new_name)).into());
+            }
+            {
                 if flags & RENAME_NOREPLACE != 0 {
                     return Err(
                         fs_err!(Exists, "entry {} already exists in directory {new_parent}", q(&new_name)).into()

@@ -18,10 +18,14 @@ use hivefs_types::attr::{EntryAttr, FileKind};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, NodeId};
+use rand::Rng;
 use redb::ReadableTable;
+use std::collections::HashSet;
+use std::hash::Hash;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::Notify;
 use tracing::{info, warn};
 
 /// Transport failures, after which a step is sent again.
@@ -62,6 +66,36 @@ fn undo(step: &IntentStep, intent: EntryId, err: FsError) -> MultiMut {
     }
 }
 
+/// A key held in one of the namespace's in-memory claim sets: a client
+/// operation an attempt is carrying out ([`Namespace::claim`]), or an
+/// intent whose peer step runs here ([`Namespace::step_lock`]). Dropping
+/// it lets a waiting repeat go on.
+struct Claim<'a, K: Eq + Hash + Copy> {
+    set: &'a Mutex<HashSet<K>>,
+    released: &'a Notify,
+    key: Option<K>,
+}
+
+impl<K: Eq + Hash + Copy> Drop for Claim<'_, K> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key {
+            self.set.lock().expect("claims lock").remove(&key);
+            self.released.notify_waiters();
+        }
+    }
+}
+
+/// Takes `key` in `set`, waiting while someone else holds it.
+async fn hold<'a, K: Eq + Hash + Copy>(set: &'a Mutex<HashSet<K>>, released: &'a Notify, key: K) -> Claim<'a, K> {
+    loop {
+        let notified = released.notified();
+        if set.lock().expect("claims lock").insert(key) {
+            return Claim { set, released, key: Some(key) };
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
+    }
+}
+
 impl Namespace {
     pub fn set_peers(&self, peers: Arc<dyn Peers>) {
         *self.multi.peers.write().expect("peers lock") = Some(peers);
@@ -72,8 +106,9 @@ impl Namespace {
         *self.multi.crash.write().expect("crash lock") = hook;
     }
 
-    fn crash(&self, op: &str, step: &str) -> FsResult<()> {
-        self.multi.crash.read().expect("crash lock").at(op, step)
+    async fn crash(&self, op: &str, step: &str) -> FsResult<()> {
+        let hook = self.multi.crash.read().expect("crash lock").clone();
+        hook.reached(op, step).await
     }
 
     fn peers(&self) -> Option<Arc<dyn Peers>> {
@@ -144,23 +179,34 @@ impl Namespace {
             return me;
         }
         let mut counts = self.multi.counts.lock().expect("counts lock");
-        let n = choose_owner(chooser, &nodes, &counts, &self.multi.rr, rand::random());
+        let random = self.multi.rng.lock().expect("chooser rng lock").gen();
+        let n = choose_owner(chooser, &nodes, &counts, &self.multi.rr, random);
         *counts.entry(n).or_insert(0) += 1;
         n
     }
 
-    /// The recorded answer of a client operation that was applied, waiting
-    /// first for its pending intent (after a restart, recovery finishes it).
-    async fn recorded(&self, op: Option<OpId>) -> FsResult<Option<Response>> {
-        let Some(op) = op else { return Ok(None) };
-        loop {
-            let notified = self.multi.finished.notified();
-            if !self.multi.pending.lock().expect("pending lock").contains(&op_key(&op)) {
-                break;
-            }
-            let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
-        }
-        self.recorded_reply(&op)
+    /// Claims client operation `op` for this attempt, waiting while another
+    /// attempt of it runs here (the client repeated it after a timeout) or
+    /// its intent is pending (after a restart, recovery finishes it); then
+    /// its recorded answer if it was applied. A repeat thus never runs
+    /// beside the first attempt: it gets that attempt's answer. The claim
+    /// ends when the returned guard is dropped.
+    async fn claim(&self, op: Option<OpId>) -> FsResult<(Claim<'_, (u64, u64)>, Option<Response>)> {
+        let (set, released) = (&self.multi.pending, &self.multi.finished);
+        let Some(op) = op else { return Ok((Claim { set, released, key: None }, None)) };
+        let claim = hold(set, released, op_key(&op)).await;
+        Ok((claim, self.recorded_reply(&op)?))
+    }
+
+    /// Peer steps of one intent run one at a time on this node: a repeat
+    /// that arrives while an earlier delivery of the step still runs (its
+    /// coordinator gave up on that one, or restarted and drives the intent
+    /// again) waits for it. So the repeat reads the record that makes the
+    /// step idempotent after that delivery wrote it, and a `Forget` cannot
+    /// drop the record while a delivery that would act again without it
+    /// (a rename's step on the replaced entry's owner) still runs.
+    async fn step_lock(&self, intent: EntryId) -> Claim<'_, EntryId> {
+        hold(&self.multi.steps, &self.multi.finished, intent).await
     }
 
     fn set_pending(&self, op: Option<OpId>, on: bool) {
@@ -189,7 +235,8 @@ impl Namespace {
         gid: u32,
         op: Option<OpId>,
     ) -> Response {
-        if let Some(r) = self.recorded(op).await? {
+        let (_claim, first) = self.claim(op).await?;
+        if let Some(r) = first {
             return r;
         }
         let chooser = self.read(|t| load_dirx(t.dirx_table()?, parent))?.and_then(|x| x.chooser).unwrap_or_default();
@@ -198,11 +245,9 @@ impl Namespace {
             return self.submit_op(op, Mutation::Mkdir { parent, name, mode, uid, gid }).await;
         }
         let intent = self.next_intent();
-        // Pending before the intent exists: a retry of `op` waits for this attempt.
         self.start_protocol(
             "mkdir",
             intent,
-            op,
             MultiMut::MkdirIntent(MkdirIntent { intent, parent, name, mode, uid, gid, owner, op }),
         )
         .await
@@ -210,7 +255,8 @@ impl Namespace {
 
     /// Rmdir; a directory owned elsewhere goes through the protocol.
     pub(crate) async fn rmdir_any(&self, parent: EntryId, name: Vec<u8>, op: Option<OpId>) -> Response {
-        if let Some(r) = self.recorded(op).await? {
+        let (_claim, first) = self.claim(op).await?;
+        if let Some(r) = first {
             return r;
         }
         match self.submit_op(op, Mutation::Rmdir { parent, name: name.clone() }).await {
@@ -218,8 +264,7 @@ impl Namespace {
             r => return r,
         }
         let intent = self.next_intent();
-        // Pending before the intent exists: a retry of `op` waits for this attempt.
-        self.start_protocol("rmdir", intent, op, MultiMut::RmdirIntent(RmdirIntent { intent, parent, name, op })).await
+        self.start_protocol("rmdir", intent, MultiMut::RmdirIntent(RmdirIntent { intent, parent, name, op })).await
     }
 
     /// Rename; `new_owner` is the node owning `new_parent` (`None`: this node).
@@ -234,7 +279,8 @@ impl Namespace {
         flags: u32,
         op: Option<OpId>,
     ) -> Response {
-        if let Some(r) = self.recorded(op).await? {
+        let (_claim, first) = self.claim(op).await?;
+        if let Some(r) = first {
             return r;
         }
         let new_owner = new_owner.unwrap_or(self.node());
@@ -264,10 +310,39 @@ impl Namespace {
                 src.id
             ));
         }
+        if src.kind != FileKind::Dir && self.may_have_other_names(&src)? {
+            // Two names of one file: POSIX renames nothing (as the local rule).
+            match self.lookup_at(new_owner, new_parent, &new_name).await {
+                Ok(dst) if dst.id == src.id => return Ok(Reply::Ok),
+                Err(e) if transient(&e) => return Err(e),
+                _ => {}
+            }
+        }
         let intent = self.next_intent();
         let m =
             MultiMut::RenameIntent(RenameIntent { intent, parent, name, new_parent, new_owner, new_name, flags, op });
-        self.start_protocol("rename", intent, op, m).await
+        self.start_protocol("rename", intent, m).await
+    }
+
+    /// Whether the non-directory that dentry `src` (held here) names may
+    /// have other names: its inode is elsewhere or has more than one link.
+    fn may_have_other_names(&self, src: &Dentry) -> FsResult<bool> {
+        if src.owner != self.node() {
+            return Ok(true);
+        }
+        Ok(self.read(|t| load_inode(&t.inodes, src.id))?.is_none_or(|i| i.nlink > 1))
+    }
+
+    /// Lookup of `parent/name` on metadata node `owner` (this node: here).
+    async fn lookup_at(&self, owner: NodeId, parent: EntryId, name: &[u8]) -> FsResult<EntryAttr> {
+        if owner == self.node() {
+            return self.lookup_any(parent, name).await;
+        }
+        let peers = self.peers().ok_or_else(|| fs_err!(Unavailable, "metadata node {owner}: no peers configured"))?;
+        match peers.call(owner, Request::Lookup { parent, name: name.to_vec() }).await? {
+            Reply::Entry(e) => Ok(e),
+            r => Err(unexpected(r)),
+        }
     }
 
     /// Sets the ctime of inode `id` on metadata node `owner` to now.
@@ -295,16 +370,7 @@ impl Namespace {
         let a = self
             .read(|t| load_dentry(&t.dentries, parent, &name))?
             .ok_or_else(|| fs_err!(NotFound, "no entry {} in directory {parent}", q(&name)))?;
-        let battr = if new_owner == self.node() {
-            self.lookup_any(new_parent, &new_name).await?
-        } else {
-            let peers =
-                self.peers().ok_or_else(|| fs_err!(Unavailable, "metadata node {new_owner}: no peers configured"))?;
-            match peers.call(new_owner, Request::Lookup { parent: new_parent, name: new_name.clone() }).await? {
-                Reply::Entry(e) => e,
-                r => return Err(unexpected(r)),
-            }
-        };
+        let battr = self.lookup_at(new_owner, new_parent, &new_name).await?;
         let b = Dentry { id: battr.id, kind: battr.kind, owner: battr.owner };
         if a.id == b.id {
             return Ok(Reply::Ok);
@@ -329,7 +395,7 @@ impl Namespace {
         let intent = self.next_intent();
         let m =
             MultiMut::ExchangeIntent(ExchangeIntent { intent, parent, name, new_parent, new_owner, new_name, b, op });
-        self.start_protocol("exchange", intent, op, m).await
+        self.start_protocol("exchange", intent, m).await
     }
 
     /// After a rename moved file `id` to `new_owner`: its open handles count
@@ -404,7 +470,8 @@ impl Namespace {
         new_name: Vec<u8>,
         op: Option<OpId>,
     ) -> Response {
-        if let Some(r) = self.recorded(op).await? {
+        let (_claim, first) = self.claim(op).await?;
+        if let Some(r) = first {
             return r;
         }
         if new_owner == self.node() {
@@ -412,12 +479,13 @@ impl Namespace {
         }
         let intent = self.next_intent();
         let m = MultiMut::LinkIntent(LinkIntent { intent, id, new_parent, new_owner, new_name, op });
-        self.start_protocol("link", intent, op, m).await
+        self.start_protocol("link", intent, m).await
     }
 
     /// Unlink; a dentry naming a file on another node goes through the protocol.
     pub(crate) async fn unlink_any(&self, parent: EntryId, name: Vec<u8>, op: Option<OpId>) -> Response {
-        if let Some(r) = self.recorded(op).await? {
+        let (_claim, first) = self.claim(op).await?;
+        if let Some(r) = first {
             return r;
         }
         match self.submit_op(op, Mutation::Unlink { parent, name: name.clone() }).await {
@@ -425,8 +493,7 @@ impl Namespace {
             r => return r,
         }
         let intent = self.next_intent();
-        self.start_protocol("unlink", intent, op, MultiMut::UnlinkIntent(UnlinkIntent { intent, parent, name, op }))
-            .await
+        self.start_protocol("unlink", intent, MultiMut::UnlinkIntent(UnlinkIntent { intent, parent, name, op })).await
     }
 
     /// True if `dir` (owned by `owner`) is `ancestor` or below it, walking
@@ -448,20 +515,13 @@ impl Namespace {
         Err(fs_err!(Io, "parent chain of {dir} is longer than 65536 directories: corrupt parent pointers"))
     }
 
-    /// Starts a cross-node operation: records its intent (from then on a retry
-    /// of `op` waits for this attempt instead of starting another), then drives
-    /// it. `what` names the operation for the crash hook.
-    async fn start_protocol(&self, what: &str, intent: EntryId, op: Option<OpId>, m: MultiMut) -> Response {
-        self.set_pending(op, true);
-        let r = match self.submit_multi(None, m).await {
-            Err(e) => Err(e),
-            Ok(_) => match self.crash(what, "intent") {
-                Ok(()) => self.drive(intent).await,
-                Err(e) => Err(e),
-            },
-        };
-        self.set_pending(op, false);
-        r
+    /// Starts a cross-node operation (of client operation `op`, which the
+    /// caller has claimed): records its intent, then drives it. `what`
+    /// names the operation for the crash hook.
+    async fn start_protocol(&self, what: &str, intent: EntryId, m: MultiMut) -> Response {
+        self.submit_multi(None, m).await?;
+        self.crash(what, "intent").await?;
+        self.drive(intent).await
     }
 
     /// Carries an intent from its remote step to its commit (or undo): the
@@ -477,9 +537,9 @@ impl Namespace {
         match self.remote(intent, &rec.step).await? {
             Remote::Refused(err) => self.submit_multi(rec.op, undo(&rec.step, intent, err)).await,
             Remote::Done { commit, forget, hand_over } => {
-                self.crash(what, "remote")?;
+                self.crash(what, "remote").await?;
                 let r = self.submit_multi(rec.op, *commit).await;
-                self.crash(what, "commit")?;
+                self.crash(what, "commit").await?;
                 if let (Ok(_), Some((id, to))) = (&r, hand_over) {
                     self.hand_over_opens(id, to).await;
                 }
@@ -686,18 +746,26 @@ impl Namespace {
 
     /// Answers a step sent by the coordinating node.
     pub(crate) async fn peer(&self, op: PeerOp) -> Response {
+        let _step = match &op {
+            PeerOp::RenameIn { intent, .. }
+            | PeerOp::Forget { intent }
+            | PeerOp::LinkIn { intent, .. }
+            | PeerOp::DropLink { intent, .. }
+            | PeerOp::ExchangeIn { intent, .. } => Some(self.step_lock(*intent).await),
+            _ => None,
+        };
         match op {
             PeerOp::CreateDir { id, inode, parent_owner, chooser } => {
                 let inode: Inode = decode("inode", id, &inode).map_err(|m| fs_err!(Protocol, "{m}"))?;
                 let r = self
                     .submit_multi(None, MultiMut::PeerCreateDir(PeerCreateDir { id, inode, parent_owner, chooser }))
                     .await;
-                self.crash("mkdir", "peer")?;
+                self.crash("mkdir", "peer").await?;
                 r
             }
             PeerOp::RemoveDir { id } => {
                 let r = self.submit_multi(None, MultiMut::PeerRemoveDir(PeerRemoveDir { id })).await;
-                self.crash("rmdir", "peer")?;
+                self.crash("rmdir", "peer").await?;
                 r
             }
             PeerOp::SetParent { id, parent, parent_owner } => {
@@ -751,7 +819,7 @@ impl Namespace {
                 if let (Ok(_), Some(o)) = (&r, dropped) {
                     let _ = self.peer_call(o, PeerOp::Forget { intent }).await;
                 }
-                self.crash("rename", "peer")?;
+                self.crash("rename", "peer").await?;
                 r
             }
             PeerOp::Forget { intent } => self.submit_multi(None, MultiMut::PeerForget(PeerForget { intent })).await,
@@ -760,19 +828,19 @@ impl Namespace {
                 let r = self
                     .submit_multi(None, MultiMut::PeerLinkIn(PeerLinkIn { intent, new_parent, new_name, dentry }))
                     .await;
-                self.crash("link", "peer")?;
+                self.crash("link", "peer").await?;
                 r
             }
             PeerOp::DropLink { intent, id } => {
                 let r = self.submit_multi(None, MultiMut::PeerDropLink(PeerDropLink { intent, id })).await;
-                self.crash("unlink", "peer")?;
+                self.crash("unlink", "peer").await?;
                 r
             }
             PeerOp::ExchangeIn { intent, new_parent, new_name, expect, id, kind, owner } => {
                 let put = Dentry { id, kind, owner };
                 let m = MultiMut::PeerExchangeIn(PeerExchangeIn { intent, new_parent, new_name, expect, put });
                 let r = self.submit_multi(None, m).await;
-                self.crash("exchange", "peer")?;
+                self.crash("exchange", "peer").await?;
                 r
             }
             PeerOp::Opened { id, count } => {
@@ -868,6 +936,7 @@ mod tests {
                 seed: Some(7),
                 clock: None,
                 min_free_bytes: 0,
+                inline_writer: None,
             };
             let ns = Arc::new(Namespace::open(opts, Arc::new(OneTarget)).unwrap());
             ns.set_peers(self.net.clone());
@@ -904,6 +973,11 @@ mod tests {
 
     fn mkdir_req(parent: EntryId, name: &str) -> Request {
         Request::Mkdir { parent, name: name.into(), mode: 0o755, caller: Caller::default() }
+    }
+
+    fn create_req(parent: EntryId, name: &str) -> Request {
+        let caller = Caller::default();
+        Request::Create { parent, name: name.into(), kind: FileKind::File, mode: 0o644, rdev: 0, excl: true, caller }
     }
 
     fn retryable(seq: u64, req: &Request) -> (Envelope, Request) {
@@ -945,15 +1019,7 @@ mod tests {
         let up = attr(n2.handle(Request::Lookup { parent: d.id, name: b"..".to_vec() }).await);
         assert_eq!((up.id, up.owner), (EntryId::ROOT, NodeId(1)));
         // A file moves from the root (node 1) into d (node 2) with its xattr.
-        let create = Request::Create {
-            parent: EntryId::ROOT,
-            name: b"f".to_vec(),
-            kind: FileKind::File,
-            mode: 0o644,
-            rdev: 0,
-            excl: true,
-            caller: Caller::default(),
-        };
+        let create = create_req(EntryId::ROOT, "f");
         let f = attr(n1.handle(create).await);
         let sx = Request::SetXattr { id: f.id, name: b"user.a".to_vec(), value: b"1".to_vec(), flags: 0 };
         n1.handle(sx).await.unwrap();
@@ -979,6 +1045,173 @@ mod tests {
         assert!(n2.getattr(d.id).is_err());
         assert_eq!(n1.getattr(EntryId::ROOT).unwrap().nlink, 2);
         assert!(intents(&n1).is_empty());
+    }
+
+    /// A rename across nodes onto another name of the same file renames
+    /// nothing (POSIX), as the local rule does: both names stay. (It used
+    /// to remove the source name and leave the link count one too high.)
+    #[tokio::test]
+    async fn renaming_a_file_onto_its_other_name_across_nodes_changes_nothing() {
+        let c = setup().await;
+        let (n1, n2) = (c.ns(0), c.ns(1));
+        let d = attr(n1.handle(mkdir_req(EntryId::ROOT, "d")).await);
+        assert_eq!(d.owner, NodeId(2));
+        let create = create_req(EntryId::ROOT, "f");
+        let f = attr(n1.handle(create).await);
+        // d/g on node 2 names f, whose inode stays on node 1.
+        let link = Request::LinkTo { id: f.id, new_parent: d.id, new_parent_owner: NodeId(2), new_name: b"g".to_vec() };
+        attr(n1.handle(link).await);
+        let to_root = Request::RenameTo {
+            parent: d.id,
+            name: b"g".to_vec(),
+            new_parent: EntryId::ROOT,
+            new_parent_owner: NodeId(1),
+            new_name: b"f".to_vec(),
+            flags: 0,
+        };
+        let to_d = Request::RenameTo {
+            parent: EntryId::ROOT,
+            name: b"f".to_vec(),
+            new_parent: d.id,
+            new_parent_owner: NodeId(2),
+            new_name: b"g".to_vec(),
+            flags: RENAME_NOREPLACE,
+        };
+        for (coordinator, req) in [(&n2, to_root), (&n1, to_d)] {
+            coordinator.handle(req.clone()).await.unwrap_or_else(|e| panic!("{req:?}: {e}"));
+            assert_eq!(n1.lookup(EntryId::ROOT, b"f").unwrap().id, f.id, "{req:?}");
+            assert_eq!(n2.lookup_any(d.id, b"g").await.unwrap().id, f.id, "{req:?}");
+            assert_eq!(n1.getattr(f.id).unwrap().nlink, 2, "{req:?}");
+            assert!(intents(&n1).is_empty() && intents(&n2).is_empty());
+        }
+    }
+
+    /// A client's repeat of an operation (same id; its transport timed out)
+    /// that arrives while the first attempt is still before its intent —
+    /// here walking the destination's parents on a node that does not
+    /// answer — waits for that attempt and gets its answer: it does not run
+    /// a second attempt (which met the first one's intent and answered
+    /// `Busy` although the rename was done).
+    #[tokio::test]
+    async fn a_repeat_waits_for_the_attempt_in_progress() {
+        let c = setup().await;
+        let (n1, n2) = (c.ns(0), c.ns(1));
+        let d = attr(n1.handle(mkdir_req(EntryId::ROOT, "d")).await);
+        let e = attr(n1.handle(mkdir_req(EntryId::ROOT, "e")).await);
+        assert_eq!((d.owner, e.owner), (NodeId(2), NodeId(2)));
+        let mv = Request::RenameTo {
+            parent: EntryId::ROOT,
+            name: b"e".to_vec(),
+            new_parent: d.id,
+            new_parent_owner: NodeId(2),
+            new_name: b"e".to_vec(),
+            flags: 0,
+        };
+        let away = c.net.0.lock().unwrap().remove(&NodeId(2)).unwrap();
+        let attempt = |n: Arc<Namespace>| {
+            let (env, req) = retryable(7, &mv);
+            tokio::spawn(async move { n.handle_env(env, req).await })
+        };
+        let first = attempt(n1.clone());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let repeat = attempt(n1.clone());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        c.net.0.lock().unwrap().insert(NodeId(2), away);
+        first.await.unwrap().unwrap();
+        repeat.await.unwrap().unwrap();
+        assert!(n1.lookup(EntryId::ROOT, b"e").is_err());
+        assert_eq!(n2.lookup(d.id, b"e").unwrap().id, e.id);
+        assert!(intents(&n1).is_empty());
+    }
+
+    /// Two deliveries of one rename's destination step on the peer (the
+    /// coordinator sent it again; the first still runs, waiting for the
+    /// owner of the file it replaces): the second waits for the first, so
+    /// the replaced file loses one link, not two. (The second used to
+    /// finish first and `Forget` the replaced file's record on its owner;
+    /// the first then dropped the link again.)
+    #[tokio::test]
+    async fn a_repeated_peer_step_waits_for_the_delivery_in_progress() {
+        let c = setup().await;
+        let (n1, n2) = (c.ns(0), c.ns(1));
+        let d = attr(n1.handle(mkdir_req(EntryId::ROOT, "d")).await);
+        let create = |name: &str| create_req(EntryId::ROOT, name);
+        // d/x on node 2 names v, whose inode (two links) is on node 1.
+        let v = attr(n1.handle(create("v")).await);
+        let link = Request::LinkTo { id: v.id, new_parent: d.id, new_parent_owner: NodeId(2), new_name: b"x".to_vec() };
+        attr(n1.handle(link).await);
+        let f = attr(n1.handle(create("f")).await);
+        // The step of "rename /f over d/x", as node 1 would send it.
+        let step = Request::MetaPeer {
+            op: PeerOp::RenameIn {
+                intent: n1.next_intent(),
+                src_parent: EntryId::ROOT,
+                new_parent: d.id,
+                new_name: b"x".to_vec(),
+                flags: 0,
+                id: f.id,
+                kind: FileKind::File,
+                owner: NodeId(1),
+                inode: None,
+                xattrs: Vec::new(),
+            },
+        };
+        // Node 1 does not answer: the first delivery waits to drop v's link.
+        let away = c.net.0.lock().unwrap().remove(&NodeId(1)).unwrap();
+        let deliver = || {
+            let (n2, step) = (n2.clone(), step.clone());
+            tokio::spawn(async move { n2.handle(step).await })
+        };
+        let first = deliver();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let second = deliver();
+        tokio::time::sleep(Duration::from_millis(70)).await;
+        c.net.0.lock().unwrap().insert(NodeId(1), away);
+        second.await.unwrap().unwrap();
+        first.await.unwrap().unwrap();
+        assert_eq!(n2.lookup_any(d.id, b"x").await.unwrap().id, f.id);
+        assert_eq!(n1.getattr(v.id).unwrap().nlink, 1, "v lost exactly one link");
+        assert_eq!(n1.lookup(EntryId::ROOT, b"v").unwrap().id, v.id);
+    }
+
+    /// `CrashHook::Halt`: the task that reaches the step stops there for
+    /// good (its caller gets no answer) and the notify fires; the intent
+    /// stays, and a restart finishes it.
+    #[tokio::test]
+    async fn a_halted_step_stops_its_task_and_tells() {
+        let mut c = setup().await;
+        let fired = Arc::new(tokio::sync::Notify::new());
+        c.ns(0).set_crash_hook(CrashHook::Halt("mkdir:remote".into(), fired.clone()));
+        let n1 = c.ns(0);
+        let call = tokio::spawn(async move { n1.handle(mkdir_req(EntryId::ROOT, "new")).await });
+        fired.notified().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!call.is_finished(), "the halted call never answers");
+        call.abort();
+        let _ = call.await;
+        assert_eq!(intents(&c.ns(0)).len(), 1);
+        c.restart(0).await;
+        assert!(intents(&c.ns(0)).is_empty());
+        assert_eq!(c.ns(0).lookup_any(EntryId::ROOT, b"new").await.unwrap().owner, NodeId(2));
+    }
+
+    /// The `random` metadata-node chooser draws from `NamespaceOptions::seed`.
+    #[tokio::test]
+    async fn the_random_meta_chooser_follows_the_seed() {
+        let mut owners = Vec::new();
+        for _ in 0..2 {
+            let c = Cluster::new(3);
+            let n1 = c.ns(0);
+            n1.ensure_root().await.unwrap();
+            n1.handle(Request::SetMetaChooser { id: EntryId::ROOT, chooser: MetaChooser::Random }).await.unwrap();
+            let mut v = Vec::new();
+            for i in 0..12 {
+                v.push(attr(n1.handle(mkdir_req(EntryId::ROOT, &format!("d{i}"))).await).owner);
+            }
+            owners.push(v);
+        }
+        assert_eq!(owners[0], owners[1]);
+        assert!(owners[0].iter().any(|&o| o != owners[0][0]), "spread over the nodes: {:?}", owners[0]);
     }
 
     #[tokio::test]
@@ -1007,15 +1240,7 @@ mod tests {
             for step in ["intent", "peer", "remote", "commit"] {
                 let mut c = setup().await;
                 let d = attr(c.ns(0).handle(mkdir_req(EntryId::ROOT, "d")).await);
-                let create = Request::Create {
-                    parent: EntryId::ROOT,
-                    name: b"f".to_vec(),
-                    kind: FileKind::File,
-                    mode: 0o644,
-                    rdev: 0,
-                    excl: true,
-                    caller: Caller::default(),
-                };
+                let create = create_req(EntryId::ROOT, "f");
                 c.ns(0).handle(create).await.unwrap();
                 let req = match op {
                     "mkdir" => mkdir_req(EntryId::ROOT, "new"),

@@ -15,7 +15,9 @@ use crate::targets::DataTargets;
 mod cross;
 mod handlers;
 
-use crate::writer::{run_batch, system_clock, Change, Clock, StoreFailure, Writer, WriterState, WriterStats};
+use crate::writer::{
+    run_batch, system_clock, Change, Clock, CommitLatency, StoreFailure, Writer, WriterState, WriterStats,
+};
 pub use handlers::{spawn_lease_recorder, spawn_lock_expiry};
 use hivefs_cluster::capacity_of;
 use hivefs_proto::{Caller, OpId, Reply, Response};
@@ -43,7 +45,8 @@ pub struct NamespaceOptions {
     pub sync: bool,
     /// This node's id: part of minted EntryIds and of every EntryAttr.
     pub node: NodeId,
-    /// Seed of the choosers' randomness; `None` draws one from the OS.
+    /// Seed of the choosers' randomness (storage targets of new files,
+    /// metadata node of new directories); `None` draws one from the OS.
     pub seed: Option<u64>,
     /// Time source; `None` is the system clock.
     pub clock: Option<Clock>,
@@ -51,6 +54,11 @@ pub struct NamespaceOptions {
     /// the data dir's file system has less free space than this (removals
     /// still work, so space can be freed); 0 turns the check off.
     pub min_free_bytes: u64,
+    /// `Some`: commit in the submitting task after the latency it draws,
+    /// instead of on the writer thread ([`crate::writer::Writer::inline`]):
+    /// deterministic simulations only (`crates/sim`). The service keeps the
+    /// thread (`None`).
+    pub inline_writer: Option<CommitLatency>,
 }
 
 /// Open handles per entry, counted from Open/Release requests. In memory
@@ -159,8 +167,12 @@ impl Namespace {
         if let Some((Err(e), _)) = run_batch(&db, &mut state, vec![(Mutation::RecoverOrphans.into(), None)]).pop() {
             return Err(StoreError::Db { path: store.path, message: format!("recovering open-unlinked entries: {e}") });
         }
-        let writer =
-            Writer::spawn(db.clone(), state).map_err(|source| StoreError::Io { path: store.path.clone(), source })?;
+        let multi = crate::cross::Multi::new(opts.seed);
+        let writer = match opts.inline_writer {
+            Some(latency) => Writer::inline(db.clone(), state, latency),
+            None => Writer::spawn(db.clone(), state)
+                .map_err(|source| StoreError::Io { path: store.path.clone(), source })?,
+        };
         Ok(Namespace {
             writer,
             db,
@@ -172,7 +184,7 @@ impl Namespace {
             targets,
             disposal_wakeup,
             failed,
-            multi: crate::cross::Multi::default(),
+            multi,
             leases: Default::default(),
         })
     }
