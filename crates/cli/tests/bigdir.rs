@@ -156,7 +156,7 @@ fn million_entry_directory_lists_once_in_bounded_memory() {
     // The directory after the listing holds exactly the expected names; two
     // more listings show that the node's memory does not grow with each
     // listing (it did, by tens of MiB per listing, with glibc's default
-    // malloc arenas: see main.rs; now it stays near 90 MiB).
+    // malloc arenas: see main.rs).
     for _ in 0..2 {
         let after = std::fs::read_dir(&big).unwrap().count();
         assert_eq!(after, n, "{n} - {changed} removed + {changed} created");
@@ -165,5 +165,14 @@ fn million_entry_directory_lists_once_in_bounded_memory() {
     sampler.join().unwrap();
     let meta_peak = peaks.lock().unwrap().1;
     eprintln!("metadata node peak after three listings: {} MiB", meta_peak >> 20);
-    assert!(meta_peak >> 20 < 128, "the metadata node's RSS reached {} MiB", meta_peak >> 20);
+    // The bound sits between what a node with the 64 MiB store cache
+    // reaches here (123-129 MiB, measured 2026-11; about 90 MiB when this
+    // test was written, before leases, retry records and cross-node state)
+    // and what one with redb's default 1 GiB cache reached (158 MiB: the
+    // whole store of 1,000,000 entries cached). 128 MiB left no margin.
+    assert!(meta_peak >> 20 < 144, "the metadata node's RSS reached {} MiB", meta_peak >> 20);
+    // Listing a million entries three times costs the node no memory beyond
+    // what creating them took.
+    let listings = meta_peak.saturating_sub(meta_filled) >> 20;
+    assert!(listings < 16, "the metadata node grew by {listings} MiB over three listings");
 }

@@ -268,22 +268,29 @@ impl Writer {
     /// Queues a mutation and waits until it is committed (or refused).
     pub async fn submit(&self, m: Queued) -> FsResult<Done> {
         if let Some(inline) = &self.inline {
-            // In the order of submission, one at a time, as the thread
-            // commits its queue; while one commits, other tasks run.
-            let mut guard = inline.db_state.lock().await;
-            match (inline.latency)() {
-                d if d.is_zero() => tokio::task::yield_now().await,
-                d => tokio::time::sleep(d).await,
-            }
-            let (db, st) = &mut *guard;
-            self.stats.batches.fetch_add(1, Ordering::Relaxed);
-            self.stats.mutations.fetch_add(1, Ordering::Relaxed);
-            return run_batch(db, st, vec![m]).pop().ok_or_else(stopped);
+            // Boxed: the service's submits (and every request future that
+            // awaits one) do not carry the inline path's state.
+            return Box::pin(self.submit_inline(inline, m)).await;
         }
         let (reply, rx) = oneshot::channel();
         let tx = self.tx.as_ref().ok_or_else(stopped)?;
         tx.send(Job { m, reply }).await.map_err(|_| stopped())?;
         rx.await.map_err(|_| stopped())
+    }
+
+    /// [`Writer::submit`] of an inline writer.
+    async fn submit_inline(&self, inline: &Inline, m: Queued) -> FsResult<Done> {
+        // In the order of submission, one at a time, as the thread
+        // commits its queue; while one commits, other tasks run.
+        let mut guard = inline.db_state.lock().await;
+        match (inline.latency)() {
+            d if d.is_zero() => tokio::task::yield_now().await,
+            d => tokio::time::sleep(d).await,
+        }
+        let (db, st) = &mut *guard;
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats.mutations.fetch_add(1, Ordering::Relaxed);
+        run_batch(db, st, vec![m]).pop().ok_or_else(stopped)
     }
 
     /// Stops accepting mutations, lets the thread finish its batch, and joins it.

@@ -253,18 +253,27 @@ impl Namespace {
         .await
     }
 
-    /// Rmdir; a directory owned elsewhere goes through the protocol.
-    pub(crate) async fn rmdir_any(&self, parent: EntryId, name: Vec<u8>, op: Option<OpId>) -> Response {
+    /// Rmdir (`dir`) or unlink; a name whose inode is on another node goes
+    /// through the protocol.
+    pub(crate) async fn remove_any(&self, parent: EntryId, name: Vec<u8>, dir: bool, op: Option<OpId>) -> Response {
         let (_claim, first) = self.claim(op).await?;
         if let Some(r) = first {
             return r;
         }
-        match self.submit_op(op, Mutation::Rmdir { parent, name: name.clone() }).await {
+        let local = match dir {
+            true => Mutation::Rmdir { parent, name: name.clone() },
+            false => Mutation::Unlink { parent, name: name.clone() },
+        };
+        match self.submit_op(op, local).await {
             Err(e) if is_needs_protocol(&e) => {}
             r => return r,
         }
         let intent = self.next_intent();
-        self.start_protocol("rmdir", intent, MultiMut::RmdirIntent(RmdirIntent { intent, parent, name, op })).await
+        let (what, m) = match dir {
+            true => ("rmdir", MultiMut::RmdirIntent(RmdirIntent { intent, parent, name, op })),
+            false => ("unlink", MultiMut::UnlinkIntent(UnlinkIntent { intent, parent, name, op })),
+        };
+        self.start_protocol(what, intent, m).await
     }
 
     /// Rename; `new_owner` is the node owning `new_parent` (`None`: this node).
@@ -480,20 +489,6 @@ impl Namespace {
         let intent = self.next_intent();
         let m = MultiMut::LinkIntent(LinkIntent { intent, id, new_parent, new_owner, new_name, op });
         self.start_protocol("link", intent, m).await
-    }
-
-    /// Unlink; a dentry naming a file on another node goes through the protocol.
-    pub(crate) async fn unlink_any(&self, parent: EntryId, name: Vec<u8>, op: Option<OpId>) -> Response {
-        let (_claim, first) = self.claim(op).await?;
-        if let Some(r) = first {
-            return r;
-        }
-        match self.submit_op(op, Mutation::Unlink { parent, name: name.clone() }).await {
-            Err(e) if is_needs_protocol(&e) => {}
-            r => return r,
-        }
-        let intent = self.next_intent();
-        self.start_protocol("unlink", intent, MultiMut::UnlinkIntent(UnlinkIntent { intent, parent, name, op })).await
     }
 
     /// True if `dir` (owned by `owner`) is `ancestor` or below it, walking

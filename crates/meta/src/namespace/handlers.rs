@@ -139,8 +139,8 @@ impl Namespace {
             Request::Mkdir { parent, name, mode, caller } => {
                 self.mkdir_any(parent, name, mode, caller.uid, caller.gid, op).await
             }
-            Request::Unlink { parent, name } => self.unlink_any(parent, name, op).await,
-            Request::Rmdir { parent, name } => self.rmdir_any(parent, name, op).await,
+            Request::Unlink { parent, name } => self.remove_any(parent, name, false, op).await,
+            Request::Rmdir { parent, name } => self.remove_any(parent, name, true, op).await,
             Request::Rename { parent, name, new_parent, new_name, flags } => {
                 self.rename_any(parent, name, new_parent, None, new_name, flags, op).await
             }
