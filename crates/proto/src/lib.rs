@@ -49,8 +49,8 @@ pub fn encode_request(env: &Envelope, req: &Request) -> (u16, Vec<u8>) {
     if *env == Envelope::default() {
         return (0, encode_body(req));
     }
-    let mut body = encode_body(env);
-    body.extend_from_slice(&encode_body(req));
+    // One buffer: the request is encoded behind the envelope, not apart and copied.
+    let body = postcard::to_extend(req, encode_body(env)).expect("postcard encoding into a Vec");
     (FLAG_ENVELOPE, body)
 }
 
