@@ -492,7 +492,13 @@ fn one_run(
     let chooser = Chooser::parse(&c.chooser).ok_or_else(|| BenchError::Invalid(format!("chooser {}", c.chooser)))?;
     ctl.set_dir_pattern(
         &rel,
-        DirPattern { chunk_size: c.chunk_size, stripe_count: c.stripe_count, chooser, pool: base.pool },
+        DirPattern {
+            chunk_size: c.chunk_size,
+            stripe_count: c.stripe_count,
+            chooser,
+            pool: base.pool,
+            mirror: base.mirror,
+        },
     )?;
     let backend: Arc<dyn Backend> = match mount_dir {
         Some(d) => Arc::new(Posix::new(d.join(&name), "mount")),

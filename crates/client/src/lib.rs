@@ -208,7 +208,7 @@ impl Client {
         let pool = self.cluster.node_pool(NodeType::Meta, owner).await?;
         let plain = req.is_idempotent() || matches!(req, Request::Open { .. } | Request::Release { .. });
         let op = (!plain).then(|| self.ops.begin());
-        let mut env = Envelope { op: op.as_ref().map(|o| o.op), lease_client: None };
+        let mut env = Envelope { op: op.as_ref().map(|o| o.op), lease_client: None, mirror: None };
         let Some(session) = self.leases.get() else {
             return pool.rpc_with(&env, req).await;
         };

@@ -16,7 +16,7 @@
 //! # Record
 //!
 //! Key: `client u64 BE ++ seq u64 BE`. Value: `version u8 ++ applied_at_ms
-//! u64 BE ++ postcard(Answer)`, version [`RECORD_VERSION`] = 1. The version
+//! u64 BE ++ postcard(Answer)`, version [`RECORD_VERSION`] = 2 (2: a directory pattern gained `mirror`). The version
 //! byte and the time keep this place in every version, so the sweep ages
 //! records of any version; only the answer's encoding may change, with a new
 //! version (the store's format version is not involved).
@@ -63,7 +63,7 @@ pub const KEEP_MS: u64 = 10 * 60 * 1000;
 const SWEEP_MAX: usize = 4096;
 
 /// Version of the record written by this build (its first byte).
-pub(crate) const RECORD_VERSION: u8 = 1;
+pub(crate) const RECORD_VERSION: u8 = 2;
 /// Length of `version ++ applied_at_ms`.
 const HEAD_LEN: usize = 9;
 
@@ -384,6 +384,7 @@ mod tests {
                 stripe_count: 4,
                 pool: PoolId(1),
                 chooser: Chooser::Balanced,
+                mirror: true,
             }),
         }
     }
@@ -398,12 +399,12 @@ mod tests {
             (
                 "entry",
                 crate::store::encode(&Answer::Entry((&entry()).into())),
-                "0101020300a403e80764f0a204010207040706070502010080800402040901808020040103",
+                "0101020300a403e80764f0a20401020704070607050201008080040204090180802004010301",
             ),
             ("fsck fixed", crate::store::encode(&Answer::FsckFixed("fixed".into())), "02056669786564"),
             ("not found", crate::store::encode(&err(ErrorCode::NotFound, "x")), "03010178"),
             ("internal", crate::store::encode(&err(ErrorCode::Internal, "")), "031700"),
-            ("whole value", encode_value(0x0102_0304_0506, &Answer::Ok), "01000001020304050600"),
+            ("whole value", encode_value(0x0102_0304_0506, &Answer::Ok), "02000001020304050600"),
         ];
         for (what, got, want) in cases {
             assert_eq!(hex(&got), want, "{what}");
@@ -474,9 +475,9 @@ mod tests {
         old.extend_from_slice(&hivefs_proto::encode_body(&Ok::<Reply, FsError>(Reply::Ok)));
         t.insert(key(0xc1, 1).as_slice(), old.as_slice()).unwrap();
         let mut newer = encode_value(1_000, &Answer::Ok);
-        newer[0] = 2;
+        newer[0] = 1;
         t.insert(key(0xc1, 2).as_slice(), newer.as_slice()).unwrap();
-        for (seq, by) in [(1, "an older build without record versions"), (2, "record version 2")] {
+        for (seq, by) in [(1, "an older build without record versions"), (2, "record version 1")] {
             let Some(Err(e)) = get(&t, &op(seq)).unwrap() else { panic!("op {seq} not an error answer") };
             assert_eq!(e.code, ErrorCode::Io);
             assert!(e.message.contains(&format!("client c1 op {seq} was recorded by {by}")), "{}", e.message);

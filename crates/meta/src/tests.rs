@@ -379,7 +379,13 @@ async fn special_files_and_no_space() {
 async fn dir_patterns_are_validated_inherited_and_applied() {
     let h = H::new().await;
     let d = h.mkdir(ROOT, "d").await;
-    let dp = DirPattern { chunk_size: 64 << 10, stripe_count: 2, pool: PoolId::DEFAULT, chooser: Chooser::RoundRobin };
+    let dp = DirPattern {
+        chunk_size: 64 << 10,
+        stripe_count: 2,
+        pool: PoolId::DEFAULT,
+        chooser: Chooser::RoundRobin,
+        mirror: false,
+    };
     let a = h.entry(Request::SetDirPattern { id: d.id, pattern: dp.clone() }).await;
     assert_eq!(a.dir_pattern, Some(dp.clone()));
     let f = h.create(d.id, "f").await;
@@ -770,7 +776,13 @@ async fn setattr_modes_owners_times() {
 async fn setattr_size_truncates_every_stripe_target() {
     let h = H::new().await;
     let d = h.mkdir(ROOT, "d").await;
-    let dp = DirPattern { chunk_size: 4096, stripe_count: 3, pool: PoolId::DEFAULT, chooser: Chooser::Balanced };
+    let dp = DirPattern {
+        chunk_size: 4096,
+        stripe_count: 3,
+        pool: PoolId::DEFAULT,
+        chooser: Chooser::Balanced,
+        mirror: false,
+    };
     h.ok(Request::SetDirPattern { id: d.id, pattern: dp }).await;
     let f = h.create(d.id, "f").await;
     let p = f.pattern.clone().unwrap();
@@ -1461,7 +1473,10 @@ impl From<Request> for Sent {
 }
 
 fn retryable(client: u64, seq: u64, done_below: u64, r: &Request) -> Sent {
-    Sent(Envelope { op: Some(hivefs_proto::OpId { client, seq, done_below }), lease_client: None }, r.clone())
+    Sent(
+        Envelope { op: Some(hivefs_proto::OpId { client, seq, done_below }), lease_client: None, mirror: None },
+        r.clone(),
+    )
 }
 
 #[tokio::test]

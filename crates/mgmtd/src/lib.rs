@@ -70,6 +70,10 @@ pub struct Config {
     pub probably_offline_after_ms: u64,
     /// … and offline once it is this old.
     pub offline_after_ms: u64,
+    /// A buddy group's primary whose last report is this old is replaced by
+    /// its secondary (when that is online and good); primaries hold leases
+    /// of half of it (`docs/design-mirror.md`). Default: the offline timeout.
+    pub failover_after_ms: u64,
     /// A target with less free space than this is not in the normal
     /// capacity pool.
     pub space_low_limit_bytes: u64,
@@ -102,6 +106,12 @@ impl Config {
                 self.probably_offline_after_ms, self.offline_after_ms
             )));
         }
+        if self.failover_after_ms < self.probably_offline_after_ms {
+            return Err(MgmtError::Config(format!(
+                "need failover_after_ms ({}) >= probably_offline_after_ms ({})",
+                self.failover_after_ms, self.probably_offline_after_ms
+            )));
+        }
         self.capacity_limits().validate().map_err(MgmtError::Config)
     }
 }
@@ -114,6 +124,7 @@ impl Default for Config {
             secret_file: None,
             probably_offline_after_ms: 10_000,
             offline_after_ms: 30_000,
+            failover_after_ms: 30_000,
             space_low_limit_bytes: CapacityLimits::DEFAULT.space_low_limit_bytes,
             space_emergency_limit_bytes: CapacityLimits::DEFAULT.space_emergency_limit_bytes,
             inodes_low_limit: CapacityLimits::DEFAULT.inodes_low_limit,
@@ -143,6 +154,7 @@ pub enum MgmtError {
 pub struct MgmtService {
     pub local_addr: SocketAddr,
     server: ServerHandle,
+    failover: tokio::task::JoinHandle<()>,
 }
 
 impl MgmtService {
@@ -154,6 +166,7 @@ impl MgmtService {
 impl Drop for MgmtService {
     fn drop(&mut self) {
         self.server.abort();
+        self.failover.abort();
     }
 }
 
@@ -205,10 +218,12 @@ impl Handler for MgmtHandler {
             Request::RegisterNode { .. }
             | Request::RegisterTarget { .. }
             | Request::CreatePool { .. }
+            | Request::CreateGroup { .. }
+            | Request::SetMemberState { .. }
             | Request::MoveTargetToPool { .. } => {
                 // Metadata nodes choose owners of new directories among the
                 // metadata nodes they know: a new one is usable once `up` sees it.
-                let changes_view = !matches!(req, Request::RegisterNode { .. })
+                let changes_view = !matches!(req, Request::RegisterNode { .. } | Request::SetMemberState { .. })
                     || matches!(req, Request::RegisterNode { node_type: NodeType::Meta, .. });
                 let state = self.state.clone();
                 let r = tokio::task::spawn_blocking(move || lock(&state).handle(req, Instant::now()))
@@ -238,8 +253,11 @@ pub async fn start(cfg: Config) -> Result<MgmtService, MgmtError> {
         Some(p) => Some(hivefs_net::load_secret(p).map_err(MgmtError::Secret)?),
         None => None,
     };
-    let timeouts =
-        Timeouts { probably_offline_after_ms: cfg.probably_offline_after_ms, offline_after_ms: cfg.offline_after_ms };
+    let timeouts = Timeouts {
+        probably_offline_after_ms: cfg.probably_offline_after_ms,
+        offline_after_ms: cfg.offline_after_ms,
+        failover_after_ms: cfg.failover_after_ms,
+    };
     let limits = cfg.capacity_limits();
     let dir = cfg.dir.clone();
     let mgmt = tokio::task::spawn_blocking(move || Mgmt::open(&dir, timeouts, limits, Instant::now()))
@@ -250,12 +268,31 @@ pub async fn start(cfg: Config) -> Result<MgmtService, MgmtError> {
     ccfg.connect_timeout = NOTIFY_TIMEOUT;
     ccfg.retries = 0;
     ccfg.conns_per_peer = 1;
-    let handler = Arc::new(MgmtHandler { state: Arc::new(Mutex::new(mgmt)), pools: hivefs_net::Pools::new(ccfg) });
+    let state = Arc::new(Mutex::new(mgmt));
+    let failover = tokio::spawn(failover_loop(state.clone()));
+    let handler = Arc::new(MgmtHandler { state, pools: hivefs_net::Pools::new(ccfg) });
     let server = serve(&cfg.listen, ServerConfig::new(NodeType::Mgmt, secret), handler)
         .await
         .map_err(|source| MgmtError::Listen { addr: cfg.listen.clone(), source })?;
     tracing::info!(addr = %server.local_addr, dir = %cfg.dir.display(), "mgmtd started");
-    Ok(MgmtService { local_addr: server.local_addr, server })
+    Ok(MgmtService { local_addr: server.local_addr, server, failover })
+}
+
+/// How often mgmtd looks for buddy groups to switch over.
+const FAILOVER_CHECK: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Switches buddy groups over when their primaries go silent
+/// ([`Mgmt::failover`]); a registry write failure is retried at the next check.
+async fn failover_loop(state: Arc<Mutex<Mgmt>>) {
+    loop {
+        tokio::time::sleep(FAILOVER_CHECK).await;
+        let st = state.clone();
+        match tokio::task::spawn_blocking(move || lock(&st).failover(Instant::now())).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::error!("buddy group failover not persisted, retried: {e}"),
+            Err(e) => tracing::error!("failover check failed: {e}"),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -40,6 +40,15 @@
 //! [[pools]]
 //! id = 2
 //! name = "ssd"
+//!
+//! [[groups]]                     # buddy groups; absent until one is made
+//! id = 1
+//! kind = "Storage"               # "Storage" (members are targets) | "Meta" (metadata nodes)
+//! primary = 1
+//! secondary = 2
+//! epoch = 0                      # role switches so far
+//! primary_state = "Good"         # "Good" | "NeedsResync" | "Resyncing" | "Bad"
+//! secondary_state = "Good"
 //! ```
 //!
 //! Storage pools: pool 1 ([`PoolId::DEFAULT`], named [`DEFAULT_POOL_NAME`])
@@ -50,9 +59,10 @@
 //! this mgmtd reads older registries (serde defaults), and an older mgmtd
 //! refuses a newer one (unknown fields) instead of dropping its pools.
 
+use hivefs_proto::{Consistency, GroupKind};
 use hivefs_types::error::{ErrorCode, FsError};
 use hivefs_types::fs_err;
-use hivefs_types::ids::{EntryId, NodeId, NodeType, PoolId, TargetId};
+use hivefs_types::ids::{BuddyGroupId, EntryId, NodeId, NodeType, PoolId, TargetId};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::path::Path;
@@ -68,6 +78,7 @@ pub const NODES_MAX: usize = 65_536;
 pub const TARGETS_MAX: usize = 65_536;
 /// Storage pools, including the default pool.
 pub const POOLS_MAX: usize = 1_024;
+pub const GROUPS_MAX: usize = 65_536;
 /// Storage pool names: 1 to this many characters of `[A-Za-z0-9._-]`.
 pub const POOL_NAME_LEN_MAX: usize = 64;
 pub const DEFAULT_POOL_NAME: &str = "default";
@@ -112,6 +123,54 @@ pub struct NextIds {
     pub target: u32,
     #[serde(default = "first_created_pool_id")]
     pub pool: u16,
+    #[serde(default = "one")]
+    pub group: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A buddy group (`docs/design-mirror.md`): members are target ids
+/// (storage) or metadata node ids (meta).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupRecord {
+    pub id: BuddyGroupId,
+    pub kind: GroupKind,
+    pub primary: u32,
+    pub secondary: u32,
+    pub epoch: u64,
+    #[serde(default)]
+    pub primary_state: Consistency,
+    #[serde(default)]
+    pub secondary_state: Consistency,
+}
+
+impl GroupRecord {
+    pub fn has(&self, member: u32) -> bool {
+        self.primary == member || self.secondary == member
+    }
+
+    /// The other member of the group.
+    pub fn buddy_of(&self, member: u32) -> Option<u32> {
+        if self.primary == member {
+            Some(self.secondary)
+        } else if self.secondary == member {
+            Some(self.primary)
+        } else {
+            None
+        }
+    }
+
+    /// Swaps the roles: the secondary becomes primary, the old primary
+    /// secondary in `needs-resync`, and the epoch moves on.
+    pub fn switch_over(&mut self) {
+        std::mem::swap(&mut self.primary, &mut self.secondary);
+        self.primary_state = self.secondary_state;
+        self.secondary_state = Consistency::NeedsResync;
+        self.epoch += 1;
+    }
 }
 
 fn first_created_pool_id() -> u16 {
@@ -126,7 +185,7 @@ fn default_pools() -> Vec<PoolRecord> {
 
 impl Default for NextIds {
     fn default() -> Self {
-        NextIds { meta: 1, storage: 1, client: 1, target: 1, pool: FIRST_CREATED_POOL_ID }
+        NextIds { meta: 1, storage: 1, client: 1, target: 1, pool: FIRST_CREATED_POOL_ID, group: 1 }
     }
 }
 
@@ -164,6 +223,8 @@ pub struct Registry {
     /// Sorted by id (ids are assigned in increasing order and never removed).
     #[serde(default = "default_pools")]
     pub pools: Vec<PoolRecord>,
+    #[serde(default)]
+    pub groups: Vec<GroupRecord>,
 }
 
 impl Default for Registry {
@@ -175,6 +236,7 @@ impl Default for Registry {
             nodes: Vec::new(),
             targets: Vec::new(),
             pools: default_pools(),
+            groups: Vec::new(),
         }
     }
 }
@@ -190,6 +252,13 @@ fn check_text(what: &str, s: &str, max: usize) -> Result<(), FsError> {
         return Err(fs_err!(Invalid, "{what} {s:?} contains control characters"));
     }
     Ok(())
+}
+
+fn member_name(kind: GroupKind) -> &'static str {
+    match kind {
+        GroupKind::Storage => "storage target",
+        GroupKind::Meta => "metadata node",
+    }
 }
 
 /// A storage pool name is 1 to [`POOL_NAME_LEN_MAX`] characters of
@@ -243,23 +312,107 @@ impl Registry {
         Ok(id)
     }
 
-    /// Moves `target` into `pool`. Returns whether the registry changed
-    /// (moving a target to the pool it is in is not an error).
+    /// Moves `target` into `pool`, and its buddy with it when it is a
+    /// member of a storage buddy group (a group's members share a pool).
+    /// Returns whether the registry changed (moving a target to the pool it
+    /// is in is not an error).
     pub fn move_target_to_pool(&mut self, target: TargetId, pool: PoolId) -> Result<bool, FsError> {
-        let i = self
-            .targets
-            .iter()
-            .position(|t| t.id == target)
-            .ok_or_else(|| fs_err!(NotFound, "storage target {target} is not registered"))?;
+        if self.target(target).is_none() {
+            return Err(fs_err!(NotFound, "storage target {target} is not registered"));
+        }
         if self.pool(pool).is_none() {
             return Err(fs_err!(NotFound, "storage pool {pool} does not exist"));
         }
-        let t = &mut self.targets[i];
-        if t.pool == pool {
-            return Ok(false);
+        let buddy = self.storage_group_of(target).and_then(|g| g.buddy_of(target.0)).map(TargetId);
+        let mut changed = false;
+        for t in self.targets.iter_mut().filter(|t| t.id == target || Some(t.id) == buddy) {
+            changed |= t.pool != pool;
+            t.pool = pool;
         }
-        t.pool = pool;
-        Ok(true)
+        Ok(changed)
+    }
+
+    pub fn group(&self, id: BuddyGroupId) -> Option<&GroupRecord> {
+        self.groups.iter().find(|g| g.id == id)
+    }
+
+    /// The storage buddy group `target` is a member of.
+    pub fn storage_group_of(&self, target: TargetId) -> Option<&GroupRecord> {
+        self.groups.iter().find(|g| g.kind == GroupKind::Storage && g.has(target.0))
+    }
+
+    /// Makes a buddy group of `primary` and `secondary` (targets or
+    /// metadata nodes by `kind`): both registered, distinct, in no group of
+    /// that kind yet; storage members in one pool and, unless `force`, on
+    /// different storage nodes (a group on one server survives no server
+    /// failure).
+    pub fn create_group(
+        &mut self,
+        kind: GroupKind,
+        primary: u32,
+        secondary: u32,
+        force: bool,
+    ) -> Result<BuddyGroupId, FsError> {
+        if primary == secondary {
+            return Err(fs_err!(
+                Invalid,
+                "a buddy group needs two different members ({} {primary} twice)",
+                kind.as_str()
+            ));
+        }
+        for m in [primary, secondary] {
+            if let Some(g) = self.groups.iter().find(|g| g.kind == kind && g.has(m)) {
+                return Err(fs_err!(Exists, "{} {m} is already a member of buddy group {}", member_name(kind), g.id));
+            }
+        }
+        match kind {
+            GroupKind::Storage => {
+                let get = |m: u32| {
+                    self.target(TargetId(m)).ok_or_else(|| fs_err!(NotFound, "storage target {m} is not registered"))
+                };
+                let (p, s) = (get(primary)?, get(secondary)?);
+                if p.pool != s.pool {
+                    return Err(fs_err!(
+                        Invalid,
+                        "targets {primary} (pool {}) and {secondary} (pool {}) are in different storage pools; \
+                         move one first",
+                        p.pool,
+                        s.pool
+                    ));
+                }
+                if p.node == s.node && !force {
+                    return Err(fs_err!(
+                        Invalid,
+                        "targets {primary} and {secondary} are both on storage node {}: such a group survives no \
+                         server failure (force it to make it anyway)",
+                        p.node
+                    ));
+                }
+            }
+            GroupKind::Meta => {
+                for m in [primary, secondary] {
+                    if self.node(NodeType::Meta, NodeId(m)).is_none() {
+                        return Err(fs_err!(NotFound, "metadata node {m} is not registered"));
+                    }
+                }
+            }
+        }
+        if self.groups.len() >= GROUPS_MAX {
+            return Err(fs_err!(NoSpace, "registry is full ({GROUPS_MAX} buddy groups)"));
+        }
+        let id = BuddyGroupId(self.next_ids.group);
+        self.next_ids.group =
+            self.next_ids.group.checked_add(1).ok_or_else(|| fs_err!(NoSpace, "buddy group ids are exhausted"))?;
+        self.groups.push(GroupRecord {
+            id,
+            kind,
+            primary,
+            secondary,
+            epoch: 0,
+            primary_state: Consistency::Good,
+            secondary_state: Consistency::Good,
+        });
+        Ok(id)
     }
 
     /// Registers a node, or re-registers a known uuid (same id, address and
@@ -411,6 +564,31 @@ impl Registry {
                 ))
             }
             None => return Err(format!("the default storage pool {} is missing", PoolId::DEFAULT)),
+        }
+        let mut gids = HashSet::new();
+        let mut members = HashSet::new();
+        for g in &self.groups {
+            if g.id.0 == 0 || g.id.0 >= self.next_ids.group {
+                return Err(format!("buddy group {} has an id outside 1..{}", g.id, self.next_ids.group));
+            }
+            if !gids.insert(g.id) {
+                return Err(format!("buddy group id {} appears twice", g.id));
+            }
+            if g.primary == g.secondary {
+                return Err(format!("buddy group {} has {} twice", g.id, g.primary));
+            }
+            for m in [g.primary, g.secondary] {
+                if !members.insert((g.kind, m)) {
+                    return Err(format!("{} {m} is in two buddy groups", member_name(g.kind)));
+                }
+                let known = match g.kind {
+                    GroupKind::Storage => self.target(TargetId(m)).is_some(),
+                    GroupKind::Meta => self.node(NodeType::Meta, NodeId(m)).is_some(),
+                };
+                if !known {
+                    return Err(format!("buddy group {}: {} {m} is not registered", g.id, member_name(g.kind)));
+                }
+            }
         }
         for t in &self.targets {
             if self.pool(t.pool).is_none() {

@@ -11,12 +11,16 @@
 //! acknowledged: the mutation runs on a copy, the copy is written, then it
 //! replaces the current registry. A failed write changes nothing.
 
+use crate::registry::GroupRecord;
 use crate::registry::{Registry, REGISTRY_FILE};
 use crate::MgmtError;
-use hivefs_proto::{Capacity, CapacityPool, NodeInfo, PoolInfo, Reachability, Reply, Request, TargetInfo};
+use hivefs_proto::{
+    Capacity, CapacityPool, Consistency, GroupInfo, GroupKind, NodeInfo, PoolInfo, Reachability, Reply, Request,
+    TargetInfo,
+};
 use hivefs_types::error::FsError;
 use hivefs_types::fs_err;
-use hivefs_types::ids::{NodeId, NodeType, PoolId, TargetId};
+use hivefs_types::ids::{BuddyGroupId, NodeId, NodeType, PoolId, TargetId};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -30,6 +34,16 @@ pub const MGMT_NODE_ID: NodeId = NodeId(1);
 pub struct Timeouts {
     pub probably_offline_after_ms: u64,
     pub offline_after_ms: u64,
+    /// A buddy group's primary silent this long is replaced by its
+    /// secondary; primaries hold leases of half of it.
+    pub failover_after_ms: u64,
+}
+
+impl Timeouts {
+    /// The lease a heartbeat grants (`docs/design-mirror.md`, "the lease").
+    pub fn lease_ms(&self) -> u64 {
+        self.failover_after_ms / 2
+    }
 }
 
 /// Online below `probably_offline_after_ms`, probably-offline below
@@ -138,6 +152,8 @@ pub struct Mgmt {
     started: Instant,
     nodes: HashMap<(NodeType, NodeId), NodeLive>,
     targets: HashMap<TargetId, TargetLive>,
+    /// Last resync progress each group's primary reported.
+    resync: HashMap<BuddyGroupId, (u64, u64)>,
 }
 
 impl Mgmt {
@@ -154,7 +170,16 @@ impl Mgmt {
             pools = reg.pools.len(),
             "registry loaded"
         );
-        Ok(Mgmt { path, reg, timeouts, limits, started: now, nodes: HashMap::new(), targets: HashMap::new() })
+        Ok(Mgmt {
+            path,
+            reg,
+            timeouts,
+            limits,
+            started: now,
+            nodes: HashMap::new(),
+            targets: HashMap::new(),
+            resync: HashMap::new(),
+        })
     }
 
     pub fn registry(&self) -> &Registry {
@@ -221,6 +246,29 @@ impl Mgmt {
                         None => warn!("{node_type} node {node} reported unknown target {}; ignored", tc.target),
                     }
                 }
+                Ok(Reply::HeartbeatAck { lease_ms: self.timeouts.lease_ms() })
+            }
+            Request::CreateGroup { kind, primary, secondary, force } => {
+                let group = self.mutate(|r| Ok((r.create_group(kind, primary, secondary, force)?, true)))?;
+                info!(%group, kind = kind.as_str(), primary, secondary, "buddy group created");
+                Ok(Reply::GroupCreated { group })
+            }
+            Request::ListGroups { kind } => Ok(Reply::Groups(self.list_groups(kind))),
+            Request::SetMemberState { group, epoch, member, state } => {
+                let changed = self.mutate(|r| set_member_state(r, group, epoch, member, state))?;
+                if changed {
+                    info!(%group, member, state = state.as_str(), by = if epoch.is_some() { "primary" } else { "administrator" }, "buddy group member state set");
+                }
+                if state != Consistency::Resyncing {
+                    self.resync.remove(&group);
+                }
+                Ok(Reply::Ok)
+            }
+            Request::ResyncProgress { group, done, total } => {
+                if self.reg.group(group).is_none() {
+                    return Err(fs_err!(NotFound, "buddy group {group} does not exist"));
+                }
+                self.resync.insert(group, (done, total));
                 Ok(Reply::Ok)
             }
             Request::ListNodes { node_type } => Ok(Reply::Nodes(self.list_nodes(node_type, now))),
@@ -294,6 +342,77 @@ impl Mgmt {
         out
     }
 
+    pub fn list_groups(&self, kind: Option<GroupKind>) -> Vec<GroupInfo> {
+        let mut out: Vec<GroupInfo> = self
+            .reg
+            .groups
+            .iter()
+            .filter(|g| kind.is_none_or(|k| k == g.kind))
+            .map(|g| GroupInfo {
+                id: g.id,
+                kind: g.kind,
+                primary: g.primary,
+                secondary: g.secondary,
+                epoch: g.epoch,
+                primary_state: g.primary_state,
+                secondary_state: g.secondary_state,
+                resync: self.resync.get(&g.id).copied(),
+            })
+            .collect();
+        out.sort_by_key(|g| g.id);
+        out
+    }
+
+    /// Milliseconds since a group member last reported.
+    fn member_age(&self, kind: GroupKind, member: u32, now: Instant) -> u64 {
+        let seen = match kind {
+            GroupKind::Storage => self.targets.get(&TargetId(member)).map(|l| l.last_seen),
+            GroupKind::Meta => self.nodes.get(&(NodeType::Meta, NodeId(member))).map(|l| l.last_seen),
+        };
+        age_ms(now, seen.unwrap_or(self.started))
+    }
+
+    /// Switches over every buddy group whose primary has been silent for
+    /// `failover_after_ms` while its secondary is online and good
+    /// (`docs/design-mirror.md`, "Failover"). Persisted before it returns;
+    /// returns the groups switched.
+    pub fn failover(&mut self, now: Instant) -> Result<Vec<BuddyGroupId>, FsError> {
+        let due: Vec<BuddyGroupId> = self
+            .reg
+            .groups
+            .iter()
+            .filter(|g| {
+                self.member_age(g.kind, g.primary, now) >= self.timeouts.failover_after_ms
+                    && self.member_age(g.kind, g.secondary, now) < self.timeouts.probably_offline_after_ms
+                    && g.secondary_state == Consistency::Good
+            })
+            .map(|g| g.id)
+            .collect();
+        if due.is_empty() {
+            return Ok(due);
+        }
+        self.mutate(|r| {
+            for g in r.groups.iter_mut().filter(|g| due.contains(&g.id)) {
+                g.switch_over();
+            }
+            Ok(((), true))
+        })?;
+        for id in &due {
+            self.resync.remove(id);
+            let g = self.reg.group(*id).expect("switched group exists");
+            warn!(
+                group = %g.id,
+                kind = g.kind.as_str(),
+                new_primary = g.primary,
+                old_primary = g.secondary,
+                epoch = g.epoch,
+                "buddy group switched over: its primary was silent for {} ms",
+                self.timeouts.failover_after_ms
+            );
+        }
+        Ok(due)
+    }
+
     /// Every storage pool by id, each with its targets by id.
     pub fn list_pools(&self) -> Vec<PoolInfo> {
         let mut members: HashMap<PoolId, Vec<TargetId>> = HashMap::new();
@@ -317,6 +436,60 @@ impl Mgmt {
     }
 }
 
+/// `Request::SetMemberState` on the registry: returns (changed, changed).
+fn set_member_state(
+    r: &mut crate::registry::Registry,
+    group: BuddyGroupId,
+    epoch: Option<u64>,
+    member: u32,
+    state: Consistency,
+) -> Result<(bool, bool), FsError> {
+    let g: &mut GroupRecord = r
+        .groups
+        .iter_mut()
+        .find(|g| g.id == group)
+        .ok_or_else(|| fs_err!(NotFound, "buddy group {group} does not exist"))?;
+    if member != g.secondary {
+        let what = if member == g.primary { "its primary" } else { "not a member" };
+        return Err(fs_err!(
+            Invalid,
+            "buddy group {group}: {member} is {what}; only the secondary's state is set (epoch {})",
+            g.epoch
+        ));
+    }
+    use Consistency::*;
+    let from = g.secondary_state;
+    let allowed = match epoch {
+        // The group's primary at the current epoch drives its secondary.
+        Some(e) if e != g.epoch => {
+            return Err(fs_err!(
+                Unavailable,
+                "buddy group {group} is at epoch {}, not {e}: the sender is no longer its primary",
+                g.epoch
+            ))
+        }
+        Some(_) => matches!(
+            (from, state),
+            (Good | Resyncing, NeedsResync) | (NeedsResync | Bad, Resyncing) | (Resyncing, Good)
+        ),
+        // An administrator asks for a resync (or a full one).
+        None => matches!(state, NeedsResync | Bad),
+    };
+    if from == state {
+        return Ok((false, false));
+    }
+    if !allowed {
+        return Err(fs_err!(
+            Invalid,
+            "buddy group {group}: member {member} cannot go from {} to {}",
+            from.as_str(),
+            state.as_str()
+        ));
+    }
+    g.secondary_state = state;
+    Ok((true, true))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,7 +502,8 @@ mod tests {
         Duration::from_millis(v)
     }
 
-    const T: Timeouts = Timeouts { probably_offline_after_ms: 10_000, offline_after_ms: 30_000 };
+    const T: Timeouts =
+        Timeouts { probably_offline_after_ms: 10_000, offline_after_ms: 30_000, failover_after_ms: 30_000 };
     const L: CapacityLimits = CapacityLimits::DEFAULT;
 
     #[test]
@@ -358,6 +532,74 @@ mod tests {
             Reply::NodeRegistered { node } => node,
             r => panic!("{r:?}"),
         }
+    }
+
+    fn beat(m: &mut Mgmt, node: NodeId, targets: &[TargetId], now: Instant) -> Reply {
+        let targets = targets.iter().map(|&target| TargetCapacity { target, capacity: Capacity::default() }).collect();
+        m.handle(Request::Heartbeat { node_type: NodeType::Storage, node, targets, meta: None }, now).unwrap()
+    }
+
+    #[test]
+    fn buddy_groups_are_checked_switched_over_and_persisted() {
+        let d = tempfile::tempdir().unwrap();
+        let t0 = Instant::now();
+        let mut m = Mgmt::open(d.path(), T, L, t0).unwrap();
+        let (s1, s2) = (reg_node(&mut m, NodeType::Storage, "s1", t0), reg_node(&mut m, NodeType::Storage, "s2", t0));
+        let (a, a2, b) =
+            (reg_target(&mut m, s1, "a", t0).0, reg_target(&mut m, s1, "a2", t0).0, reg_target(&mut m, s2, "b", t0).0);
+        let create = |p: TargetId, s: TargetId, force| Request::CreateGroup {
+            kind: GroupKind::Storage,
+            primary: p.0,
+            secondary: s.0,
+            force,
+        };
+        let e = m.handle(create(a, a2, false), t0).unwrap_err();
+        assert!(e.message.contains("both on storage node"), "{e}");
+        assert_eq!(m.handle(create(a, a, true), t0).unwrap_err().code, ErrorCode::Invalid);
+        assert_eq!(m.handle(create(a, TargetId(99), false), t0).unwrap_err().code, ErrorCode::NotFound);
+        let Reply::GroupCreated { group } = m.handle(create(a, b, false), t0).unwrap() else { panic!() };
+        assert_eq!(m.handle(create(b, a2, true), t0).unwrap_err().code, ErrorCode::Exists);
+        // Heartbeats grant half the failover time as a lease.
+        assert_eq!(beat(&mut m, s1, &[a, a2], t0 + ms(1_000)), Reply::HeartbeatAck { lease_ms: 15_000 });
+        beat(&mut m, s2, &[b], t0 + ms(1_000));
+        // Moving a member moves its buddy.
+        let Reply::PoolCreated { pool } = m.handle(Request::CreatePool { name: "p".into() }, t0).unwrap() else {
+            panic!()
+        };
+        m.handle(Request::MoveTargetToPool { target: b, pool }, t0).unwrap();
+        assert_eq!(m.registry().target(a).unwrap().pool, pool);
+
+        // The primary goes silent: nothing before the failover time, then a switch.
+        beat(&mut m, s2, &[b], t0 + ms(30_000));
+        assert!(m.failover(t0 + ms(30_999)).unwrap().is_empty());
+        assert_eq!(m.failover(t0 + ms(31_000)).unwrap(), vec![group]);
+        let g = &m.list_groups(None)[0];
+        assert_eq!((g.primary, g.secondary, g.epoch), (b.0, a.0, 1));
+        assert_eq!((g.primary_state, g.secondary_state), (Consistency::Good, Consistency::NeedsResync));
+        // A needs-resync secondary is never promoted, however long the primary is gone.
+        beat(&mut m, s1, &[a, a2], t0 + ms(90_000));
+        assert!(m.failover(t0 + ms(90_000)).unwrap().is_empty());
+
+        // Only the current epoch's primary drives its secondary's state.
+        let set = |epoch, state| Request::SetMemberState { group, epoch, member: a.0, state };
+        assert_eq!(m.handle(set(Some(0), Consistency::Resyncing), t0).unwrap_err().code, ErrorCode::Unavailable);
+        assert_eq!(m.handle(set(Some(1), Consistency::Good), t0).unwrap_err().code, ErrorCode::Invalid);
+        m.handle(set(Some(1), Consistency::Resyncing), t0).unwrap();
+        m.handle(Request::ResyncProgress { group, done: 3, total: 10 }, t0).unwrap();
+        assert_eq!(m.list_groups(Some(GroupKind::Storage))[0].resync, Some((3, 10)));
+        m.handle(set(Some(1), Consistency::Good), t0).unwrap();
+        assert_eq!(m.list_groups(None)[0].resync, None);
+        let primary = Request::SetMemberState { group, epoch: Some(1), member: b.0, state: Consistency::Bad };
+        assert_eq!(m.handle(primary, t0).unwrap_err().code, ErrorCode::Invalid);
+        // An administrator may ask for a full resync.
+        m.handle(set(None, Consistency::Bad), t0).unwrap();
+        assert!(m.list_groups(Some(GroupKind::Meta)).is_empty());
+
+        // All of it survives a restart of mgmtd.
+        let before = m.list_groups(None);
+        drop(m);
+        let m = Mgmt::open(d.path(), T, L, t0).unwrap();
+        assert_eq!(m.list_groups(None), before);
     }
 
     #[test]

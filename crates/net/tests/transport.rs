@@ -56,7 +56,7 @@ async fn an_envelope_reaches_the_handler_with_its_request() {
     let plain = pool.rpc(&req).await.unwrap();
     assert_eq!(plain, Reply::Pong { node_type: NodeType::Meta, node: NodeId(0) });
     let op = hivefs_proto::OpId { client: 3, seq: 40, done_below: 1 };
-    let env = hivefs_proto::Envelope { op: Some(op), lease_client: Some(2) };
+    let env = hivefs_proto::Envelope { op: Some(op), lease_client: Some(2), mirror: None };
     let r = pool.rpc_with(&env, &req).await.unwrap();
     assert_eq!(r, Reply::Pong { node_type: NodeType::Meta, node: NodeId(42) });
 }

@@ -4,7 +4,7 @@
 
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, Timespec};
 use hivefs_types::error::FsError;
-use hivefs_types::ids::{EntryId, NodeId, NodeType, PoolId, TargetId};
+use hivefs_types::ids::{BuddyGroupId, EntryId, NodeId, NodeType, PoolId, TargetId};
 use hivefs_types::pattern::DirPattern;
 use serde::{Deserialize, Serialize};
 
@@ -149,6 +149,88 @@ pub struct Envelope {
     /// (through `LeaseWait`) before it acknowledges any change of those
     /// attributes made by someone else.
     pub lease_client: Option<u64>,
+    /// A chunk request for a mirrored file (`docs/design-mirror.md`): the
+    /// buddy group, the epoch its sender believes in, and who sends it.
+    /// Sent only to storage nodes.
+    pub mirror: Option<MirrorHdr>,
+}
+
+/// Mirroring header of a chunk request (`Envelope::mirror`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MirrorHdr {
+    pub group: BuddyGroupId,
+    pub epoch: u64,
+    pub role: MirrorRole,
+}
+
+/// Who sends a mirrored chunk request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum MirrorRole {
+    /// A client (or a metadata node) to the group's primary.
+    Client,
+    /// The primary to its secondary: a change being mirrored.
+    Forward,
+    /// The primary to its secondary: a chunk file being resynced.
+    Resync,
+}
+
+/// Kind of a buddy group's members.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum GroupKind {
+    /// Two storage targets.
+    Storage,
+    /// Two metadata nodes.
+    Meta,
+}
+
+impl GroupKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            GroupKind::Storage => "storage",
+            GroupKind::Meta => "meta",
+        }
+    }
+}
+
+/// Consistency of a buddy group member (`docs/design-mirror.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum Consistency {
+    /// Has every acknowledged change.
+    #[default]
+    Good,
+    /// Misses changes its primary lists.
+    NeedsResync,
+    /// Its primary is copying the missed changes.
+    Resyncing,
+    /// Lost its data: only a full resync helps.
+    Bad,
+}
+
+impl Consistency {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Consistency::Good => "good",
+            Consistency::NeedsResync => "needs-resync",
+            Consistency::Resyncing => "resyncing",
+            Consistency::Bad => "bad",
+        }
+    }
+}
+
+/// A buddy group as mgmtd has it. Members are target ids (storage) or
+/// metadata node ids (meta).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupInfo {
+    pub id: BuddyGroupId,
+    pub kind: GroupKind,
+    pub primary: u32,
+    pub secondary: u32,
+    /// Role switches so far.
+    pub epoch: u64,
+    pub primary_state: Consistency,
+    pub secondary_state: Consistency,
+    /// The primary's last reported resync progress: (chunks done, chunks to do).
+    pub resync: Option<(u64, u64)>,
 }
 
 impl Envelope {
@@ -559,6 +641,37 @@ pub enum Request {
         dir: EntryId,
         max: u32,
     },
+
+    // ---- buddy mirroring (mgmtd) ----
+    /// Makes a buddy group of two members of `kind` (target ids or metadata
+    /// node ids). Refused when they share a server unless `force`. Answer:
+    /// `GroupCreated`.
+    CreateGroup {
+        kind: GroupKind,
+        primary: u32,
+        secondary: u32,
+        force: bool,
+    },
+    /// Answer: `Groups`.
+    ListGroups {
+        kind: Option<GroupKind>,
+    },
+    /// Sets the consistency of `member` of `group`, sent by the group's
+    /// primary at `epoch` (refused when the epoch is not current: a stale
+    /// primary cannot change its group) or by an administrator (`epoch`
+    /// `None`, only to `NeedsResync` or `Bad`, to ask for a resync).
+    SetMemberState {
+        group: BuddyGroupId,
+        epoch: Option<u64>,
+        member: u32,
+        state: Consistency,
+    },
+    /// A primary's resync progress for its group: (chunks done, chunks to do).
+    ResyncProgress {
+        group: BuddyGroupId,
+        done: u64,
+        total: u64,
+    },
 }
 
 /// `len` bytes (at most `MAX_PAYLOAD_LEN`) from `src_offset` of
@@ -725,6 +838,9 @@ impl Request {
                 // Moves the access time forward to a given time: a repeat changes nothing.
                 | Request::TouchAtime { .. }
                 | Request::ReadDirFirst { .. }
+                | Request::ListGroups { .. }
+                | Request::SetMemberState { .. }
+                | Request::ResyncProgress { .. }
         )
     }
 }
@@ -844,6 +960,15 @@ pub enum Reply {
         parent: EntryId,
         entries: Vec<DirEntry>,
         more: bool,
+    },
+    GroupCreated {
+        group: BuddyGroupId,
+    },
+    Groups(Vec<GroupInfo>),
+    /// Answer to `Heartbeat`: the sender may act as a group's primary until
+    /// `lease_ms` after it sent this heartbeat (`docs/design-mirror.md`).
+    HeartbeatAck {
+        lease_ms: u64,
     },
 }
 
@@ -1004,7 +1129,7 @@ mod tests {
             let (m, _): (T, _) = postcard::take_from_bytes(&body).unwrap_or_else(|e| panic!("id {id}: {e}"));
             name_of(&m)
         }
-        const REQUESTS: [&str; 67] = [
+        const REQUESTS: [&str; 71] = [
             "Ping",
             "RegisterNode",
             "RegisterTarget",
@@ -1072,8 +1197,12 @@ mod tests {
             "CopyChunk",
             "TouchAtime",
             "ReadDirFirst",
+            "CreateGroup",
+            "ListGroups",
+            "SetMemberState",
+            "ResyncProgress",
         ];
-        const REPLIES: [&str; 35] = [
+        const REPLIES: [&str; 38] = [
             "Ok",
             "Pong",
             "NodeRegistered",
@@ -1109,6 +1238,9 @@ mod tests {
             "WithParent",
             "Seek",
             "DirPageFirst",
+            "GroupCreated",
+            "Groups",
+            "HeartbeatAck",
         ];
         for (id, want) in REQUESTS.iter().enumerate() {
             assert_eq!(decoded::<Request>(id), *want, "request id {id}");
@@ -1164,11 +1296,20 @@ mod tests {
         let (flags, body) = crate::encode_request(&Envelope::default(), &r);
         assert_eq!((flags, body.clone()), (0, encode_body(&r)), "an empty envelope is left out");
         assert_eq!(crate::decode_request(flags, &body).unwrap(), (Envelope::default(), r.clone()));
-        let env = Envelope { op: Some(OpId { client: 7, seq: 300, done_below: 299 }), lease_client: Some(7) };
+        let env =
+            Envelope { op: Some(OpId { client: 7, seq: 300, done_below: 299 }), lease_client: Some(7), mirror: None };
         let (flags, body) = crate::encode_request(&env, &r);
         assert_eq!(flags, crate::FLAG_ENVELOPE);
-        // The envelope's bytes, pinned: op Some(7, 300, 299), lease client Some(7).
-        assert_eq!(&body[..8], &[1, 7, 0xac, 2, 0xab, 2, 1, 7]);
+        // The envelope's bytes, pinned: op Some(7, 300, 299), lease client Some(7), mirror None.
+        assert_eq!(&body[..9], &[1, 7, 0xac, 2, 0xab, 2, 1, 7, 0]);
+        let m = Envelope {
+            mirror: Some(MirrorHdr { group: BuddyGroupId(3), epoch: 2, role: MirrorRole::Forward }),
+            ..Envelope::default()
+        };
+        let (_, mb) = crate::encode_request(&m, &r);
+        // op None, lease client None, mirror Some(group 3, epoch 2, Forward).
+        assert_eq!(&mb[..6], &[0, 0, 1, 3, 2, 1]);
+        assert_eq!(crate::decode_request(crate::FLAG_ENVELOPE, &mb).unwrap(), (m, r.clone()));
         assert_eq!(crate::frame_type_id(flags, &body), 11);
         assert_eq!(crate::frame_type_id(flags, &body), crate::frame_type_id(0, &encode_body(&r)));
         assert_eq!(crate::decode_request(flags, &body).unwrap(), (env, r));

@@ -141,7 +141,11 @@ impl Client {
     async fn send(&mut self, to: NodeId, req: Request, retryable: bool) -> Response {
         let env = if retryable {
             self.seq += 1;
-            Envelope { op: Some(OpId { client: self.id, seq: self.seq, done_below: self.seq }), lease_client: None }
+            Envelope {
+                op: Some(OpId { client: self.id, seq: self.seq, done_below: self.seq }),
+                lease_client: None,
+                mirror: None,
+            }
         } else {
             Envelope::default()
         };

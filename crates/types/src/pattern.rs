@@ -4,7 +4,7 @@
 //! `c = o / cs`, on stripe target `t = c % n`, at local offset
 //! `(c / n) * cs + o % cs` inside that target's single chunk file.
 
-use crate::ids::{PoolId, TargetId};
+use crate::ids::{BuddyGroupId, PoolId, TargetId};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -33,6 +33,8 @@ pub struct Pattern {
     kind: PatternKind,
     chunk_size: u32,
     /// Stripe targets in stripe order; `targets.len()` is the stripe count.
+    /// For [`PatternKind::BuddyMirror`] these are buddy group ids (the
+    /// encoding is the same integer), read through [`Pattern::groups`].
     targets: Vec<TargetId>,
 }
 
@@ -61,6 +63,22 @@ pub struct Piece {
     /// Offset of this piece inside the caller's buffer.
     pub buf_offset: usize,
     pub len: usize,
+}
+
+/// Where one stripe of a file lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StripeUnit {
+    Target(TargetId),
+    Group(BuddyGroupId),
+}
+
+impl fmt::Display for StripeUnit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StripeUnit::Target(t) => write!(f, "target {t}"),
+            StripeUnit::Group(g) => write!(f, "buddy group {g}"),
+        }
+    }
 }
 
 /// Target chooser used when a file is created.
@@ -106,6 +124,9 @@ pub struct DirPattern {
     pub stripe_count: u32,
     pub pool: PoolId,
     pub chooser: Chooser,
+    /// New files stripe over the pool's storage buddy groups instead of its
+    /// targets ([`PatternKind::BuddyMirror`]).
+    pub mirror: bool,
 }
 
 impl Default for DirPattern {
@@ -115,6 +136,7 @@ impl Default for DirPattern {
             stripe_count: 0,
             pool: PoolId::DEFAULT,
             chooser: Chooser::Balanced,
+            mirror: false,
         }
     }
 }
@@ -152,6 +174,27 @@ impl Pattern {
     /// Stripe targets in stripe order.
     pub fn targets(&self) -> &[TargetId] {
         &self.targets
+    }
+
+    pub fn is_mirrored(&self) -> bool {
+        self.kind == PatternKind::BuddyMirror
+    }
+
+    /// The stripe unit at `idx`: a target, or a buddy group of a mirrored pattern.
+    pub fn unit(&self, idx: usize) -> StripeUnit {
+        let raw = self.targets[idx];
+        match self.kind {
+            PatternKind::Raid0 => StripeUnit::Target(raw),
+            PatternKind::BuddyMirror => StripeUnit::Group(BuddyGroupId(raw.0)),
+        }
+    }
+
+    /// Buddy groups in stripe order; empty for an unmirrored pattern.
+    pub fn groups(&self) -> Vec<BuddyGroupId> {
+        match self.kind {
+            PatternKind::Raid0 => Vec::new(),
+            PatternKind::BuddyMirror => self.targets.iter().map(|t| BuddyGroupId(t.0)).collect(),
+        }
     }
 
     /// The stripe targets, taking the pattern apart.

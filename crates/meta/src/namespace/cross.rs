@@ -466,7 +466,7 @@ impl Namespace {
         };
         let peers = self.peers()?;
         // The operation id goes along: the new owner applies it once.
-        Some(peers.call_with(to, Envelope { op, lease_client: None }, req.clone()).await)
+        Some(peers.call_with(to, Envelope { op, lease_client: None, mirror: None }, req.clone()).await)
     }
 
     /// Hard link of file `id` (on this node) as `new_parent/new_name` on
@@ -976,7 +976,7 @@ mod tests {
     }
 
     fn retryable(seq: u64, req: &Request) -> (Envelope, Request) {
-        (Envelope { op: Some(OpId { client: 5, seq, done_below: 0 }), lease_client: None }, req.clone())
+        (Envelope { op: Some(OpId { client: 5, seq, done_below: 0 }), lease_client: None, mirror: None }, req.clone())
     }
 
     fn attr(r: Response) -> EntryAttr {

@@ -5,7 +5,7 @@
 //! those are in `ops`, which reads and writes these records inside one
 //! transaction.
 //!
-//! # Key schema (format version 1)
+//! # Key schema (format version 2)
 //!
 //! | table      | key                                   | value (postcard)                 |
 //! |------------|---------------------------------------|----------------------------------|
@@ -31,7 +31,9 @@
 //! node holds a key range, not the key format.
 //!
 //! Values are postcard-encoded, which is not self-describing: any change of a
-//! record type must bump [`FORMAT_VERSION`] and migrate. `replies` values
+//! record type must bump [`FORMAT_VERSION`] and migrate. Version 2 added
+//! `mirror` to a directory's [`DirPattern`]; [`Store::open`] migrates a
+//! version 1 store in place ([`migrate_v1`]). `replies` values
 //! are the exception: they carry their own record version (see `replies`).
 
 mod multi;
@@ -70,7 +72,7 @@ pub(crate) const PEER_DONE: TableDefinition<&[u8], &[u8]> = TableDefinition::new
 pub const DB_FILE: &str = "meta.redb";
 
 /// Version of the key schema and record encodings above.
-pub const FORMAT_VERSION: u64 = 1;
+pub const FORMAT_VERSION: u64 = 2;
 
 /// Names of the counters in the `system` table.
 pub(crate) mod sys {
@@ -327,6 +329,11 @@ impl Store {
                     sys_t.insert(sys::FORMAT, FORMAT_VERSION).map_err(|e| db_err(&e))?;
                 }
                 Some(FORMAT_VERSION) => {}
+                Some(1) => {
+                    let n = migrate_v1(&txn).map_err(|m| db_err(&m))?;
+                    sys_t.insert(sys::FORMAT, FORMAT_VERSION).map_err(|e| db_err(&e))?;
+                    tracing::info!(store = %p.display(), directories = n, "metadata store migrated from format version 1 to {FORMAT_VERSION}");
+                }
                 Some(found) => return Err(StoreError::Format { path: p.clone(), found }),
             }
             let old = sys_t.get(sys::EPOCH).map_err(|e| db_err(&e))?.map(|v| v.value()).unwrap_or(0);
@@ -340,6 +347,115 @@ impl Store {
         txn.commit().map_err(|e| db_err(&e))?;
         Ok(Store { db, epoch, counter: 0, path: p })
     }
+}
+
+/// Records of format version 1 that differ from version 2.
+mod v1 {
+    use super::*;
+    use hivefs_types::ids::PoolId;
+    use hivefs_types::pattern::Chooser;
+
+    #[derive(Deserialize)]
+    pub struct DirPattern {
+        chunk_size: u32,
+        stripe_count: u32,
+        pool: PoolId,
+        chooser: Chooser,
+    }
+
+    #[derive(Deserialize)]
+    pub struct Inode {
+        kind: FileKind,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        size: u64,
+        nlink: u32,
+        atime: Timespec,
+        mtime: Timespec,
+        ctime: Timespec,
+        rdev: u32,
+        pattern: Option<Pattern>,
+        pub dir_pattern: Option<DirPattern>,
+        symlink: Option<Vec<u8>>,
+        parent: Option<EntryId>,
+    }
+
+    impl From<Inode> for super::Inode {
+        fn from(i: Inode) -> super::Inode {
+            let Inode {
+                kind,
+                mode,
+                uid,
+                gid,
+                size,
+                nlink,
+                atime,
+                mtime,
+                ctime,
+                rdev,
+                pattern,
+                dir_pattern,
+                symlink,
+                parent,
+            } = i;
+            let dir_pattern = dir_pattern.map(|d| super::DirPattern {
+                chunk_size: d.chunk_size,
+                stripe_count: d.stripe_count,
+                pool: d.pool,
+                chooser: d.chooser,
+                mirror: false,
+            });
+            super::Inode {
+                kind,
+                mode,
+                uid,
+                gid,
+                size,
+                nlink,
+                atime,
+                mtime,
+                ctime,
+                rdev,
+                pattern,
+                dir_pattern,
+                symlink,
+                parent,
+            }
+        }
+    }
+}
+
+/// Rewrites a format version 1 store's directory inodes (their
+/// [`DirPattern`] gained `mirror`, false for all of them); file inodes
+/// encode the same in both versions. Pending cross-node intents may hold
+/// directory inodes too: a store with any is refused, to be opened by the
+/// previous version once, which finishes them. Returns the directories
+/// rewritten.
+fn migrate_v1(txn: &redb::WriteTransaction) -> Result<u64, String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    if txn.open_table(INTENTS).map_err(|x| e(&x))?.iter().map_err(|x| e(&x))?.next().is_some() {
+        return Err("format version 1 store has pending cross-node operations: start the previous HiveFS \
+                    version on it once to finish them, then this one"
+            .into());
+    }
+    let mut inodes = txn.open_table(INODES).map_err(|x| e(&x))?;
+    let mut rewrite = Vec::new();
+    for r in inodes.iter().map_err(|x| e(&x))? {
+        let (k, v) = r.map_err(|x| e(&x))?;
+        let old: v1::Inode = decode("inode (format 1)", hex_key(k.value()), v.value())?;
+        if old.dir_pattern.is_some() {
+            rewrite.push((k.value().to_vec(), encode(&Inode::from(old))));
+        }
+    }
+    for (k, v) in &rewrite {
+        inodes.insert(k.as_slice(), v.as_slice()).map_err(|x| e(&x))?;
+    }
+    Ok(rewrite.len() as u64)
+}
+
+fn hex_key(k: &[u8]) -> String {
+    k.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Shows a name in messages: quoted, lossy UTF-8.
@@ -368,12 +484,13 @@ where
 mod tests {
     use super::*;
     use hivefs_types::pattern::{Chooser, DirPattern, PatternKind};
+    use redb::ReadableDatabase;
 
     fn hex(b: &[u8]) -> String {
         b.iter().map(|x| format!("{x:02x}")).collect()
     }
 
-    /// The store's records as they are on disk (format version 1), the
+    /// The store's records as they are on disk (format version 2), the
     /// cross-node intents included: a change of any record type shows here
     /// first, and needs a format version and a migration (the metadata
     /// journal will carry the same records).
@@ -408,6 +525,7 @@ mod tests {
                 stripe_count: 0,
                 pool: hivefs_types::ids::PoolId(1),
                 chooser: Chooser::Balanced,
+                mirror: true,
             }),
             parent: Some(EntryId::ROOT),
             ..file.clone()
@@ -415,7 +533,7 @@ mod tests {
         let cases: [(&str, Vec<u8>, &str); 7] = [
             ("dentry", encode(&Dentry { id, kind: FileKind::Dir, owner: NodeId(2) }), "0102030102"),
             ("file inode", encode(&file), "00a403e80764f0a20401020704070607000100808004020409000000"),
-            ("directory inode", encode(&dir), "01ed0be8076400030207040706070000018080200001030001000001"),
+            ("directory inode", encode(&dir), "01ed0be807640003020704070607000001808020000103010001000001"),
             (
                 "disposal",
                 encode(&Disposal { state: DisposalState::DeleteChunks, targets: vec![TargetId(4)] }),
@@ -460,5 +578,49 @@ mod tests {
         for (what, got, want) in cases {
             assert_eq!(hex(&got), want, "{what}");
         }
+    }
+
+    fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    }
+
+    /// Makes `path` a format version 1 store holding `inode` (version 1
+    /// bytes) under `key`, and an intent when `intent` is set.
+    fn make_v1(path: &Path, key: [u8; EntryId::LEN], inode: &[u8], intent: bool) {
+        let s = Store::open(path, false).unwrap();
+        let txn = s.db.begin_write().unwrap();
+        {
+            txn.open_table(SYSTEM).unwrap().insert(sys::FORMAT, 1).unwrap();
+            txn.open_table(INODES).unwrap().insert(key.as_slice(), inode).unwrap();
+            if intent {
+                txn.open_table(INTENTS).unwrap().insert([7u8; 16].as_slice(), [0u8].as_slice()).unwrap();
+            }
+        }
+        txn.commit().unwrap();
+    }
+
+    #[test]
+    fn a_format_1_store_is_migrated_and_one_with_pending_intents_refused() {
+        // A directory inode as format version 1 wrote it (the pin above before `mirror`).
+        let v1_dir = unhex("01ed0be8076400030207040706070000018080200001030001000001");
+        let key = EntryId { node: 1, epoch: 2, counter: 3 }.to_bytes();
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join(DB_FILE);
+        make_v1(&path, key, &v1_dir, false);
+        let s = Store::open(&path, false).unwrap();
+        let txn = s.db.begin_read().unwrap();
+        let format = txn.open_table(SYSTEM).unwrap().get(sys::FORMAT).unwrap().unwrap().value();
+        assert_eq!(format, FORMAT_VERSION);
+        let t = txn.open_table(INODES).unwrap();
+        let got: Inode = decode("inode", "x", t.get(key.as_slice()).unwrap().unwrap().value()).unwrap();
+        let dp = got.dir_pattern.expect("directory pattern kept");
+        assert_eq!((dp.chunk_size, dp.stripe_count, dp.chooser, dp.mirror), (524_288, 0, Chooser::Balanced, false));
+        assert_eq!((got.kind, got.mode, got.nlink, got.parent), (FileKind::Dir, 0o2755, 3, Some(EntryId::ROOT)));
+        drop((t, txn, s));
+
+        let path = tmp.path().join("pending.redb");
+        make_v1(&path, key, &v1_dir, true);
+        let e = Store::open(&path, false).err().expect("refused").to_string();
+        assert!(e.contains("pending cross-node operations"), "{e}");
     }
 }
