@@ -8,6 +8,7 @@ mod bench_args;
 mod bench_procs;
 mod bench_sweep;
 mod fsck;
+mod mirror;
 mod pools;
 mod services;
 mod up;
@@ -51,6 +52,9 @@ enum Cmd {
     /// Storage pools: named sets of targets that directories stripe over.
     #[command(subcommand)]
     Pool(pools::PoolCmd),
+    /// Buddy groups: pairs of storage targets or metadata nodes that mirror each other.
+    #[command(subcommand)]
+    Mirror(mirror::MirrorCmd),
     /// Space and inodes of every metadata node and storage target, with capacity pools and totals per storage pool.
     Df(admin::Conn),
     /// Check the whole file system (every metadata node and storage target) for inconsistencies; --repair fixes them.
@@ -139,6 +143,7 @@ fn main() {
         Cmd::Entry(c) => admin::entry(c),
         Cmd::Pattern(c) => admin::pattern(c),
         Cmd::Pool(c) => pools::pool(c),
+        Cmd::Mirror(c) => mirror::mirror(c),
         Cmd::Df(c) => pools::df(c),
         Cmd::Fsck(a) => std::process::exit(fsck::fsck(a)),
         Cmd::Bench(c) => bench::bench(c),

@@ -37,19 +37,19 @@ pub enum PoolCmd {
     },
 }
 
-struct Mgmt {
+pub(crate) struct Mgmt {
     addr: String,
     cfg: ClientConfig,
     rt: tokio::runtime::Runtime,
 }
 
 impl Mgmt {
-    fn new(c: &Conn) -> Result<Mgmt> {
+    pub(crate) fn new(c: &Conn) -> Result<Mgmt> {
         let r = resolve(c)?;
         Ok(Mgmt { addr: r.mgmtd, cfg: ClientConfig::new(r.secret), rt: rt()? })
     }
 
-    fn call(&self, req: Request) -> Result<Reply> {
+    pub(crate) fn call(&self, req: Request) -> Result<Reply> {
         self.rt.block_on(call_once(&self.addr, &self.cfg, &req)).map_err(|e| anyhow!("{e}"))
     }
 
@@ -60,14 +60,14 @@ impl Mgmt {
         }
     }
 
-    fn targets(&self) -> Result<Vec<TargetInfo>> {
+    pub(crate) fn targets(&self) -> Result<Vec<TargetInfo>> {
         match self.call(Request::ListTargets)? {
             Reply::Targets(t) => Ok(t),
             r => bail!("unexpected reply from mgmtd: {r:?}"),
         }
     }
 
-    fn nodes(&self) -> Result<Vec<NodeInfo>> {
+    pub(crate) fn nodes(&self) -> Result<Vec<NodeInfo>> {
         match self.call(Request::ListNodes { node_type: None })? {
             Reply::Nodes(n) => Ok(n),
             r => bail!("unexpected reply from mgmtd: {r:?}"),

@@ -8,7 +8,7 @@ use hivefs_chunk::io::{chunk_io_code, read_at_cached_into, read_at_full_into};
 use hivefs_proto::{Reply, Request, FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::ids::{EntryId, TargetId};
-use hivefs_types::pattern::{Pattern, Piece};
+use hivefs_types::pattern::{Pattern, Piece, StripeUnit};
 use std::os::unix::fs::FileExt;
 use tokio::task::JoinSet;
 
@@ -52,15 +52,38 @@ fn local_err(t: TargetId, entry: EntryId, e: std::io::Error) -> FsError {
     FsError::new(chunk_io_code(&e), format!("storage target {t}, file {entry} (chunk file on this host): {e}"))
 }
 
-fn target_err(t: TargetId, entry: EntryId, e: FsError) -> FsError {
-    if e.message.contains("target") {
+fn target_err(t: StripeUnit, entry: EntryId, e: FsError) -> FsError {
+    if e.message.contains("target") || e.message.contains("group") {
         e
     } else {
-        FsError::new(e.code, format!("storage target {t}, file {entry}: {}", e.message))
+        FsError::new(e.code, format!("{t}, file {entry}: {}", e.message))
     }
 }
 
 impl Client {
+    /// A future that sends chunk request `req` to stripe unit `unit` (a
+    /// target, or a buddy group's primary, retried across a failover:
+    /// `Cluster::call_unit`), for a `JoinSet`.
+    fn unit_task(
+        &self,
+        unit: StripeUnit,
+        req: Request,
+        payload: Bytes,
+    ) -> impl std::future::Future<Output = FsResult<(Reply, Vec<u8>)>> + Send + 'static {
+        let (cluster, budget) = (self.cluster.clone(), self.mirror_retry);
+        async move { cluster.call_unit(unit, req, payload, budget).await }
+    }
+
+    /// The chunk file held here for stripe `idx` (short-circuit), or
+    /// `Network`. Never for a mirrored file: its writes must pass the
+    /// primary, which forwards them to the secondary.
+    async fn local_file(&self, pattern: &Pattern, idx: usize, entry: EntryId, create: bool) -> Local {
+        match pattern.unit(idx) {
+            StripeUnit::Target(t) => self.local.file(&self.cluster, t, entry, create).await,
+            StripeUnit::Group(_) => Local::Network,
+        }
+    }
+
     /// Writes `data` at `offset`; all pieces go out at once. Returns once every
     /// target acknowledged its piece.
     pub async fn write(&self, pattern: &Pattern, entry: EntryId, offset: u64, data: &[u8]) -> FsResult<usize> {
@@ -76,8 +99,9 @@ impl Client {
         let mut set = JoinSet::new();
         for p in split_large(pattern.pieces(offset, data.len())) {
             let target = pattern.targets()[p.stripe_index];
+            let unit = pattern.unit(p.stripe_index);
             let payload = data.slice(p.buf_offset..p.buf_offset + p.len);
-            if let Local::File(f) = self.local.file(&self.cluster, target, entry, true).await {
+            if let Local::File(f) = self.local_file(pattern, p.stripe_index, entry, true).await {
                 let write = move || f.write_all_at(&payload, p.local_offset).map_err(|e| local_err(target, entry, e));
                 if p.len <= LOCAL_INLINE_MAX {
                     write()?;
@@ -86,15 +110,14 @@ impl Client {
                 }
                 continue;
             }
-            let pool = self.cluster.target_pool(target).await?;
+            let call = self.unit_task(unit, Request::WriteChunk { target, entry, offset: p.local_offset }, payload);
             set.spawn(async move {
-                let req = Request::WriteChunk { target, entry, offset: p.local_offset };
-                match pool.call(&req, payload).await {
+                match call.await {
                     Ok((Reply::Written(n), _)) if n as usize == p.len => Ok(()),
                     Ok((r, _)) => Err(FsError::new(ErrorCode::Io, format!("short or odd write reply {r:?}"))),
                     Err(e) => Err(e),
                 }
-                .map_err(|e| target_err(target, entry, e))
+                .map_err(|e| target_err(unit, entry, e))
             });
         }
         while let Some(r) = set.join_next().await {
@@ -108,7 +131,7 @@ impl Client {
     /// (short-circuit) and the write is small; `None` otherwise, having
     /// written nothing (the caller takes [`Client::write_bytes`]).
     pub fn write_now(&self, pattern: &Pattern, entry: EntryId, offset: u64, data: &[u8]) -> Option<FsResult<usize>> {
-        if pattern.targets().is_empty() || data.len() > LOCAL_INLINE_MAX {
+        if pattern.targets().is_empty() || data.len() > LOCAL_INLINE_MAX || pattern.is_mirrored() {
             return None;
         }
         let pieces = pattern.pieces(offset, data.len());
@@ -132,7 +155,7 @@ impl Client {
     /// where the range is not all there: a hole or the end of the file), and
     /// the caller takes [`Client::read`].
     pub fn read_now(&self, pattern: &Pattern, entry: EntryId, offset: u64, len: usize) -> Option<Vec<u8>> {
-        if pattern.targets().is_empty() || len == 0 {
+        if pattern.targets().is_empty() || len == 0 || pattern.is_mirrored() {
             return None;
         }
         let pieces = pattern.pieces(offset, len);
@@ -173,7 +196,8 @@ impl Client {
         let mut from_disk = Vec::new();
         for p in split_large(pattern.pieces(offset, len)) {
             let target = pattern.targets()[p.stripe_index];
-            match self.local.file(&self.cluster, target, entry, false).await {
+            let unit = pattern.unit(p.stripe_index);
+            match self.local_file(pattern, p.stripe_index, entry, false).await {
                 Local::File(f) => {
                     let dst = &mut buf[p.buf_offset..p.buf_offset + p.len];
                     if p.len > LOCAL_INLINE_MAX
@@ -189,15 +213,15 @@ impl Client {
                 }
                 Local::Network => {}
             }
-            let pool = self.cluster.target_pool(target).await?;
+            let req = Request::ReadChunk { target, entry, offset: p.local_offset, len: p.len as u32 };
+            let call = self.unit_task(unit, req, Bytes::new());
             set.spawn(async move {
-                let req = Request::ReadChunk { target, entry, offset: p.local_offset, len: p.len as u32 };
-                match pool.call(&req, Vec::new()).await {
+                match call.await {
                     Ok((Reply::Data, bytes)) if bytes.len() <= p.len => Ok((p, bytes)),
                     Ok((r, _)) => Err(FsError::new(ErrorCode::Io, format!("odd read reply {r:?}"))),
                     Err(e) => Err(e),
                 }
-                .map_err(|e| target_err(target, entry, e))
+                .map_err(|e| target_err(unit, entry, e))
             });
         }
         if !from_disk.is_empty() {
@@ -234,7 +258,7 @@ impl Client {
         let mut set = JoinSet::new();
         let mut lens = vec![0u64; pattern.targets().len()];
         for (i, &target) in pattern.targets().iter().enumerate() {
-            match self.local.file(&self.cluster, target, entry, false).await {
+            match self.local_file(pattern, i, entry, false).await {
                 Local::File(f) => {
                     lens[i] = f.metadata().map_err(|e| local_err(target, entry, e))?.len();
                     continue;
@@ -242,12 +266,13 @@ impl Client {
                 Local::NoChunk => continue,
                 Local::Network => {}
             }
-            let pool = self.cluster.target_pool(target).await?;
+            let unit = pattern.unit(i);
+            let call = self.unit_task(unit, Request::StatChunk { target, entry }, Bytes::new());
             set.spawn(async move {
-                match pool.rpc(&Request::StatChunk { target, entry }).await {
-                    Ok(Reply::ChunkLen(l)) => Ok((i, l)),
-                    Ok(r) => Err(FsError::new(ErrorCode::Protocol, format!("odd stat reply {r:?}"))),
-                    Err(e) => Err(target_err(target, entry, e)),
+                match call.await {
+                    Ok((Reply::ChunkLen(l), _)) => Ok((i, l)),
+                    Ok((r, _)) => Err(FsError::new(ErrorCode::Protocol, format!("odd stat reply {r:?}"))),
+                    Err(e) => Err(target_err(unit, entry, e)),
                 }
             });
         }
@@ -269,8 +294,9 @@ impl Client {
         let mut set = JoinSet::new();
         for (i, &target) in pattern.targets().iter().enumerate() {
             let Some(r) = req(i, target) else { continue };
-            let pool = self.cluster.target_pool(target).await?;
-            set.spawn(async move { pool.rpc(&r).await.map(|a| (i, a)).map_err(|e| target_err(target, entry, e)) });
+            let unit = pattern.unit(i);
+            let call = self.unit_task(unit, r, Bytes::new());
+            set.spawn(async move { call.await.map(|(a, _)| (i, a)).map_err(|e| target_err(unit, entry, e)) });
         }
         let mut out = Vec::new();
         while let Some(r) = set.join_next().await {
@@ -371,6 +397,9 @@ impl Client {
         if src_pat.targets().is_empty() || dst_pat.targets().is_empty() {
             return Err(FsError::new(ErrorCode::Invalid, format!("file {src} or {dst} has an empty stripe pattern")));
         }
+        if src_pat.is_mirrored() || dst_pat.is_mirrored() {
+            return self.copy_through(src_pat, src, src_off, dst_pat, dst, dst_off, len).await;
+        }
         let (src_cs, dst_cs) = (u64::from(src_pat.chunk_size()), u64::from(dst_pat.chunk_size()));
         let mut set = JoinSet::new();
         let mut done = 0u64;
@@ -399,7 +428,7 @@ impl Client {
                     Ok(r) => Err(FsError::new(ErrorCode::Io, format!("short or odd copy reply {r:?}"))),
                     Err(e) => Err(e),
                 }
-                .map_err(|e| target_err(target, dst, e))
+                .map_err(|e| target_err(StripeUnit::Target(target), dst, e))
             });
             done += take;
         }
@@ -409,14 +438,39 @@ impl Client {
         Ok(len)
     }
 
+    /// A copy where either file is mirrored: read here and written back,
+    /// so each write passes its group's primary (a storage node's
+    /// `CopyChunk` would write around the forward to the secondary).
+    #[allow(clippy::too_many_arguments)]
+    async fn copy_through(
+        &self,
+        src_pat: &Pattern,
+        src: EntryId,
+        src_off: u64,
+        dst_pat: &Pattern,
+        dst: EntryId,
+        dst_off: u64,
+        len: u64,
+    ) -> FsResult<u64> {
+        let mut done = 0u64;
+        while done < len {
+            let take = (len - done).min(MAX_PIECE as u64) as usize;
+            let mut data = self.read(src_pat, src, src_off + done, take, 0).await?;
+            // Past the source's end: zeroes (the caller limits `len` to its size).
+            data.resize(take, 0);
+            self.write_bytes(dst_pat, dst, dst_off + done, Bytes::from(data)).await?;
+            done += take as u64;
+        }
+        Ok(len)
+    }
+
     /// Flushes the file's chunk files to disk on every target.
     pub async fn fsync(&self, pattern: &Pattern, entry: EntryId) -> FsResult<()> {
         let mut set = JoinSet::new();
-        for &target in pattern.targets() {
-            let pool = self.cluster.target_pool(target).await?;
-            set.spawn(async move {
-                pool.rpc(&Request::FsyncChunk { target, entry }).await.map_err(|e| target_err(target, entry, e))
-            });
+        for (i, &target) in pattern.targets().iter().enumerate() {
+            let unit = pattern.unit(i);
+            let call = self.unit_task(unit, Request::FsyncChunk { target, entry }, Bytes::new());
+            set.spawn(async move { call.await.map(|_| ()).map_err(|e| target_err(unit, entry, e)) });
         }
         while let Some(r) = set.join_next().await {
             r.map_err(|e| FsError::new(ErrorCode::Internal, e.to_string()))??;

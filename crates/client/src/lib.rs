@@ -56,6 +56,10 @@ pub struct Options {
     /// Read and write the chunk files of storage services on this host
     /// through descriptors they hand over, not over TCP (see `local`).
     pub short_circuit: bool,
+    /// How long a request to a storage buddy group is retried against the
+    /// group's current primary while no primary answers (a failover):
+    /// `docs/design-mirror.md`. Then it fails (EIO/ETIMEDOUT).
+    pub mirror_retry: Duration,
 }
 
 impl Options {
@@ -66,6 +70,7 @@ impl Options {
             io_timeout: Duration::from_secs(30),
             conns_per_peer: 4,
             short_circuit: true,
+            mirror_retry: Duration::from_secs(90),
         }
     }
 }
@@ -83,6 +88,7 @@ pub struct Client {
     root: Ent,
     ops: OpIds,
     io_timeout: Duration,
+    mirror_retry: Duration,
     locks: Arc<locks::LockSession>,
     /// Attribute leases, once turned on (see `leases`).
     leases: std::sync::OnceLock<Arc<leases::LeaseSession>>,
@@ -163,6 +169,7 @@ impl Client {
             root: Ent { id: EntryId::ROOT, owner },
             ops: OpIds::new(),
             io_timeout: opts.io_timeout,
+            mirror_retry: opts.mirror_retry,
             locks: locks::new_session(),
             leases: std::sync::OnceLock::new(),
             dir_attrs: std::sync::OnceLock::new(),

@@ -9,9 +9,13 @@
 #![forbid(unsafe_code)]
 
 use hivefs_net::{Call, Pools};
-use hivefs_proto::{Capacity, NodeInfo, PoolInfo, Reply, Request, TargetCapacity, TargetInfo};
+use hivefs_proto::{
+    Capacity, Envelope, GroupInfo, GroupKind, MirrorHdr, MirrorRole, NodeInfo, PoolInfo, Reply, Request,
+    TargetCapacity, TargetInfo,
+};
 use hivefs_types::error::{ErrorCode, FsError};
-use hivefs_types::ids::{NodeId, NodeType, PoolId, TargetId};
+use hivefs_types::ids::{BuddyGroupId, NodeId, NodeType, PoolId, TargetId};
+use hivefs_types::pattern::StripeUnit;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
@@ -147,6 +151,8 @@ pub struct ClusterView {
     pub nodes: HashMap<(NodeType, NodeId), NodeInfo>,
     pub targets: HashMap<TargetId, TargetInfo>,
     pub pools: HashMap<PoolId, PoolInfo>,
+    /// Buddy groups of both kinds.
+    pub groups: HashMap<BuddyGroupId, GroupInfo>,
     pub root_owner: Option<NodeId>,
     /// When this view was loaded (None for the empty initial view).
     pub loaded_at: Option<std::time::Instant>,
@@ -210,10 +216,15 @@ impl Cluster {
             Reply::Pools(p) => p,
             r => return Err(FsError::new(ErrorCode::Protocol, format!("unexpected reply {r:?}"))),
         };
+        let groups = match self.mgmt.rpc(&Request::ListGroups { kind: None }).await? {
+            Reply::Groups(g) => g,
+            r => return Err(FsError::new(ErrorCode::Protocol, format!("unexpected reply {r:?}"))),
+        };
         let v = Arc::new(ClusterView {
             nodes: nodes.into_iter().map(|n| ((n.node_type, n.id), n)).collect(),
             targets: targets.into_iter().map(|t| (t.id, t)).collect(),
             pools: pools.into_iter().map(|p| (p.id, p)).collect(),
+            groups: groups.into_iter().map(|g| (g.id, g)).collect(),
             root_owner,
             loaded_at: Some(std::time::Instant::now()),
         });
@@ -263,6 +274,89 @@ impl Cluster {
         };
         self.node_pool(NodeType::Storage, node).await
     }
+
+    /// Where a stripe unit's requests go: a target itself, or the current
+    /// primary of a storage buddy group with the mirroring header
+    /// (`docs/design-mirror.md`). Refreshes the view once for an unknown group.
+    pub async fn route(&self, unit: StripeUnit) -> Result<Route, FsError> {
+        let g = match unit {
+            StripeUnit::Target(target) => {
+                return Ok(Route { target, call: self.target_pool(target).await?, env: Envelope::default() })
+            }
+            StripeUnit::Group(g) => g,
+        };
+        let info = match self.view().groups.get(&g) {
+            Some(i) => i.clone(),
+            None => self.refresh().await?.groups.get(&g).cloned().ok_or_else(|| {
+                FsError::new(ErrorCode::NotFound, format!("buddy group {g} is not registered with mgmtd"))
+            })?,
+        };
+        if info.kind != GroupKind::Storage {
+            return Err(FsError::new(ErrorCode::Invalid, format!("buddy group {g} is a metadata group")));
+        }
+        let target = TargetId(info.primary);
+        let env = Envelope {
+            mirror: Some(MirrorHdr { group: g, epoch: info.epoch, role: MirrorRole::Client }),
+            ..Default::default()
+        };
+        Ok(Route { target, call: self.target_pool(target).await?, env })
+    }
+
+    /// Sends `req` to a stripe unit (naming the group's current primary as
+    /// its target, [`Request::chunk_target_mut`]) and waits for the answer. For a
+    /// buddy group, a failure that a failover cures (`Unavailable`,
+    /// `TimedOut`: a lost connection or a refused one) is retried against the group's
+    /// current primary, with the view refreshed before each retry, until
+    /// `budget` has passed: an application sees a pause, not an error.
+    pub async fn call_unit(
+        &self,
+        unit: StripeUnit,
+        mut req: Request,
+        payload: bytes::Bytes,
+        budget: Duration,
+    ) -> Result<(Reply, Vec<u8>), FsError> {
+        let start = tokio::time::Instant::now();
+        let mut wait = Duration::from_millis(100);
+        loop {
+            let r = match self.route(unit).await {
+                Ok(route) => {
+                    if let Some(t) = req.chunk_target_mut() {
+                        *t = route.target;
+                    }
+                    route.call.call_with(&route.env, &req, payload.clone()).await
+                }
+                Err(e) => Err(e),
+            };
+            let e = match r {
+                Err(e) if matches!(unit, StripeUnit::Group(_)) && retry_on_failover(&e) => e,
+                r => return r,
+            };
+            if start.elapsed() + wait > budget {
+                warn!("{unit}: no primary answered within {budget:?}: {e}");
+                return Err(FsError::new(e.code, format!("{unit}: {}", e.message)));
+            }
+            debug!("{unit}: {e}; asking mgmtd for the group's primary again in {wait:?}");
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(1));
+            if let Err(re) = self.refresh().await {
+                debug!("cluster view refresh failed: {re}");
+            }
+        }
+    }
+}
+
+/// Errors of a mirrored request that a switch-over or a returning primary cures.
+pub fn retry_on_failover(e: &FsError) -> bool {
+    matches!(e.code, ErrorCode::Unavailable | ErrorCode::TimedOut)
+}
+
+/// Where one stripe unit's requests go ([`Cluster::route`]).
+pub struct Route {
+    /// The target to name in the request.
+    pub target: TargetId,
+    pub call: Arc<dyn Call>,
+    /// Carries the mirroring header for a buddy group.
+    pub env: Envelope,
 }
 
 #[cfg(test)]
@@ -297,6 +391,7 @@ mod tests {
                     ("mgmtd", Request::ListTargets) => Reply::Targets(vec![]),
                     ("mgmtd", Request::GetRootOwner) => Reply::RootOwner(Some(NodeId(2))),
                     ("mgmtd", Request::ListPools) => Reply::Pools(vec![]),
+                    ("mgmtd", Request::ListGroups { .. }) => Reply::Groups(vec![]),
                     ("meta-2", Request::Ping) => Reply::Pong { node_type: NodeType::Meta, node: NodeId(2) },
                     (who, r) => return Err(FsError::new(ErrorCode::NotSupported, format!("{who}: {r:?}"))),
                 };

@@ -944,6 +944,14 @@ fn remove_xattr(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, name: &[u8])
 fn set_dir_pattern(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, p: DirPattern) -> OpResult<Reply> {
     let mut i = dir_inode(&t.inodes, id)?;
     validate_chunk_size(u64::from(p.chunk_size)).map_err(|m| fs_err!(Invalid, "{m} (directory {id})"))?;
+    if p.mirror {
+        // Buddy groups exist (mgmtd), and clients route to them; the storage
+        // nodes' forwarding to the secondary does not yet (docs/design-mirror.md).
+        return Err(OpError::Fs(fs_err!(
+            NotSupported,
+            "directory {id}: mirrored file data needs storage buddy mirroring, which this version does not serve yet"
+        )));
+    }
     i.dir_pattern = Some(p);
     i.ctime = ctx.now;
     t.put_inode(id, &i)?;

@@ -399,6 +399,8 @@ async fn dir_patterns_are_validated_inherited_and_applied() {
     let wide = DirPattern { stripe_count: 99, ..dp.clone() };
     h.ok(Request::SetDirPattern { id: sub.id, pattern: wide }).await;
     assert_eq!(h.create(sub.id, "w").await.pattern.unwrap().stripe_count(), 4);
+    let mirrored = DirPattern { mirror: true, ..dp.clone() };
+    assert_eq!(h.code(Request::SetDirPattern { id: d.id, pattern: mirrored }).await, ErrorCode::NotSupported);
     let bad = DirPattern { chunk_size: 5000, ..dp.clone() };
     assert_eq!(h.code(Request::SetDirPattern { id: d.id, pattern: bad }).await, ErrorCode::Invalid);
     let f = h.lookup(d.id, "f").await.unwrap();
@@ -1276,6 +1278,7 @@ mod service {
                     name: "default".into(),
                     targets: vec![TargetId(21)],
                 }])),
+                Request::ListGroups { .. } => Ok(Reply::Groups(vec![])),
                 Request::UnlinkChunk { target, entry } => {
                     self.unlinked.lock().unwrap().push((target, entry));
                     Ok(Reply::Ok)

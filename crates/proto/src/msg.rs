@@ -792,6 +792,25 @@ impl Request {
         }
     }
 
+    /// The storage target a chunk request names, to be replaced by the
+    /// current primary when it goes to a buddy group (`None` for other requests).
+    pub fn chunk_target_mut(&mut self) -> Option<&mut TargetId> {
+        match self {
+            Request::WriteChunk { target, .. }
+            | Request::ReadChunk { target, .. }
+            | Request::TruncateChunk { target, .. }
+            | Request::UnlinkChunk { target, .. }
+            | Request::UnlinkChunks { target, .. }
+            | Request::StatChunk { target, .. }
+            | Request::FsyncChunk { target, .. }
+            | Request::ListChunks { target, .. }
+            | Request::FallocateChunk { target, .. }
+            | Request::SeekChunk { target, .. } => Some(target),
+            Request::CopyChunk(c) => Some(&mut c.target),
+            _ => None,
+        }
+    }
+
     /// Requests that may be sent again after a timeout without changing the outcome.
     pub fn is_idempotent(&self) -> bool {
         matches!(

@@ -1,0 +1,103 @@
+//! Buddy groups through the CLI against real services: creation rules,
+//! `mirror list`, and mgmtd switching a group over when the storage server
+//! of its primary is killed (`docs/design-mirror.md`).
+
+mod common;
+use common::*;
+use std::time::{Duration, Instant};
+
+/// Short timeouts so that a failover happens within seconds.
+const FAST_FAILOVER: &str = "probably_offline_after_ms = 1500\noffline_after_ms = 3000\nfailover_after_ms = 3000\n";
+
+fn groups(m: &str) -> Vec<serde_json::Value> {
+    let v: serde_json::Value =
+        serde_json::from_str(&hivefs_ok(&["mirror", "list", "--json", "--mount", m])).expect("mirror list --json");
+    v.as_array().unwrap().clone()
+}
+
+fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn buddy_groups_are_made_listed_and_switched_over_when_a_primary_dies() {
+    let fs = TestFs::up_with(&["--storage", "2", "--targets-per-storage", "2"], |fs| {
+        std::fs::create_dir_all(fs.dir.join("mgmtd")).unwrap();
+        std::fs::write(fs.dir.join("mgmtd/mgmtd.toml"), FAST_FAILOVER).unwrap();
+    });
+    let m = fs.mnt_s();
+    let targets: serde_json::Value = serde_json::from_str(&hivefs_ok(&["targets", "--json", "--mount", m])).unwrap();
+    let node_of = |t: u64| {
+        targets.as_array().unwrap().iter().find(|x| x["id"] == t).map(|x| x["node"].as_u64().unwrap()).unwrap()
+    };
+    let same_node: Vec<u64> = (2..=4).filter(|&t| node_of(t) == node_of(1)).collect();
+    assert_eq!(same_node.len(), 1, "two targets per storage node: {targets}");
+
+    // A group on one server is refused unless forced; nonsense is refused.
+    let out = hivefs(&[
+        "mirror",
+        "create",
+        "--type",
+        "storage",
+        "--primary",
+        "1",
+        "--secondary",
+        &same_node[0].to_string(),
+        "--mount",
+        m,
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("both on storage node"), "{out:?}");
+    let out = hivefs(&["mirror", "create", "--type", "storage", "--primary", "1", "--secondary", "9", "--mount", m]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("target 9 is not registered"), "{out:?}");
+
+    // --auto pairs every target with one on the other server.
+    let made: serde_json::Value =
+        serde_json::from_str(&hivefs_ok(&["mirror", "create", "--type", "storage", "--auto", "--json", "--mount", m]))
+            .unwrap();
+    assert_eq!(made.as_array().unwrap().len(), 2, "{made}");
+    let list = groups(m);
+    assert_eq!(list.len(), 2);
+    for g in &list {
+        let (p, s) = (g["primary"]["id"].as_u64().unwrap(), g["secondary"]["id"].as_u64().unwrap());
+        assert_ne!(node_of(p), node_of(s), "{g}");
+        assert_eq!((g["epoch"].as_u64(), g["type"].as_str()), (Some(0), Some("storage")), "{g}");
+        for member in ["primary", "secondary"] {
+            assert_eq!(g[member]["state"], "good", "{g}");
+            assert_eq!(g[member]["reachability"], "online", "{g}");
+        }
+    }
+    // Members are taken: a second --auto finds nothing to pair.
+    let out = hivefs(&["mirror", "create", "--type", "storage", "--auto", "--mount", m]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("no storage members"), "{out:?}");
+
+    // Kill the storage server holding group 1's primary: mgmtd promotes the secondary.
+    let g1 = &list[0];
+    let old_primary = g1["primary"]["id"].as_u64().unwrap();
+    let old_secondary = g1["secondary"]["id"].as_u64().unwrap();
+    let victim = format!("storage{}", node_of(old_primary));
+    fs.kill9(&victim);
+    wait_for("failover of group 1", Duration::from_secs(30), || {
+        let g = &groups(m)[0];
+        g["epoch"] == 1 && g["primary"]["id"] == old_secondary
+    });
+    let g = &groups(m)[0];
+    assert_eq!(g["secondary"]["id"], old_primary, "{g}");
+    assert_eq!(g["secondary"]["state"], "needs-resync", "{g}");
+    assert_eq!(g["primary"]["state"], "good", "{g}");
+    assert_ne!(g["secondary"]["reachability"], "online", "{g}");
+
+    // The old primary returns: online again, still secondary, still needing
+    // a resync (mgmtd never promotes a member that needs one).
+    fs.reup();
+    wait_for("old primary back online", Duration::from_secs(30), || {
+        groups(m)[0]["secondary"]["reachability"] == "online"
+    });
+    let after = groups(m);
+    assert_eq!(after[0]["epoch"], 1, "{after:?}");
+    assert_eq!(after[0]["secondary"]["state"], "needs-resync", "{after:?}");
+}
