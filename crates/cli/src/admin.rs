@@ -74,6 +74,13 @@ pub enum PatternCmd {
         /// Metadata-node chooser for new subdirectories: balanced, random, roundrobin.
         #[arg(long)]
         meta_chooser: Option<String>,
+        /// New files stripe over storage buddy groups (each chunk on two targets
+        /// of different servers; `hivefs mirror create` makes the groups).
+        #[arg(long, conflicts_with = "no_mirror")]
+        mirror: bool,
+        /// New files stripe over single targets again.
+        #[arg(long)]
+        no_mirror: bool,
     },
 }
 
@@ -210,10 +217,21 @@ struct EntryInfo {
     size: u64,
     chunk_size: Option<u32>,
     stripe_count: Option<usize>,
+    /// Stripe ids: targets, or buddy groups when `mirrored`.
     targets: Option<Vec<u32>>,
+    mirrored: bool,
+    /// Mirrored files: each group with its current primary and secondary target.
+    groups: Option<Vec<GroupRow>>,
     dir_pattern: Option<PatternInfo>,
     /// Stripe targets per storage server, and the (min,max) over all storage servers.
     allocation: Option<Allocation>,
+}
+
+#[derive(Serialize)]
+struct GroupRow {
+    id: u32,
+    primary: Option<u32>,
+    secondary: Option<u32>,
 }
 
 #[derive(Serialize)]
@@ -245,6 +263,7 @@ struct PatternInfo {
     stripe_count: String,
     pool: u16,
     chooser: String,
+    mirror: bool,
 }
 
 fn pattern_info(p: &DirPattern) -> PatternInfo {
@@ -253,6 +272,7 @@ fn pattern_info(p: &DirPattern) -> PatternInfo {
         stripe_count: if p.stripe_count == 0 { "all".into() } else { p.stripe_count.to_string() },
         pool: p.pool.0,
         chooser: p.chooser.to_string(),
+        mirror: p.mirror,
     }
 }
 
@@ -291,8 +311,29 @@ pub fn entry(cmd: EntryCmd) -> Result<()> {
                 chunk_size: a.pattern.as_ref().map(|p| p.chunk_size()),
                 stripe_count: a.pattern.as_ref().map(|p| p.targets().len()),
                 targets: a.pattern.as_ref().map(|p| p.targets().iter().map(|t| t.0).collect()),
+                mirrored: a.pattern.as_ref().is_some_and(|p| p.is_mirrored()),
+                groups: a.pattern.as_ref().filter(|p| p.is_mirrored()).map(|p| {
+                    p.groups()
+                        .iter()
+                        .map(|g| {
+                            let info = view.groups.get(g);
+                            GroupRow { id: g.0, primary: info.map(|i| i.primary), secondary: info.map(|i| i.secondary) }
+                        })
+                        .collect()
+                }),
                 dir_pattern: a.dir_pattern.as_ref().map(pattern_info),
-                allocation: a.pattern.as_ref().map(|p| allocation(&view, p.targets())),
+                allocation: a.pattern.as_ref().map(|p| {
+                    // Mirrored: where the primaries are.
+                    let primaries: Vec<hivefs_types::ids::TargetId> = if p.is_mirrored() {
+                        p.groups()
+                            .iter()
+                            .filter_map(|g| view.groups.get(g).map(|i| hivefs_types::ids::TargetId(i.primary)))
+                            .collect()
+                    } else {
+                        p.targets().to_vec()
+                    };
+                    allocation(&view, &primaries)
+                }),
             });
         }
         Ok::<_, anyhow::Error>(infos)
@@ -316,10 +357,23 @@ pub fn entry(cmd: EntryCmd) -> Result<()> {
         println!("Metadata node: {}", info.owner_meta_node);
         if let (Some(cs), Some(targets)) = (info.chunk_size, &info.targets) {
             println!("Size:          {}", info.size);
-            println!("Pattern:       RAID0, chunk size {}", human(u64::from(cs)));
+            let kind = if info.mirrored { "buddy mirror" } else { "RAID0" };
+            println!("Pattern:       {kind}, chunk size {}", human(u64::from(cs)));
             println!("Stripe count:  {}", targets.len());
-            let t: Vec<String> = targets.iter().map(|t| t.to_string()).collect();
-            println!("Targets:       {}", t.join(", "));
+            match &info.groups {
+                Some(groups) => {
+                    let show = |t: Option<u32>| t.map_or("?".to_string(), |t| t.to_string());
+                    let g: Vec<String> = groups
+                        .iter()
+                        .map(|g| format!("{} (primary {}, secondary {})", g.id, show(g.primary), show(g.secondary)))
+                        .collect();
+                    println!("Buddy groups:  {}", g.join(", "));
+                }
+                None => {
+                    let t: Vec<String> = targets.iter().map(|t| t.to_string()).collect();
+                    println!("Targets:       {}", t.join(", "));
+                }
+            }
         }
         if let Some(al) = &info.allocation {
             let per: Vec<String> = al.per_server.iter().map(|(n, c)| format!("node {n}: {c}")).collect();
@@ -327,11 +381,12 @@ pub fn entry(cmd: EntryCmd) -> Result<()> {
         }
         if let Some(d) = &info.dir_pattern {
             println!(
-                "Stripe for new files: chunk size {}, stripe count {}, pool {}, chooser {}",
+                "Stripe for new files: chunk size {}, stripe count {}, pool {}, chooser {}{}",
                 human(u64::from(d.chunk_size)),
                 d.stripe_count,
                 d.pool,
-                d.chooser
+                d.chooser,
+                if d.mirror { ", mirrored" } else { "" }
             );
         }
     }
@@ -360,7 +415,12 @@ pub fn pattern(cmd: PatternCmd) -> Result<()> {
             }
             Ok(())
         }
-        PatternCmd::Set { dir, chunk_size, stripe, chooser, pool, meta_chooser } => {
+        PatternCmd::Set { dir, chunk_size, stripe, chooser, pool, meta_chooser, mirror, no_mirror } => {
+            let mirror = match (mirror, no_mirror) {
+                (true, _) => Some(true),
+                (_, true) => Some(false),
+                _ => None,
+            };
             let meta_chooser = meta_chooser
                 .map(|s| {
                     MetaChooser::parse(&s)
@@ -407,22 +467,26 @@ pub fn pattern(cmd: PatternCmd) -> Result<()> {
                 if let Some(pl) = pool {
                     p.pool = PoolId(pl);
                 }
+                if let Some(m) = mirror {
+                    p.mirror = m;
+                }
                 if let Some(mc) = meta_chooser {
                     c.set_meta_chooser(Ent::from(&a), mc).await.map_err(|e| anyhow!("{}: {e}", dir.display()))?;
                     println!("{}: metadata chooser {}", dir.display(), mc.name());
-                    if chunk.is_none() && stripe.is_none() && chooser.is_none() && pool.is_none() {
+                    if chunk.is_none() && stripe.is_none() && chooser.is_none() && pool.is_none() && mirror.is_none() {
                         return Ok(());
                     }
                 }
                 let a = c.set_dir_pattern(Ent::from(&a), p).await.map_err(|e| anyhow!("{}: {e}", dir.display()))?;
                 let info = pattern_info(a.dir_pattern.as_ref().expect("directory"));
                 println!(
-                    "{}: chunk size {}, stripe count {}, pool {}, chooser {}",
+                    "{}: chunk size {}, stripe count {}, pool {}, chooser {}{}",
                     dir.display(),
                     human(u64::from(info.chunk_size)),
                     info.stripe_count,
                     info.pool,
-                    info.chooser
+                    info.chooser,
+                    if info.mirror { ", mirrored over buddy groups" } else { "" }
                 );
                 Ok(())
             })

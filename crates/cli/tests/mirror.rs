@@ -101,3 +101,95 @@ fn buddy_groups_are_made_listed_and_switched_over_when_a_primary_dies() {
     assert_eq!(after[0]["epoch"], 1, "{after:?}");
     assert_eq!(after[0]["secondary"]["state"], "needs-resync", "{after:?}");
 }
+
+/// Every mirrored chunk file of `t` (name → bytes).
+fn mirrored_chunks(fs: &TestFs, t: u64) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let root = fs.target_dirs()[&t].join("mirror/chunks");
+    for sub in std::fs::read_dir(&root).unwrap() {
+        for f in std::fs::read_dir(sub.unwrap().path()).unwrap() {
+            let f = f.unwrap().path();
+            out.insert(f.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&f).unwrap());
+        }
+    }
+    out
+}
+
+/// Both members of every group hold the same mirrored chunk files, byte for
+/// byte; returns how many files each group's primary holds.
+fn assert_buddies_equal(fs: &TestFs, m: &str) -> Vec<usize> {
+    let mut counts = Vec::new();
+    for g in groups(m) {
+        let (p, s) = (g["primary"]["id"].as_u64().unwrap(), g["secondary"]["id"].as_u64().unwrap());
+        let (a, b) = (mirrored_chunks(fs, p), mirrored_chunks(fs, s));
+        counts.push(a.len());
+        assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "chunk files of targets {p} and {s}");
+        for (name, bytes) in &a {
+            assert!(bytes == &b[name], "chunk file {name} differs between targets {p} and {s}");
+        }
+    }
+    counts
+}
+
+#[test]
+fn mirrored_files_survive_a_dead_primary_and_the_returning_buddy_is_resynced() {
+    let fs = TestFs::up_with(&["--storage", "2", "--targets-per-storage", "2", "--chunk-size", "64k"], |fs| {
+        std::fs::create_dir_all(fs.dir.join("mgmtd")).unwrap();
+        std::fs::write(fs.dir.join("mgmtd/mgmtd.toml"), FAST_FAILOVER).unwrap();
+    });
+    let m = fs.mnt_s();
+    hivefs_ok(&["mirror", "create", "--type", "storage", "--auto", "--mount", m]);
+    std::fs::create_dir(fs.path("m")).unwrap();
+    let out = hivefs_ok(&["pattern", "set", fs.path("m").to_str().unwrap(), "--mirror"]);
+    assert!(out.contains("mirrored over buddy groups"), "{out}");
+
+    // Written through the mount: every chunk lands on both members.
+    let a = random_bytes(1, 3 << 20);
+    std::fs::write(fs.path("m/a"), &a).unwrap();
+    let info = fs.entry_info("m/a");
+    assert_eq!(info["mirrored"], true, "{info}");
+    assert_eq!(info["groups"].as_array().unwrap().len(), 2, "{info}");
+    assert_eq!(assert_buddies_equal(&fs, m), vec![1, 1], "one chunk file of m/a per group");
+    let removed = random_bytes(2, 300 << 10);
+    std::fs::write(fs.path("m/gone"), &removed).unwrap();
+    let truncated = random_bytes(3, 1 << 20);
+    std::fs::write(fs.path("m/short"), &truncated).unwrap();
+
+    // The storage server of group 1's primary dies; writes go on after the failover.
+    let list = groups(m);
+    let node_of = |t: u64| fs.target_dirs()[&t].parent().unwrap().file_name().unwrap().to_string_lossy().into_owned();
+    let victim = node_of(list[0]["primary"]["id"].as_u64().unwrap());
+    fs.kill9(&victim);
+    let b = random_bytes(4, 2 << 20);
+    std::fs::write(fs.path("m/b"), &b).unwrap();
+    let mut a2 = a.clone();
+    a2[100_000..100_000 + 4096].copy_from_slice(&random_bytes(5, 4096));
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(fs.path("m/a")).unwrap();
+        f.write_all_at(&a2[100_000..100_000 + 4096], 100_000).unwrap();
+    }
+    std::fs::remove_file(fs.path("m/gone")).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(fs.path("m/short")).unwrap();
+    f.set_len(100_000).unwrap();
+    drop(f);
+    assert_eq!(std::fs::read(fs.path("m/a")).unwrap(), a2);
+    assert_eq!(std::fs::read(fs.path("m/b")).unwrap(), b);
+    assert_eq!(std::fs::read(fs.path("m/short")).unwrap(), truncated[..100_000]);
+    let g = &groups(m)[0];
+    assert_eq!(g["epoch"], 1, "{g}");
+    assert_eq!(g["secondary"]["state"], "needs-resync", "{g}");
+
+    // The server returns as secondary and is resynced: both copies equal again.
+    fs.reup();
+    wait_for("resync of every group", Duration::from_secs(60), || {
+        groups(m).iter().all(|g| g["secondary"]["state"] == "good" && g["primary"]["state"] == "good")
+    });
+    // m/a, m/b and m/short on each group (m/gone's chunk files deleted on both).
+    assert_eq!(assert_buddies_equal(&fs, m), vec![3, 3]);
+    assert_eq!(std::fs::read(fs.path("m/a")).unwrap(), a2);
+    assert_eq!(std::fs::read(fs.path("m/b")).unwrap(), b);
+    // fsck sizes mirrored files from their groups' chunk files: clean.
+    let out = hivefs(&["fsck", "--mount", m]);
+    assert!(out.status.success(), "fsck: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}

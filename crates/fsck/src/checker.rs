@@ -8,7 +8,8 @@
 
 use hivefs_proto::{FsckDentry, FsckDisposal, FsckFix, FsckInode};
 use hivefs_types::attr::FileKind;
-use hivefs_types::ids::{EntryId, NodeId, TargetId};
+use hivefs_types::ids::{EntryId, NodeId};
+use hivefs_types::pattern::StripeUnit;
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 
@@ -41,7 +42,7 @@ impl Kind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fix {
     Meta(NodeId, FsckFix),
-    UnlinkChunk(TargetId, EntryId),
+    UnlinkChunk(StripeUnit, EntryId),
     /// Nothing safe to do automatically.
     None,
 }
@@ -97,8 +98,8 @@ impl Problem {
         self.meta_node = Some(n.0);
         self
     }
-    fn on_target(mut self, t: TargetId) -> Self {
-        self.target = Some(t.0);
+    fn on_target(mut self, t: StripeUnit) -> Self {
+        self.target = Some(t.raw());
         self
     }
 }
@@ -110,8 +111,8 @@ struct Ino {
     size: u64,
     open: bool,
     parent: Option<EntryId>,
-    /// Files: stripe targets and chunk size.
-    targets: Vec<TargetId>,
+    /// Files: stripe targets (or buddy groups).
+    targets: Vec<StripeUnit>,
     pattern: Option<hivefs_types::pattern::Pattern>,
 }
 
@@ -121,7 +122,7 @@ struct Ino {
 #[derive(Default)]
 pub struct Checker {
     inodes: HashMap<EntryId, Ino>,
-    chunks: HashMap<EntryId, Vec<(TargetId, u64)>>,
+    chunks: HashMap<EntryId, Vec<(StripeUnit, u64)>>,
     disposal: HashMap<EntryId, bool>,
     /// Dentries naming each id (only those whose inode exists on their owner).
     links: HashMap<EntryId, u32>,
@@ -145,9 +146,10 @@ impl Checker {
         Checker { want, ..Default::default() }
     }
 
-    pub fn add_chunk(&mut self, target: TargetId, id: EntryId, len: u64) {
+    /// A chunk file of `id` on a target, or a mirrored one of a buddy group (from its primary).
+    pub fn add_chunk(&mut self, target: impl Into<StripeUnit>, id: EntryId, len: u64) {
         self.scanned += 1;
-        self.chunks.entry(id).or_default().push((target, len));
+        self.chunks.entry(id).or_default().push((target.into(), len));
     }
 
     pub fn add_disposal(&mut self, d: &FsckDisposal) {
@@ -157,7 +159,8 @@ impl Checker {
 
     pub fn add_inode(&mut self, node: NodeId, i: FsckInode) {
         self.scanned += 1;
-        let targets = i.pattern.as_ref().map(|p| p.targets().to_vec()).unwrap_or_default();
+        let targets =
+            i.pattern.as_ref().map(|p| (0..p.stripe_count()).map(|k| p.unit(k)).collect()).unwrap_or_default();
         self.inodes.insert(
             i.id,
             Ino {
@@ -335,8 +338,8 @@ impl Checker {
             }
             if let (Some(p), false) = (&i.pattern, i.open) {
                 let have = self.chunks.get(&id);
-                let lens: Vec<u64> = p
-                    .targets()
+                let lens: Vec<u64> = i
+                    .targets
                     .iter()
                     .map(|t| have.and_then(|c| c.iter().find(|(ct, _)| ct == t)).map_or(0, |(_, l)| *l))
                     .collect();
@@ -371,7 +374,7 @@ impl Checker {
                     Problem::new(
                         Kind::OrphanedChunk,
                         id,
-                        format!("target {t}"),
+                        t.to_string(),
                         format!("chunk file of {len} bytes: {why}"),
                         Fix::UnlinkChunk(t, id),
                     )
@@ -394,6 +397,7 @@ impl Checker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hivefs_types::ids::{BuddyGroupId, TargetId};
     use hivefs_types::pattern::{Pattern, PatternKind};
 
     const N: NodeId = NodeId(1);
@@ -436,6 +440,55 @@ mod tests {
     #[test]
     fn a_consistent_namespace_is_clean() {
         assert!(healthy().finish().is_empty());
+    }
+
+    /// Mirrored files: their chunk files are listed per buddy group (from the
+    /// primary), sized from those, and a group's stray chunk is an orphan of
+    /// that group, removed through it.
+    #[test]
+    fn mirrored_files_are_checked_by_their_groups() {
+        let mut c = healthy();
+        let g = |n| StripeUnit::Group(BuddyGroupId(n));
+        let p = Pattern::new(PatternKind::BuddyMirror, 4096, vec![TargetId(1), TargetId(2)]).unwrap();
+        c.add_inode(
+            N,
+            FsckInode {
+                id: id(7),
+                kind: FileKind::File,
+                nlink: 1,
+                size: 4097,
+                pattern: Some(p),
+                parent: None,
+                open: false,
+            },
+        );
+        c.add_dentry(N, dentry(EntryId::ROOT, "m", id(7), FileKind::File));
+        c.add_chunk(g(1), id(7), 4096);
+        c.add_chunk(g(2), id(7), 1);
+        assert!(c.finish().is_empty(), "group chunk files make the size");
+
+        let mut c = healthy();
+        // Target 1's plain chunk of the same id does not count for a mirrored file.
+        let p = Pattern::new(PatternKind::BuddyMirror, 4096, vec![TargetId(1)]).unwrap();
+        c.add_inode(
+            N,
+            FsckInode {
+                id: id(7),
+                kind: FileKind::File,
+                nlink: 1,
+                size: 10,
+                pattern: Some(p),
+                parent: None,
+                open: false,
+            },
+        );
+        c.add_dentry(N, dentry(EntryId::ROOT, "m", id(7), FileKind::File));
+        c.add_chunk(TargetId(1), id(7), 10);
+        c.add_chunk(g(3), id(9), 5);
+        let ps = c.finish();
+        let orphans: Vec<_> = ps.iter().filter(|p| p.kind == Kind::OrphanedChunk).map(|p| p.fix.clone()).collect();
+        assert_eq!(orphans, vec![Fix::UnlinkChunk(TargetId(1).into(), id(7)), Fix::UnlinkChunk(g(3), id(9))]);
+        assert!(ps.iter().any(|p| p.kind == Kind::SizeMismatch && p.entry == id(7).to_string()), "{ps:?}");
     }
 
     #[test]
@@ -482,7 +535,7 @@ mod tests {
         assert_eq!(fix(Kind::WrongNlink, id(2)).fix, Fix::Meta(N, FsckFix::SetNlink { id: id(2), from: 3, to: 2 }));
         assert_eq!(fix(Kind::OrphanedInode, id(5)).fix, Fix::Meta(N, FsckFix::LostFound { id: id(5) }));
         assert_eq!(fix(Kind::OrphanedInode, id(6)).fix, Fix::Meta(N, FsckFix::DropUnlinked { id: id(6) }));
-        assert_eq!(fix(Kind::OrphanedChunk, id(9)).fix, Fix::UnlinkChunk(TargetId(4), id(9)));
+        assert_eq!(fix(Kind::OrphanedChunk, id(9)).fix, Fix::UnlinkChunk(TargetId(4).into(), id(9)));
         assert_eq!(fix(Kind::OrphanedChunk, id(3)).target, Some(5));
     }
 
@@ -521,7 +574,7 @@ mod tests {
         assert_eq!(kinds(&ps), vec![(Kind::OrphanedChunk, id(20).to_string())]);
         assert_eq!(ps[0].target, Some(3));
         assert_eq!(ps[0].meta_node, None);
-        assert_eq!(ps[0].fix, Fix::UnlinkChunk(TargetId(3), id(20)));
+        assert_eq!(ps[0].fix, Fix::UnlinkChunk(TargetId(3).into(), id(20)));
     }
 
     #[test]

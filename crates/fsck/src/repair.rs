@@ -5,6 +5,7 @@
 use crate::checker::{Fix, Kind, Problem};
 use crate::walk::Nodes;
 use hivefs_proto::{Reply, Request};
+use hivefs_types::pattern::StripeUnit;
 use serde::Serialize;
 
 /// What one repair did: `done` with the node's message, or why not.
@@ -25,13 +26,22 @@ pub async fn repair(nodes: &Nodes, problems: &[Problem]) -> Vec<Repair> {
     for p in order {
         let r = match &p.fix {
             Fix::None => Err("no automatic repair; inspect it by hand".to_string()),
-            Fix::UnlinkChunk(t, id) => match nodes.targets.iter().find(|x| x.0 == *t) {
+            Fix::UnlinkChunk(StripeUnit::Target(t), id) => match nodes.targets.iter().find(|x| x.0 == *t) {
                 Some((_, pool)) => pool
                     .rpc(&Request::UnlinkChunk { target: *t, entry: *id })
                     .await
                     .map(|_| format!("removed chunk file of {id} on target {t}"))
                     .map_err(|e| format!("target {t}: {e}")),
                 None => Err(format!("target {t} is not registered")),
+            },
+            // Through the primary, which forwards the removal to the secondary.
+            Fix::UnlinkChunk(StripeUnit::Group(g), id) => match nodes.groups.iter().find(|x| x.0 == *g) {
+                Some((_, env, primary, pool)) => pool
+                    .rpc_with(env, &Request::UnlinkChunk { target: *primary, entry: *id })
+                    .await
+                    .map(|_| format!("removed mirrored chunk file of {id} in buddy group {g}"))
+                    .map_err(|e| format!("buddy group {g}: {e}")),
+                None => Err(format!("buddy group {g} is not registered")),
             },
             Fix::Meta(n, fix) => match nodes.metas.iter().find(|x| x.0 == *n) {
                 Some((_, pool)) => match pool.rpc(&Request::FsckFix { fix: fix.clone() }).await {

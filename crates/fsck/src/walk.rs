@@ -4,8 +4,9 @@
 use crate::checker::{Checker, Problem};
 use crate::{FsckError, Result};
 use hivefs_net::{call_once, ClientConfig, Pool};
-use hivefs_proto::{Reachability, Reply, Request};
-use hivefs_types::ids::{EntryId, NodeId, NodeType, TargetId};
+use hivefs_proto::{Envelope, GroupKind, MirrorHdr, MirrorRole, Reachability, Reply, Request};
+use hivefs_types::ids::{BuddyGroupId, EntryId, NodeId, NodeType, TargetId};
+use hivefs_types::pattern::StripeUnit;
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 
@@ -17,6 +18,8 @@ const PAGE: u32 = 1024;
 pub struct Nodes {
     pub(crate) metas: Vec<(NodeId, Pool)>,
     pub(crate) targets: Vec<(TargetId, Pool)>,
+    /// Storage buddy groups: the mirroring header and the way to the primary.
+    pub(crate) groups: Vec<(BuddyGroupId, Envelope, TargetId, Pool)>,
 }
 
 impl Nodes {
@@ -55,17 +58,37 @@ impl Nodes {
         }
         metas.sort_by_key(|m| m.0);
         let mut ts = Vec::new();
+        let mut addrs = HashMap::new();
         for t in targets {
             let addr = storage.get(&t.node).ok_or_else(|| {
                 FsckError::Cluster(format!("target {}: its storage node {} is unknown", t.id, t.node))
             })?;
             ts.push((t.id, Pool::new(addr.clone(), cfg.clone())));
+            addrs.insert(t.id, addr.clone());
         }
         ts.sort_by_key(|t| t.0);
         if metas.is_empty() {
             return Err(FsckError::Cluster(format!("mgmtd {mgmtd} knows no metadata node")));
         }
-        Ok(Nodes { metas, targets: ts })
+        let Reply::Groups(gs) = call_once(mgmtd, cfg, &Request::ListGroups { kind: Some(GroupKind::Storage) })
+            .await
+            .map_err(|e| FsckError::call(format!("mgmtd {mgmtd}"), e))?
+        else {
+            return Err(FsckError::Reply(format!("mgmtd {mgmtd}: unexpected reply to ListGroups")));
+        };
+        let mut groups = Vec::new();
+        for g in gs {
+            let primary = TargetId(g.primary);
+            let pool = addrs.get(&primary).map(|a| Pool::new(a.clone(), cfg.clone())).ok_or_else(|| {
+                FsckError::Cluster(format!("buddy group {}: its primary target {primary} is unknown", g.id))
+            })?;
+            let env = Envelope {
+                mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Client }),
+                ..Envelope::default()
+            };
+            groups.push((g.id, env, primary, pool));
+        }
+        Ok(Nodes { metas, targets: ts, groups })
     }
 }
 
@@ -129,6 +152,27 @@ async fn walk(
             after = chunks.last().map(|x| x.0);
             for (id, len) in chunks {
                 c.add_chunk(*t, id, len);
+            }
+            progress(c.scanned);
+            if !more || after.is_none() {
+                break;
+            }
+        }
+    }
+    // Mirrored chunk files, from each group's primary.
+    for (g, env, primary, pool) in &nodes.groups {
+        let mut after = None;
+        loop {
+            let req = Request::ListChunks { target: *primary, after, max: PAGE };
+            let r = pool.rpc_with(env, &req).await;
+            let Reply::Chunks { chunks, more } =
+                r.map_err(|e| FsckError::call(format!("listing chunks of buddy group {g}"), e))?
+            else {
+                return Err(FsckError::Reply(format!("buddy group {g}: unexpected reply to ListChunks")));
+            };
+            after = chunks.last().map(|x| x.0);
+            for (id, len) in chunks {
+                c.add_chunk(StripeUnit::Group(*g), id, len);
             }
             progress(c.scanned);
             if !more || after.is_none() {

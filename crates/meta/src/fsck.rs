@@ -172,7 +172,7 @@ pub fn apply_fix(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, fix: FsckFix) -> OpResul
             let targets = i.pattern.map(|p| p.into_targets()).unwrap_or_default();
             let n = targets.len();
             if !targets.is_empty() {
-                let d = Disposal { state: DisposalState::DeleteChunks, targets };
+                let d = Disposal { state: DisposalState::DeleteChunks, targets, mirrored: false };
                 t.disposal.insert(id_key(id).as_slice(), encode(&d).as_slice())?;
                 ctx.disposal_queued = true;
             }
@@ -324,10 +324,15 @@ mod tests {
         fn candidates(&self, _pool: PoolId) -> Vec<(TargetId, NodeId, u64)> {
             vec![(TargetId(1), NodeId(1), 1 << 30)]
         }
-        fn truncate_chunk(&self, _t: TargetId, _e: EntryId, _len: u64) -> BoxFut<FsResult<()>> {
+        fn truncate_chunk(
+            &self,
+            _t: hivefs_types::pattern::StripeUnit,
+            _e: EntryId,
+            _len: u64,
+        ) -> BoxFut<FsResult<()>> {
             Box::pin(async { Ok(()) })
         }
-        fn unlink_chunk(&self, _t: TargetId, _e: EntryId) -> BoxFut<FsResult<()>> {
+        fn unlink_chunk(&self, _t: hivefs_types::pattern::StripeUnit, _e: EntryId) -> BoxFut<FsResult<()>> {
             Box::pin(async { Ok(()) })
         }
     }

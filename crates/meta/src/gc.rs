@@ -11,7 +11,8 @@ use crate::namespace::Namespace;
 use crate::ops::Mutation;
 use crate::store::DisposalState;
 use hivefs_types::error::FsResult;
-use hivefs_types::ids::{EntryId, TargetId};
+use hivefs_types::ids::EntryId;
+use hivefs_types::pattern::StripeUnit;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,7 +38,7 @@ struct Backoff {
     attempts: u32,
     next: Instant,
     /// Targets that already acknowledged the unlink: a retry skips them.
-    done: Vec<TargetId>,
+    done: Vec<StripeUnit>,
 }
 
 /// Retry state of the disposal loop (in memory: a restart retries at once).
@@ -77,7 +78,7 @@ impl Namespace {
     pub async fn disposal_round(&self, st: &mut RetryState) -> FsResult<RoundOutcome> {
         let now = Instant::now();
         let mut out = RoundOutcome::default();
-        let mut due: Vec<(EntryId, Vec<TargetId>)> = Vec::new();
+        let mut due: Vec<(EntryId, Vec<StripeUnit>)> = Vec::new();
         let mut orphans = Vec::new();
         let mut after = None;
         'scan: loop {
@@ -101,7 +102,7 @@ impl Namespace {
                             out.more = true;
                             break 'scan;
                         }
-                        due.push((id, d.targets));
+                        due.push((id, d.units()));
                     }
                 }
             }
@@ -117,7 +118,7 @@ impl Namespace {
 
         // One batch per target; an entry retried after a failure skips the
         // targets that already acknowledged it.
-        let mut batches: HashMap<TargetId, Vec<EntryId>> = HashMap::new();
+        let mut batches: HashMap<StripeUnit, Vec<EntryId>> = HashMap::new();
         for (id, targets) in &due {
             let done = st.backoff.get(id).map_or(&[][..], |b| &b.done[..]);
             for &t in targets {
@@ -133,7 +134,7 @@ impl Namespace {
         }
         // Per entry: the first failure, and the targets that acknowledged.
         let mut failed: HashMap<EntryId, String> = HashMap::new();
-        let mut acked: HashMap<EntryId, Vec<TargetId>> = HashMap::new();
+        let mut acked: HashMap<EntryId, Vec<StripeUnit>> = HashMap::new();
         while let Some(r) = set.join_next().await {
             match r {
                 Ok((t, ids, Ok(()))) => {
@@ -142,9 +143,9 @@ impl Namespace {
                     }
                 }
                 Ok((t, ids, Err(e))) => {
-                    warn!("deleting the chunk files of {} removed entries on target {t} failed: {e}", ids.len());
+                    warn!("deleting the chunk files of {} removed entries on {t} failed: {e}", ids.len());
                     for id in ids {
-                        failed.entry(id).or_insert_with(|| format!("target {t}: {e}"));
+                        failed.entry(id).or_insert_with(|| format!("{t}: {e}"));
                     }
                 }
                 Err(e) => {

@@ -562,17 +562,16 @@ pub(crate) fn drop_link(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, mut 
         return t.put_inode(id, &i);
     }
     ctx.files_delta -= 1;
-    let targets = i.pattern.as_ref().map(|p| p.targets().to_vec()).unwrap_or_default();
     if i.kind == FileKind::File && (ctx.is_open)(id) {
         t.put_inode(id, &i)?;
         // Wake the disposal task too: should the last release come before
         // this commit, it finds the record and finishes the orphan.
         ctx.disposal_queued = true;
-        return t.put_disposal(id, &Disposal { state: DisposalState::OpenUnlinked, targets });
+        return t.put_disposal(id, &Disposal::of(DisposalState::OpenUnlinked, i.pattern.as_ref()));
     }
     t.remove_inode(id)?;
-    if !targets.is_empty() {
-        t.put_disposal(id, &Disposal { state: DisposalState::DeleteChunks, targets })?;
+    if i.pattern.as_ref().is_some_and(|p| p.stripe_count() > 0) {
+        t.put_disposal(id, &Disposal::of(DisposalState::DeleteChunks, i.pattern.as_ref()))?;
         ctx.disposal_queued = true;
     }
     Ok(())
@@ -944,14 +943,6 @@ fn remove_xattr(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, name: &[u8])
 fn set_dir_pattern(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, p: DirPattern) -> OpResult<Reply> {
     let mut i = dir_inode(&t.inodes, id)?;
     validate_chunk_size(u64::from(p.chunk_size)).map_err(|m| fs_err!(Invalid, "{m} (directory {id})"))?;
-    if p.mirror {
-        // Buddy groups exist (mgmtd), and clients route to them; the storage
-        // nodes' forwarding to the secondary does not yet (docs/design-mirror.md).
-        return Err(OpError::Fs(fs_err!(
-            NotSupported,
-            "directory {id}: mirrored file data needs storage buddy mirroring, which this version does not serve yet"
-        )));
-    }
     i.dir_pattern = Some(p);
     i.ctime = ctx.now;
     t.put_inode(id, &i)?;
@@ -964,7 +955,7 @@ fn finish_orphan(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, d: Disposal
     if d.targets.is_empty() {
         t.disposal.remove(id_key(id).as_slice())?;
     } else {
-        t.put_disposal(id, &Disposal { state: DisposalState::DeleteChunks, targets: d.targets })?;
+        t.put_disposal(id, &Disposal { state: DisposalState::DeleteChunks, ..d })?;
         ctx.disposal_queued = true;
     }
     Ok(())

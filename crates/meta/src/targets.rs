@@ -9,6 +9,7 @@ use hivefs_cluster::Cluster;
 use hivefs_proto::{CapacityPool, Reachability, Request, UNLINK_CHUNKS_MAX};
 use hivefs_types::error::{ErrorCode, FsResult};
 use hivefs_types::ids::{EntryId, NodeId, PoolId, TargetId};
+use hivefs_types::pattern::StripeUnit;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -23,6 +24,13 @@ pub trait DataTargets: Send + Sync + 'static {
     fn low_candidates(&self, _pool: PoolId) -> Vec<(TargetId, NodeId, u64)> {
         Vec::new()
     }
+    /// Storage buddy groups of `pool` whose members are both online, in the
+    /// normal capacity pool (`low`: in the low one), usable for mirrored
+    /// files: `(group id as a stripe id, the primary's server, free bytes of
+    /// the fuller member)`.
+    fn group_candidates(&self, _pool: PoolId, _low: bool) -> Vec<(TargetId, NodeId, u64)> {
+        Vec::new()
+    }
     /// Reloads the view of targets and pools now (mgmtd says they changed).
     fn refresh(&self) -> BoxFut<FsResult<()>> {
         Box::pin(async { Ok(()) })
@@ -31,15 +39,15 @@ pub trait DataTargets: Send + Sync + 'static {
     fn check_pool(&self, _pool: PoolId) -> BoxFut<FsResult<()>> {
         Box::pin(async { Ok(()) })
     }
-    /// Sets the length of `entry`'s chunk file on `target`.
-    fn truncate_chunk(&self, target: TargetId, entry: EntryId, len: u64) -> BoxFut<FsResult<()>>;
+    /// Sets the length of `entry`'s chunk file on `target` (a target or a buddy group).
+    fn truncate_chunk(&self, target: StripeUnit, entry: EntryId, len: u64) -> BoxFut<FsResult<()>>;
     /// Deletes `entry`'s chunk file on `target`; a missing file is success.
-    fn unlink_chunk(&self, target: TargetId, entry: EntryId) -> BoxFut<FsResult<()>>;
+    fn unlink_chunk(&self, target: StripeUnit, entry: EntryId) -> BoxFut<FsResult<()>>;
     /// Deletes the chunk files of all `entries` on `target`; missing files are
     /// success. Fails as a whole (the caller retries the whole batch, which is
     /// safe since unlink is idempotent). The default sends one
     /// [`DataTargets::unlink_chunk`] per entry, one after the other.
-    fn unlink_chunks(&self, target: TargetId, entries: Vec<EntryId>) -> BoxFut<FsResult<()>> {
+    fn unlink_chunks(&self, target: StripeUnit, entries: Vec<EntryId>) -> BoxFut<FsResult<()>> {
         let futs: Vec<_> = entries.into_iter().map(|e| self.unlink_chunk(target, e)).collect();
         Box::pin(async move {
             for f in futs {
@@ -77,9 +85,29 @@ impl ClusterTargets {
     }
 }
 
+/// How long a metadata node retries a chunk request to a buddy group whose
+/// primary does not answer (a failover); the disposal task retries later anyway.
+const MIRROR_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl DataTargets for ClusterTargets {
     fn candidates(&self, pool: PoolId) -> Vec<(TargetId, NodeId, u64)> {
         self.online(pool, CapacityPool::Normal)
+    }
+
+    fn group_candidates(&self, pool: PoolId, low: bool) -> Vec<(TargetId, NodeId, u64)> {
+        let view = self.cluster.view();
+        let want = if low { CapacityPool::Low } else { CapacityPool::Normal };
+        view.groups
+            .values()
+            .filter(|g| g.kind == hivefs_proto::GroupKind::Storage)
+            .filter_map(|g| {
+                let p = view.targets.get(&TargetId(g.primary))?;
+                let s = view.targets.get(&TargetId(g.secondary))?;
+                let online = p.reachability == Reachability::Online && s.reachability == Reachability::Online;
+                (p.pool == pool && online && p.capacity_pool.max(s.capacity_pool) == want)
+                    .then(|| (TargetId(g.id.0), p.node, p.capacity.free_bytes.min(s.capacity.free_bytes)))
+            })
+            .collect()
     }
 
     fn low_candidates(&self, pool: PoolId) -> Vec<(TargetId, NodeId, u64)> {
@@ -127,38 +155,39 @@ impl DataTargets for ClusterTargets {
         })
     }
 
-    fn truncate_chunk(&self, target: TargetId, entry: EntryId, len: u64) -> BoxFut<FsResult<()>> {
+    fn truncate_chunk(&self, unit: StripeUnit, entry: EntryId, len: u64) -> BoxFut<FsResult<()>> {
         let cluster = self.cluster.clone();
         Box::pin(async move {
-            let pool = cluster.target_pool(target).await?;
-            pool.rpc(&Request::TruncateChunk { target, entry, len }).await.map(|_| ())
+            let req = Request::TruncateChunk { target: placeholder(unit), entry, len };
+            cluster.call_unit(unit, req, bytes::Bytes::new(), MIRROR_RETRY).await.map(|_| ())
         })
     }
 
-    fn unlink_chunk(&self, target: TargetId, entry: EntryId) -> BoxFut<FsResult<()>> {
+    fn unlink_chunk(&self, unit: StripeUnit, entry: EntryId) -> BoxFut<FsResult<()>> {
         let cluster = self.cluster.clone();
         Box::pin(async move {
-            let pool = cluster.target_pool(target).await?;
             // Storage answers Ok for a missing chunk file (unlink is idempotent);
             // NotFound means the target itself is unknown there, so it is a failure.
-            pool.rpc(&Request::UnlinkChunk { target, entry }).await.map(|_| ())
+            let req = Request::UnlinkChunk { target: placeholder(unit), entry };
+            cluster.call_unit(unit, req, bytes::Bytes::new(), MIRROR_RETRY).await.map(|_| ())
         })
     }
 
-    fn unlink_chunks(&self, target: TargetId, entries: Vec<EntryId>) -> BoxFut<FsResult<()>> {
+    fn unlink_chunks(&self, unit: StripeUnit, entries: Vec<EntryId>) -> BoxFut<FsResult<()>> {
         let cluster = self.cluster.clone();
         Box::pin(async move {
-            let pool = cluster.target_pool(target).await?;
+            let target = placeholder(unit);
             for batch in entries.chunks(UNLINK_CHUNKS_MAX) {
                 let req = Request::UnlinkChunks { target, entries: batch.to_vec() };
-                match pool.rpc(&req).await {
+                match cluster.call_unit(unit, req, bytes::Bytes::new(), MIRROR_RETRY).await {
                     Ok(_) => {}
                     // A storage node that predates UnlinkChunks (it cannot
                     // decode it, or does not serve it): one request per entry.
                     Err(e) if matches!(e.code, ErrorCode::Protocol | ErrorCode::NotSupported) => {
                         tracing::debug!("target {target} refused UnlinkChunks ({e}); unlinking one by one");
                         for &entry in batch {
-                            pool.rpc(&Request::UnlinkChunk { target, entry }).await?;
+                            let req = Request::UnlinkChunk { target, entry };
+                            cluster.call_unit(unit, req, bytes::Bytes::new(), MIRROR_RETRY).await?;
                         }
                     }
                     Err(e) => return Err(e),
@@ -167,4 +196,10 @@ impl DataTargets for ClusterTargets {
             Ok(())
         })
     }
+}
+
+/// The target a chunk request names before routing: the target itself, or
+/// a stand-in that `Cluster::call_unit` replaces with the group's primary.
+fn placeholder(unit: StripeUnit) -> TargetId {
+    TargetId(unit.raw())
 }

@@ -73,7 +73,13 @@ impl DataTargets for FakeTargets {
             Vec::new()
         }
     }
-    fn truncate_chunk(&self, target: TargetId, entry: EntryId, len: u64) -> BoxFut<FsResult<()>> {
+    fn truncate_chunk(
+        &self,
+        target: hivefs_types::pattern::StripeUnit,
+        entry: EntryId,
+        len: u64,
+    ) -> BoxFut<FsResult<()>> {
+        let target = TargetId(target.raw());
         self.calls.lock().unwrap().push(Call::Truncate(target, entry, len));
         let fail = self.fail_truncates.load(Ordering::SeqCst);
         Box::pin(async move {
@@ -84,7 +90,8 @@ impl DataTargets for FakeTargets {
             }
         })
     }
-    fn unlink_chunk(&self, target: TargetId, entry: EntryId) -> BoxFut<FsResult<()>> {
+    fn unlink_chunk(&self, target: hivefs_types::pattern::StripeUnit, entry: EntryId) -> BoxFut<FsResult<()>> {
+        let target = TargetId(target.raw());
         self.calls.lock().unwrap().push(Call::Unlink(target, entry));
         let fail = self.fail_unlinks.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
         Box::pin(async move {
@@ -95,7 +102,8 @@ impl DataTargets for FakeTargets {
             }
         })
     }
-    fn unlink_chunks(&self, target: TargetId, entries: Vec<EntryId>) -> BoxFut<FsResult<()>> {
+    fn unlink_chunks(&self, target: hivefs_types::pattern::StripeUnit, entries: Vec<EntryId>) -> BoxFut<FsResult<()>> {
+        let target = TargetId(target.raw());
         let mut calls = self.calls.lock().unwrap();
         calls.extend(entries.iter().map(|&e| Call::Unlink(target, e)));
         self.batches.lock().unwrap().push((target, entries));
@@ -399,8 +407,11 @@ async fn dir_patterns_are_validated_inherited_and_applied() {
     let wide = DirPattern { stripe_count: 99, ..dp.clone() };
     h.ok(Request::SetDirPattern { id: sub.id, pattern: wide }).await;
     assert_eq!(h.create(sub.id, "w").await.pattern.unwrap().stripe_count(), 4);
+    // A mirrored directory with no buddy groups: files cannot be placed.
+    let m = h.entry(Request::Mkdir { parent: ROOT, name: b"m".to_vec(), mode: 0o755, caller: ME }).await;
     let mirrored = DirPattern { mirror: true, ..dp.clone() };
-    assert_eq!(h.code(Request::SetDirPattern { id: d.id, pattern: mirrored }).await, ErrorCode::NotSupported);
+    h.ok(Request::SetDirPattern { id: m.id, pattern: mirrored }).await;
+    assert_eq!(h.code(create_req(m.id, "f", false)).await, ErrorCode::NoSpace);
     let bad = DirPattern { chunk_size: 5000, ..dp.clone() };
     assert_eq!(h.code(Request::SetDirPattern { id: d.id, pattern: bad }).await, ErrorCode::Invalid);
     let f = h.lookup(d.id, "f").await.unwrap();

@@ -134,13 +134,27 @@ impl WriterState {
     /// Chooses a new file's targets: from the normal capacity pool, and from
     /// the low one only for the part of the stripe the normal pool cannot fill
     /// (emergency targets are never offered).
+    ///
+    /// A mirrored directory's files stripe over storage buddy groups with
+    /// both members online; the choosers see each group as its primary's
+    /// server, so the balanced one spreads primaries over servers.
     fn make_pattern(&mut self, dp: &DirPattern) -> FsResult<Pattern> {
-        let normal = self.targets.candidates(dp.pool);
-        let low = self.targets.low_candidates(dp.pool);
+        let (normal, low, kind, what) = if dp.mirror {
+            let normal = self.targets.group_candidates(dp.pool, false);
+            let low = self.targets.group_candidates(dp.pool, true);
+            (normal, low, PatternKind::BuddyMirror, "storage buddy group (both members)")
+        } else {
+            (
+                self.targets.candidates(dp.pool),
+                self.targets.low_candidates(dp.pool),
+                PatternKind::Raid0,
+                "storage target",
+            )
+        };
         if normal.is_empty() && low.is_empty() {
             return Err(fs_err!(
                 NoSpace,
-                "no storage target of pool {} is online with free space (all are offline or in the emergency capacity pool)",
+                "no {what} of pool {} is online with free space (all are offline or in the emergency capacity pool)",
                 dp.pool
             ));
         }
@@ -155,7 +169,7 @@ impl WriterState {
             targets.extend(more);
         }
         assert!(!targets.is_empty(), "a chooser returns at least one target when there are candidates");
-        Pattern::new(PatternKind::Raid0, dp.chunk_size, targets)
+        Pattern::new(kind, dp.chunk_size, targets)
             .map_err(|m| fs_err!(Internal, "stripe pattern chosen for pool {}: {m}", dp.pool))
     }
 }

@@ -470,7 +470,7 @@ fn set_member_state(
         }
         Some(_) => matches!(
             (from, state),
-            (Good | Resyncing, NeedsResync) | (NeedsResync | Bad, Resyncing) | (Resyncing, Good)
+            (Good | Resyncing, NeedsResync) | (NeedsResync | Bad, Resyncing) | (Resyncing, Good) | (NeedsResync, Bad)
         ),
         // An administrator asks for a resync (or a full one).
         None => matches!(state, NeedsResync | Bad),

@@ -19,6 +19,7 @@
 
 pub mod bench;
 pub mod error;
+mod mirror;
 pub mod ratelimit;
 pub mod target;
 
@@ -26,6 +27,7 @@ pub use error::StorageError;
 pub use ratelimit::{RateLimit, RateSetting};
 pub use target::{init_target, open_target, TargetFile, CHUNKS_DIR, TARGET_FILE};
 
+use bytes::Bytes;
 use hivefs_chunk::ChunkStore;
 use hivefs_cluster::NodeIdentity;
 use hivefs_net::{serve, Call, ClientConfig, Handler, Peer, Pool, ServerConfig, ServerHandle};
@@ -130,6 +132,8 @@ struct Ready {
     stores: HashMap<TargetId, Arc<ChunkStore>>,
     /// Per-target rate limits (`target_rate_limit`); empty when unlimited.
     limits: HashMap<TargetId, Arc<RateLimit>>,
+    /// Buddy mirroring of this node's targets (`docs/design-mirror.md`).
+    mirror: Arc<mirror::Mirror>,
 }
 
 struct StorageHandler {
@@ -213,6 +217,16 @@ impl Ready {
             .ok_or_else(|| fs_err!(NotFound, "storage target {target} is not served by storage node {}", self.node))
     }
 
+    /// The store of `target` for mirrored chunks (`<target>/mirror/`) or the plain one.
+    fn store_of(&self, target: TargetId, mirrored: bool) -> FsResult<Arc<ChunkStore>> {
+        if !mirrored {
+            return self.store(target);
+        }
+        self.mirror
+            .store(target)
+            .ok_or_else(|| fs_err!(NotFound, "storage target {target} is not served by storage node {}", self.node))
+    }
+
     /// `Request::CopyChunk`: within this node's disks, or reading the source
     /// from the node that serves it.
     async fn copy_chunk(&self, c: ChunkCopy) -> FsResult<u32> {
@@ -260,10 +274,13 @@ impl Ready {
         targets.iter().map(|&t| self.store(t)).collect()
     }
 
-    async fn handle(&self, req: Request, payload: Vec<u8>) -> (Response, Vec<u8>) {
+    /// Applies a chunk request to this node's own copy: the plain chunk
+    /// files, or the mirrored ones (`mirrored`) once `mirror` has decided
+    /// this node may.
+    async fn apply(&self, req: Request, payload: Bytes, mirrored: bool) -> (Response, Vec<u8>) {
         let r = match req {
             Request::Ping => Ok(Reply::Pong { node_type: NodeType::Storage, node: self.node }),
-            Request::WriteChunk { target, entry, offset } => match self.store(target) {
+            Request::WriteChunk { target, entry, offset } => match self.store_of(target, mirrored) {
                 Ok(s) => {
                     self.throttle(target, payload.len() as u64).await;
                     chunk_io(payload.len(), move || s.write(entry, offset, &payload)).await.map(Reply::Written)
@@ -277,7 +294,7 @@ impl Ready {
                         "target {target}, chunk {entry}: read of {len} bytes exceeds the limit of {MAX_PAYLOAD_LEN}"
                     ))
                 } else {
-                    match self.store(target) {
+                    match self.store_of(target, mirrored) {
                         Ok(s) => match cached_read(s, entry, offset, len).await {
                             Ok(data) => {
                                 self.throttle(target, data.len() as u64).await;
@@ -289,37 +306,37 @@ impl Ready {
                     }
                 }
             }
-            Request::TruncateChunk { target, entry, len } => match self.store(target) {
+            Request::TruncateChunk { target, entry, len } => match self.store_of(target, mirrored) {
                 Ok(s) => blocking(move || s.truncate(entry, len)).await.map(|()| Reply::Ok),
                 Err(e) => Err(e),
             },
-            Request::UnlinkChunk { target, entry } => match self.store(target) {
+            Request::UnlinkChunk { target, entry } => match self.store_of(target, mirrored) {
                 Ok(s) => blocking(move || s.unlink(entry)).await.map(|()| Reply::Ok),
                 Err(e) => Err(e),
             },
             // One blocking task for the whole batch (ChunkStore::unlink_batch bounds its length).
-            Request::UnlinkChunks { target, entries } => match self.store(target) {
+            Request::UnlinkChunks { target, entries } => match self.store_of(target, mirrored) {
                 Ok(s) => blocking(move || s.unlink_batch(&entries)).await.map(|()| Reply::Ok),
                 Err(e) => Err(e),
             },
-            Request::StatChunk { target, entry } => match self.store(target) {
+            Request::StatChunk { target, entry } => match self.store_of(target, mirrored) {
                 Ok(s) => blocking(move || s.stat(entry)).await.map(Reply::ChunkLen),
                 Err(e) => Err(e),
             },
-            Request::FallocateChunk { target, entry, mode, offset, len } => match self.store(target) {
+            Request::FallocateChunk { target, entry, mode, offset, len } => match self.store_of(target, mirrored) {
                 Ok(s) => blocking(move || s.fallocate(entry, mode, offset, len)).await.map(|()| Reply::Ok),
                 Err(e) => Err(e),
             },
-            Request::SeekChunk { target, entry, offset, hole } => match self.store(target) {
+            Request::SeekChunk { target, entry, offset, hole } => match self.store_of(target, mirrored) {
                 Ok(s) => blocking(move || s.seek(entry, offset, hole)).await.map(Reply::Seek),
                 Err(e) => Err(e),
             },
             Request::CopyChunk(c) => self.copy_chunk(c).await.map(Reply::Written),
-            Request::FsyncChunk { target, entry } => match self.store(target) {
+            Request::FsyncChunk { target, entry } => match self.store_of(target, mirrored) {
                 Ok(s) => blocking(move || s.fsync(entry)).await.map(|()| Reply::Ok),
                 Err(e) => Err(e),
             },
-            Request::ListChunks { target, after, max } => match self.store(target) {
+            Request::ListChunks { target, after, max } => match self.store_of(target, mirrored) {
                 Ok(s) => blocking(move || s.list(after, max.clamp(1, LIST_CHUNKS_MAX) as usize))
                     .await
                     .map(|(chunks, more)| Reply::Chunks { chunks, more }),
@@ -348,13 +365,16 @@ impl Ready {
 impl Handler for StorageHandler {
     async fn handle(
         &self,
-        _env: hivefs_proto::Envelope,
+        env: hivefs_proto::Envelope,
         req: Request,
         payload: Vec<u8>,
         _peer: &Peer,
     ) -> (Response, Vec<u8>) {
         match self.ready.get() {
-            Some(ready) => ready.handle(req, payload).await,
+            Some(ready) => match env.mirror {
+                Some(h) => mirror::handle(ready, h, req, payload).await,
+                None => ready.apply(req, Bytes::from(payload), false).await,
+            },
             None => {
                 (Err(fs_err!(Unavailable, "storage service is starting (not yet registered with mgmtd)")), Vec::new())
             }
@@ -497,7 +517,11 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
         None
     };
     let cluster = hivefs_cluster::Cluster::new(&cfg.mgmtd, hivefs_net::Pools::new(ClientConfig::new(secret.clone())));
-    if handler.ready.set(Ready { node, cluster, stores, limits }).is_err() {
+    let forward_cfg = ClientConfig::new(secret.clone()).with_timeout(mirror::FORWARD_TIMEOUT);
+    let mirror_cluster = hivefs_cluster::Cluster::new(&cfg.mgmtd, hivefs_net::Pools::new(forward_cfg));
+    let dirs: Vec<(TargetId, PathBuf)> = ids.iter().zip(&opened).map(|(&id, o)| (id, o.dir.clone())).collect();
+    let mirror = Arc::new(mirror::Mirror::open(node, mgmt.clone(), mirror_cluster, &dirs)?);
+    if handler.ready.set(Ready { node, cluster, stores, limits, mirror: mirror.clone() }).is_err() {
         unreachable!("the handler is made ready once");
     }
     let hb = Heartbeat {
@@ -508,6 +532,7 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
         advertise,
         targets: ids.iter().zip(&opened).map(|(&id, o)| (id, o.file.uuid.clone(), o.dir.clone())).collect(),
         every: Duration::from_millis(cfg.heartbeat_interval_ms),
+        mirror,
     };
     let heartbeat = tokio::spawn(hb.run());
     info!(%node, addr = %local_addr, targets = ?ids, "storage service started");
@@ -542,6 +567,8 @@ struct Heartbeat {
     /// (id, uuid, directory) of each target.
     targets: Vec<(TargetId, String, PathBuf)>,
     every: Duration,
+    /// Takes the lease of each answer; reloads roles and starts resyncs.
+    mirror: Arc<mirror::Mirror>,
 }
 
 impl Heartbeat {
@@ -551,12 +578,17 @@ impl Heartbeat {
             let dirs: Vec<(TargetId, PathBuf)> = self.targets.iter().map(|(id, _, d)| (*id, d.clone())).collect();
             let targets = tokio::task::spawn_blocking(move || sample(&dirs)).await.unwrap_or_default();
             let req = Request::Heartbeat { node_type: NodeType::Storage, node: self.node, targets, meta: None };
+            let sent = std::time::Instant::now();
             match self.mgmt.rpc(&req).await {
-                Ok(_) => {
+                Ok(r) => {
                     if failing {
                         info!("heartbeats to mgmtd {} work again", self.mgmt.addr());
                     }
                     failing = false;
+                    if let Reply::HeartbeatAck { lease_ms } = r {
+                        self.mirror.renew(sent, lease_ms);
+                    }
+                    self.mirror.after_heartbeat().await;
                 }
                 Err(e) if e.code == ErrorCode::NotFound => {
                     warn!("mgmtd {} does not know this node: {e}; registering again", self.mgmt.addr());
@@ -651,11 +683,15 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         init_target(d.path(), "fs").unwrap();
         let store = Arc::new(ChunkStore::new(TargetId(5), d.path()));
+        let cluster = hivefs_cluster::Cluster::new("127.0.0.1:1", hivefs_net::Pools::new(ClientConfig::new(None)));
+        let mgmt = cluster.mgmt();
+        let mirror = mirror::Mirror::open(NodeId(2), mgmt, cluster.clone(), &[(TargetId(5), d.path().into())]).unwrap();
         let ready = Ready {
             node: NodeId(2),
-            cluster: hivefs_cluster::Cluster::new("127.0.0.1:1", hivefs_net::Pools::new(ClientConfig::new(None))),
+            cluster,
             stores: HashMap::from([(TargetId(5), store.clone())]),
             limits: HashMap::new(),
+            mirror: Arc::new(mirror),
         };
         let ids: Vec<EntryId> = (1..=6).map(|c| EntryId { node: 1, epoch: 1, counter: c }).collect();
         for id in &ids[..3] {
@@ -663,19 +699,19 @@ mod tests {
         }
         // Existing and missing chunk files together: Ok, and all are gone.
         let req = Request::UnlinkChunks { target: TargetId(5), entries: ids.clone() };
-        assert_eq!(ready.handle(req.clone(), Vec::new()).await.0, Ok(Reply::Ok));
+        assert_eq!(ready.apply(req.clone(), Bytes::new(), false).await.0, Ok(Reply::Ok));
         assert!(ids.iter().all(|id| !store.chunk_path(*id).exists()));
-        assert_eq!(ready.handle(req, Vec::new()).await.0, Ok(Reply::Ok), "idempotent");
+        assert_eq!(ready.apply(req, Bytes::new(), false).await.0, Ok(Reply::Ok), "idempotent");
         // Over-long: refused, naming the target; nothing removed.
         store.write(ids[0], 0, b"chunk").unwrap();
         let long = vec![ids[0]; hivefs_proto::UNLINK_CHUNKS_MAX + 1];
-        let e = ready.handle(Request::UnlinkChunks { target: TargetId(5), entries: long }, Vec::new()).await.0;
+        let e = ready.apply(Request::UnlinkChunks { target: TargetId(5), entries: long }, Bytes::new(), false).await.0;
         let e = e.unwrap_err();
         assert_eq!(e.code, ErrorCode::Invalid);
         assert!(e.message.contains("target 5"), "{e}");
         assert!(store.chunk_path(ids[0]).exists());
         // A target this node does not serve.
-        let e = ready.handle(Request::UnlinkChunks { target: TargetId(6), entries: ids }, Vec::new()).await.0;
+        let e = ready.apply(Request::UnlinkChunks { target: TargetId(6), entries: ids }, Bytes::new(), false).await.0;
         let e = e.unwrap_err();
         assert_eq!(e.code, ErrorCode::NotFound);
         assert!(e.message.contains("storage target 6"), "{e}");

@@ -72,6 +72,22 @@ pub enum StripeUnit {
     Group(BuddyGroupId),
 }
 
+impl From<TargetId> for StripeUnit {
+    fn from(t: TargetId) -> StripeUnit {
+        StripeUnit::Target(t)
+    }
+}
+
+impl StripeUnit {
+    /// The id as a pattern stores it (a target id or a group id).
+    pub fn raw(&self) -> u32 {
+        match self {
+            StripeUnit::Target(t) => t.0,
+            StripeUnit::Group(g) => g.0,
+        }
+    }
+}
+
 impl fmt::Display for StripeUnit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -875,10 +875,10 @@ mod tests {
         fn candidates(&self, _pool: PoolId) -> Vec<(TargetId, NodeId, u64)> {
             vec![(TargetId(1), NodeId(9), 1 << 30)]
         }
-        fn truncate_chunk(&self, _t: TargetId, _e: EntryId, _l: u64) -> BoxFut<FsResult<()>> {
+        fn truncate_chunk(&self, _t: hivefs_types::pattern::StripeUnit, _e: EntryId, _l: u64) -> BoxFut<FsResult<()>> {
             Box::pin(async { Ok(()) })
         }
-        fn unlink_chunk(&self, _t: TargetId, _e: EntryId) -> BoxFut<FsResult<()>> {
+        fn unlink_chunk(&self, _t: hivefs_types::pattern::StripeUnit, _e: EntryId) -> BoxFut<FsResult<()>> {
             Box::pin(async { Ok(()) })
         }
     }

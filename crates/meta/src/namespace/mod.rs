@@ -378,12 +378,13 @@ impl Namespace {
 
     async fn truncate_chunks(&self, id: EntryId, p: &Pattern, size: u64) -> FsResult<()> {
         let mut set = tokio::task::JoinSet::new();
-        for (idx, &target) in p.targets().iter().enumerate() {
+        for idx in 0..p.stripe_count() {
             let len = p.chunk_file_len(size, idx);
+            let target = p.unit(idx);
             let fut = self.targets.truncate_chunk(target, id, len);
             set.spawn(async move {
                 fut.await.map_err(|e| {
-                    FsError::new(e.code, format!("truncating {id} to {size} bytes: target {target}: {}", e.message))
+                    FsError::new(e.code, format!("truncating {id} to {size} bytes: {target}: {}", e.message))
                 })
             });
         }

@@ -32,8 +32,8 @@
 //!
 //! Values are postcard-encoded, which is not self-describing: any change of a
 //! record type must bump [`FORMAT_VERSION`] and migrate. Version 2 added
-//! `mirror` to a directory's [`DirPattern`]; [`Store::open`] migrates a
-//! version 1 store in place ([`migrate_v1`]). `replies` values
+//! `mirror` to a directory's [`DirPattern`] and `mirrored` to [`Disposal`];
+//! [`Store::open`] migrates a version 1 store in place ([`migrate_v1`]). `replies` values
 //! are the exception: they carry their own record version (see `replies`).
 
 mod multi;
@@ -44,8 +44,8 @@ pub use multi::{DirExtra, Intent, IntentStep, Xattrs};
 pub use tables::{LeaseKey, OpError, OpResult, ReadTables, Tables};
 
 use hivefs_types::attr::{FileKind, Timespec};
-use hivefs_types::ids::{EntryId, NodeId, TargetId};
-use hivefs_types::pattern::{DirPattern, Pattern};
+use hivefs_types::ids::{BuddyGroupId, EntryId, NodeId, TargetId};
+use hivefs_types::pattern::{DirPattern, Pattern, StripeUnit};
 use redb::backends::FileBackend;
 use redb::{Database, ReadableTable, StorageBackend, TableDefinition};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -134,7 +134,28 @@ pub enum DisposalState {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Disposal {
     pub state: DisposalState,
+    /// The file's stripe: targets, or buddy groups when `mirrored`.
     pub targets: Vec<TargetId>,
+    pub mirrored: bool,
+}
+
+impl Disposal {
+    /// Where the chunk files to delete are.
+    pub fn units(&self) -> Vec<StripeUnit> {
+        self.targets
+            .iter()
+            .map(|t| if self.mirrored { StripeUnit::Group(BuddyGroupId(t.0)) } else { StripeUnit::Target(*t) })
+            .collect()
+    }
+
+    /// The disposal record of a file with pattern `p` (none: no chunks).
+    pub fn of(state: DisposalState, p: Option<&Pattern>) -> Disposal {
+        Disposal {
+            state,
+            targets: p.map(|p| p.targets().to_vec()).unwrap_or_default(),
+            mirrored: p.is_some_and(|p| p.is_mirrored()),
+        }
+    }
 }
 
 pub(crate) fn id_key(id: EntryId) -> [u8; EntryId::LEN] {
@@ -381,6 +402,18 @@ mod v1 {
         parent: Option<EntryId>,
     }
 
+    #[derive(Deserialize)]
+    pub struct Disposal {
+        state: super::DisposalState,
+        targets: Vec<TargetId>,
+    }
+
+    impl From<Disposal> for super::Disposal {
+        fn from(d: Disposal) -> super::Disposal {
+            super::Disposal { state: d.state, targets: d.targets, mirrored: false }
+        }
+    }
+
     impl From<Inode> for super::Inode {
         fn from(i: Inode) -> super::Inode {
             let Inode {
@@ -427,8 +460,8 @@ mod v1 {
 }
 
 /// Rewrites a format version 1 store's directory inodes (their
-/// [`DirPattern`] gained `mirror`, false for all of them); file inodes
-/// encode the same in both versions. Pending cross-node intents may hold
+/// [`DirPattern`] gained `mirror`, false for all of them; file inodes
+/// encode the same in both versions) and disposal records (`mirrored`, false). Pending cross-node intents may hold
 /// directory inodes too: a store with any is refused, to be opened by the
 /// previous version once, which finishes them. Returns the directories
 /// rewritten.
@@ -450,6 +483,16 @@ fn migrate_v1(txn: &redb::WriteTransaction) -> Result<u64, String> {
     }
     for (k, v) in &rewrite {
         inodes.insert(k.as_slice(), v.as_slice()).map_err(|x| e(&x))?;
+    }
+    let mut disposal = txn.open_table(DISPOSAL).map_err(|x| e(&x))?;
+    let mut again = Vec::new();
+    for r in disposal.iter().map_err(|x| e(&x))? {
+        let (k, v) = r.map_err(|x| e(&x))?;
+        let old: v1::Disposal = decode("disposal (format 1)", hex_key(k.value()), v.value())?;
+        again.push((k.value().to_vec(), encode(&Disposal::from(old))));
+    }
+    for (k, v) in &again {
+        disposal.insert(k.as_slice(), v.as_slice()).map_err(|x| e(&x))?;
     }
     Ok(rewrite.len() as u64)
 }
@@ -536,8 +579,8 @@ mod tests {
             ("directory inode", encode(&dir), "01ed0be807640003020704070607000001808020000103010001000001"),
             (
                 "disposal",
-                encode(&Disposal { state: DisposalState::DeleteChunks, targets: vec![TargetId(4)] }),
-                "010104",
+                encode(&Disposal { state: DisposalState::DeleteChunks, targets: vec![TargetId(4)], mirrored: true }),
+                "01010401",
             ),
             (
                 "dir extra",

@@ -1,0 +1,604 @@
+//! Buddy mirroring on a storage node (`docs/design-mirror.md`).
+//!
+//! Owns, per target: the store of mirrored chunk files (`<target>/mirror/`),
+//! the dirty list (entries the secondary misses, `<target>/mirror/dirty`),
+//! the entries recently forwarded to it as a secondary, and the per-entry
+//! locks that keep a resync copy and a write apart; for the node: the lease
+//! from mgmtd and the roles it had at the last look.
+//!
+//! As primary it forwards every change to the secondary before applying it,
+//! degrades the group (with mgmtd's agreement) when that fails, and resyncs
+//! a returning secondary; as secondary it applies forwards of the current
+//! epoch only. It must not decide roles: mgmtd does, this module reads them.
+
+use crate::Ready;
+use bytes::Bytes;
+use hivefs_chunk::ChunkStore;
+use hivefs_cluster::Cluster;
+use hivefs_net::Call;
+use hivefs_proto::{Consistency, Envelope, GroupInfo, MirrorHdr, MirrorRole, Reply, Request, Response};
+use hivefs_types::error::FsResult;
+use hivefs_types::fs_err;
+use hivefs_types::ids::{BuddyGroupId, EntryId, NodeId, TargetId};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tracing::{debug, error, info, warn};
+
+/// The directory of a target holding mirrored chunk files (as `chunks/` below it).
+pub const MIRROR_DIR: &str = "mirror";
+/// The dirty list inside [`MIRROR_DIR`]: one entry id per line.
+pub const DIRTY_FILE: &str = "dirty";
+/// Entry lock stripes per target.
+const LOCK_STRIPES: usize = 64;
+/// Most entries remembered as recently forwarded; beyond, a promotion asks
+/// for a full resync.
+const RECENT_MAX: usize = 1 << 20;
+/// Bytes copied per request during a resync.
+const RESYNC_PIECE: u64 = 4 << 20;
+/// A forward to the secondary that takes longer fails (and degrades the
+/// group): below the clients' I/O timeout, so they see the degraded write
+/// succeed instead of timing out themselves.
+pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+
+struct Recent {
+    entries: VecDeque<(Instant, EntryId)>,
+    /// More than [`RECENT_MAX`] within the window: the list is incomplete.
+    overflowed: bool,
+}
+
+/// Mirroring state of one target.
+pub(crate) struct TargetMirror {
+    target: TargetId,
+    store: Arc<ChunkStore>,
+    dirty: Mutex<BTreeSet<EntryId>>,
+    dirty_path: PathBuf,
+    recent: Mutex<Recent>,
+    locks: Vec<tokio::sync::RwLock<()>>,
+    resyncing: AtomicBool,
+}
+
+impl TargetMirror {
+    fn open(target: TargetId, dir: &Path) -> std::io::Result<TargetMirror> {
+        let root = dir.join(MIRROR_DIR);
+        std::fs::create_dir_all(root.join(hivefs_chunk::CHUNKS_DIR))?;
+        let dirty_path = root.join(DIRTY_FILE);
+        let mut dirty = BTreeSet::new();
+        match std::fs::read_to_string(&dirty_path) {
+            Ok(s) => {
+                for line in s.lines().filter(|l| !l.is_empty()) {
+                    match EntryId::parse(line) {
+                        Some(e) => {
+                            dirty.insert(e);
+                        }
+                        None => warn!(%target, "{}: {line:?} is not an entry id; skipped", dirty_path.display()),
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        if !dirty.is_empty() {
+            info!(%target, entries = dirty.len(), "mirrored chunks the buddy misses, from {}", dirty_path.display());
+        }
+        Ok(TargetMirror {
+            target,
+            store: Arc::new(ChunkStore::new(target, &root)),
+            dirty: Mutex::new(dirty),
+            dirty_path,
+            recent: Mutex::new(Recent { entries: VecDeque::new(), overflowed: false }),
+            locks: (0..LOCK_STRIPES).map(|_| tokio::sync::RwLock::new(())).collect(),
+            resyncing: AtomicBool::new(false),
+        })
+    }
+
+    fn lock(&self, e: EntryId) -> &tokio::sync::RwLock<()> {
+        &self.locks[usize::from(e.hash_dir()) % LOCK_STRIPES]
+    }
+
+    /// Adds entries to the dirty list, appending the new ones to its file
+    /// before the change they stand for is applied (not fsynced: it survives
+    /// a crash of the process; after a power loss, ask for a full resync).
+    fn mark_dirty(&self, entries: &[EntryId]) -> FsResult<()> {
+        let mut d = self.dirty.lock().expect("dirty lock");
+        let new: Vec<EntryId> = entries.iter().copied().filter(|e| !d.contains(e)).collect();
+        if new.is_empty() {
+            return Ok(());
+        }
+        let mut text = String::new();
+        for e in &new {
+            text.push_str(&e.to_string());
+            text.push('\n');
+        }
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.dirty_path)
+            .and_then(|mut f| f.write_all(text.as_bytes()))
+            .map_err(|e| fs_err!(Io, "target {}: appending to {}: {e}", self.target, self.dirty_path.display()))?;
+        d.extend(new);
+        Ok(())
+    }
+
+    /// Rewrites the dirty list's file from memory (after a resync).
+    fn persist_dirty(&self) -> FsResult<()> {
+        let d = self.dirty.lock().expect("dirty lock");
+        let text: String = d.iter().map(|e| format!("{e}\n")).collect();
+        hivefs_cluster::write_atomic(&self.dirty_path, text.as_bytes())
+            .map_err(|e| fs_err!(Io, "target {}: writing {}: {e}", self.target, self.dirty_path.display()))
+    }
+
+    fn note_recent(&self, entries: &[EntryId], window: Duration) {
+        let now = Instant::now();
+        let mut r = self.recent.lock().expect("recent lock");
+        while r.entries.front().is_some_and(|(t, _)| now.duration_since(*t) > window) {
+            r.entries.pop_front();
+        }
+        for &e in entries {
+            if r.entries.len() >= RECENT_MAX {
+                r.entries.pop_front();
+                r.overflowed = true;
+            }
+            r.entries.push_back((now, e));
+        }
+    }
+}
+
+/// Mirroring state of this node.
+pub(crate) struct Mirror {
+    node: NodeId,
+    mgmt: Arc<dyn Call>,
+    /// For the group view and the buddies (forward timeout [`FORWARD_TIMEOUT`]).
+    cluster: Arc<Cluster>,
+    targets: HashMap<TargetId, Arc<TargetMirror>>,
+    /// Until when this node may act as a primary, and the last lease length.
+    lease: Mutex<(Option<Instant>, Duration)>,
+    /// Per group of this node: (epoch, this node was primary) at the last look.
+    roles: Mutex<HashMap<BuddyGroupId, (u64, bool)>>,
+}
+
+impl Mirror {
+    pub fn open(
+        node: NodeId,
+        mgmt: Arc<dyn Call>,
+        cluster: Arc<Cluster>,
+        targets: &[(TargetId, PathBuf)],
+    ) -> Result<Mirror, crate::StorageError> {
+        let mut m = HashMap::new();
+        for (t, dir) in targets {
+            let tm = TargetMirror::open(*t, dir).map_err(|e| crate::StorageError::io(dir.join(MIRROR_DIR), e))?;
+            m.insert(*t, Arc::new(tm));
+        }
+        Ok(Mirror {
+            node,
+            mgmt,
+            cluster,
+            targets: m,
+            lease: Mutex::new((None, Duration::ZERO)),
+            roles: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn store(&self, target: TargetId) -> Option<Arc<ChunkStore>> {
+        self.targets.get(&target).map(|t| t.store.clone())
+    }
+
+    /// mgmtd answered a heartbeat sent at `sent` with a lease of `lease_ms`.
+    pub fn renew(&self, sent: Instant, lease_ms: u64) {
+        let len = Duration::from_millis(lease_ms);
+        *self.lease.lock().expect("lease lock") = (Some(sent + len), len);
+    }
+
+    fn lease_valid(&self) -> bool {
+        self.lease.lock().expect("lease lock").0.is_some_and(|until| Instant::now() < until)
+    }
+
+    /// How long a secondary remembers forwarded entries: longer than any
+    /// failover can take (`failover_after_ms` is twice the lease).
+    fn recent_window(&self) -> Duration {
+        let lease = self.lease.lock().expect("lease lock").1;
+        (lease * 3).max(Duration::from_secs(10))
+    }
+
+    /// The group as mgmtd has it, at least at `epoch` (refreshing once when
+    /// unknown or older).
+    async fn group(&self, id: BuddyGroupId, epoch: u64) -> FsResult<GroupInfo> {
+        if let Some(g) = self.cluster.view().groups.get(&id).filter(|g| g.epoch >= epoch) {
+            return Ok(g.clone());
+        }
+        let v = self.cluster.refresh().await?;
+        v.groups.get(&id).cloned().ok_or_else(|| fs_err!(NotFound, "buddy group {id} is not registered with mgmtd"))
+    }
+
+    /// After each heartbeat: reload the view, notice a promotion (the
+    /// entries recently forwarded here become dirty: the old primary may
+    /// miss them), and start a resync of every secondary that needs one.
+    pub async fn after_heartbeat(self: &Arc<Self>) {
+        let view = match self.cluster.refresh().await {
+            Ok(v) => v,
+            Err(e) => {
+                debug!("cluster view refresh failed: {e}");
+                return;
+            }
+        };
+        let mine: Vec<GroupInfo> = view
+            .groups
+            .values()
+            .filter(|g| g.kind == hivefs_proto::GroupKind::Storage)
+            .filter(|g| {
+                self.targets.contains_key(&TargetId(g.primary)) || self.targets.contains_key(&TargetId(g.secondary))
+            })
+            .cloned()
+            .collect();
+        for g in mine {
+            let primary = self.targets.contains_key(&TargetId(g.primary));
+            let before = self.roles.lock().expect("roles lock").insert(g.id, (g.epoch, primary));
+            if primary && matches!(before, Some((e, false)) if e < g.epoch) {
+                self.promoted(&g).await;
+            }
+            if !primary && matches!(before, Some((_, true))) {
+                // Demoted: the new primary decides what this copy misses.
+                if let Some(tm) = self.targets.get(&TargetId(g.secondary)) {
+                    tm.dirty.lock().expect("dirty lock").clear();
+                    if let Err(e) = tm.persist_dirty() {
+                        warn!("{e}");
+                    }
+                }
+            }
+            let needs =
+                matches!(g.secondary_state, Consistency::NeedsResync | Consistency::Resyncing | Consistency::Bad);
+            let reachable = view
+                .targets
+                .get(&TargetId(g.secondary))
+                .is_some_and(|t| t.reachability == hivefs_proto::Reachability::Online);
+            if primary && needs && reachable && self.lease_valid() {
+                let tm = self.targets[&TargetId(g.primary)].clone();
+                if !tm.resyncing.swap(true, Ordering::SeqCst) {
+                    let me = self.clone();
+                    tokio::spawn(async move {
+                        let group = g.id;
+                        if let Err(e) = me.resync(&tm, g).await {
+                            warn!(%group, target = %tm.target, "resync stopped, retried at a later heartbeat: {e}");
+                        }
+                        tm.resyncing.store(false, Ordering::SeqCst);
+                    });
+                }
+            }
+        }
+    }
+
+    /// This node became `g`'s primary: what was forwarded to it lately may
+    /// be missing on the old primary (a write it had not applied yet).
+    async fn promoted(&self, g: &GroupInfo) {
+        let Some(tm) = self.targets.get(&TargetId(g.primary)) else { return };
+        let (entries, overflowed) = {
+            let r = tm.recent.lock().expect("recent lock");
+            (r.entries.iter().map(|(_, e)| *e).collect::<BTreeSet<_>>(), r.overflowed)
+        };
+        warn!(group = %g.id, target = %tm.target, epoch = g.epoch, recent = entries.len(), "this target is now the primary of its buddy group");
+        if let Err(e) = tm.mark_dirty(&entries.into_iter().collect::<Vec<_>>()) {
+            error!("{e}");
+        }
+        if overflowed {
+            let req = Request::SetMemberState {
+                group: g.id,
+                epoch: Some(g.epoch),
+                member: g.secondary,
+                state: Consistency::Bad,
+            };
+            if let Err(e) = self.mgmt.rpc(&req).await {
+                error!(group = %g.id, "too many recent entries to name: asking for a full resync failed: {e}");
+            }
+        }
+    }
+
+    async fn set_state(&self, g: &GroupInfo, state: Consistency) -> FsResult<()> {
+        let req = Request::SetMemberState { group: g.id, epoch: Some(g.epoch), member: g.secondary, state };
+        self.mgmt.rpc(&req).await.map(|_| ())
+    }
+
+    /// Brings `g`'s secondary up to date from this (primary) target: every
+    /// entry of the dirty list (all mirrored chunks for a full resync) is
+    /// copied, or deleted where this target has none.
+    async fn resync(&self, tm: &TargetMirror, g: GroupInfo) -> FsResult<()> {
+        let full = g.secondary_state == Consistency::Bad;
+        let sec = TargetId(g.secondary);
+        self.set_state(&g, Consistency::Resyncing).await?;
+        let pool = self.cluster.target_pool(sec).await?;
+        let env = Envelope {
+            mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Resync }),
+            ..Envelope::default()
+        };
+        if full {
+            let mut after = None;
+            loop {
+                let store = tm.store.clone();
+                let (page, more) = tokio::task::spawn_blocking(move || store.list(after, 4096))
+                    .await
+                    .map_err(|e| fs_err!(Internal, "listing task failed: {e}"))??;
+                tm.mark_dirty(&page.iter().map(|(e, _)| *e).collect::<Vec<_>>())?;
+                after = page.last().map(|(e, _)| *e);
+                if !more {
+                    break;
+                }
+            }
+            // The secondary's own chunks: those this target lacks are deleted.
+            let mut after = None;
+            loop {
+                let req = Request::ListChunks { target: sec, after, max: 4096 };
+                let (page, more) = match pool.call_with(&env, &req, Bytes::new()).await?.0 {
+                    Reply::Chunks { chunks, more } => (chunks, more),
+                    r => return Err(fs_err!(Protocol, "target {sec}: odd ListChunks reply {r:?}")),
+                };
+                tm.mark_dirty(&page.iter().map(|(e, _)| *e).collect::<Vec<_>>())?;
+                after = page.last().map(|(e, _)| *e);
+                if !more {
+                    break;
+                }
+            }
+        }
+        let todo: Vec<EntryId> = tm.dirty.lock().expect("dirty lock").iter().copied().collect();
+        let total = todo.len() as u64;
+        info!(group = %g.id, from = %tm.target, to = %sec, chunks = total, full, "resync started");
+        let mut last_report = Instant::now();
+        for (done, e) in todo.into_iter().enumerate() {
+            {
+                let _held = tm.lock(e).write().await;
+                self.copy_entry(tm, &*pool, &env, sec, e).await?;
+                tm.dirty.lock().expect("dirty lock").remove(&e);
+            }
+            if last_report.elapsed() > Duration::from_secs(1) {
+                last_report = Instant::now();
+                let _ = self.mgmt.rpc(&Request::ResyncProgress { group: g.id, done: done as u64 + 1, total }).await;
+            }
+        }
+        let _ = self.mgmt.rpc(&Request::ResyncProgress { group: g.id, done: total, total }).await;
+        tm.persist_dirty()?;
+        // Refused when a forward failed meanwhile (the member went back to needs-resync).
+        self.set_state(&g, Consistency::Good).await?;
+        info!(group = %g.id, from = %tm.target, to = %sec, chunks = total, "resync done: both copies are equal");
+        let _ = self.cluster.refresh().await;
+        Ok(())
+    }
+
+    /// Makes `e`'s chunk file on the secondary equal to this target's:
+    /// deleted where it has none, else emptied, its data regions written
+    /// (holes stay holes) and its length set.
+    async fn copy_entry(
+        &self,
+        tm: &TargetMirror,
+        pool: &dyn Call,
+        env: &Envelope,
+        sec: TargetId,
+        e: EntryId,
+    ) -> FsResult<()> {
+        let store = tm.store.clone();
+        let len = {
+            let s = store.clone();
+            tokio::task::spawn_blocking(move || s.open(e, false).map(|f| f.map(|f| f.metadata().map(|m| m.len()))))
+                .await
+                .map_err(|x| fs_err!(Internal, "resync task failed: {x}"))??
+        };
+        let len = match len {
+            None => {
+                pool.call_with(env, &Request::UnlinkChunk { target: sec, entry: e }, Bytes::new()).await?;
+                return Ok(());
+            }
+            Some(l) => l.map_err(|x| fs_err!(Io, "target {}, chunk {e}: {x}", tm.target))?,
+        };
+        pool.call_with(env, &Request::TruncateChunk { target: sec, entry: e, len: 0 }, Bytes::new()).await?;
+        let mut at = 0u64;
+        while at < len {
+            let s = store.clone();
+            let data_at = tokio::task::spawn_blocking(move || s.seek(e, at, false))
+                .await
+                .map_err(|x| fs_err!(Internal, "resync task failed: {x}"))??;
+            let Some(start) = data_at else { break };
+            let s = store.clone();
+            let end = tokio::task::spawn_blocking(move || s.seek(e, start, true))
+                .await
+                .map_err(|x| fs_err!(Internal, "resync task failed: {x}"))??
+                .unwrap_or(len)
+                .min(len);
+            let mut off = start;
+            while off < end {
+                let n = (end - off).min(RESYNC_PIECE) as u32;
+                let s = store.clone();
+                let data = tokio::task::spawn_blocking(move || s.read(e, off, n))
+                    .await
+                    .map_err(|x| fs_err!(Internal, "resync task failed: {x}"))??;
+                if data.is_empty() {
+                    break;
+                }
+                let got = data.len() as u64;
+                let req = Request::WriteChunk { target: sec, entry: e, offset: off };
+                pool.call_with(env, &req, Bytes::from(data)).await?;
+                off += got;
+            }
+            at = end;
+        }
+        pool.call_with(env, &Request::TruncateChunk { target: sec, entry: e, len }, Bytes::new()).await?;
+        Ok(())
+    }
+}
+
+/// The entries a chunk request changes or reads.
+fn entries_of(req: &Request) -> Vec<EntryId> {
+    match req {
+        Request::WriteChunk { entry, .. }
+        | Request::ReadChunk { entry, .. }
+        | Request::TruncateChunk { entry, .. }
+        | Request::UnlinkChunk { entry, .. }
+        | Request::StatChunk { entry, .. }
+        | Request::FsyncChunk { entry, .. }
+        | Request::FallocateChunk { entry, .. }
+        | Request::SeekChunk { entry, .. } => vec![*entry],
+        Request::UnlinkChunks { entries, .. } => entries.clone(),
+        _ => Vec::new(),
+    }
+}
+
+/// Whether a chunk request changes a chunk file (and is forwarded).
+fn changes(req: &Request) -> bool {
+    matches!(
+        req,
+        Request::WriteChunk { .. }
+            | Request::TruncateChunk { .. }
+            | Request::UnlinkChunk { .. }
+            | Request::UnlinkChunks { .. }
+            | Request::FallocateChunk { .. }
+            | Request::FsyncChunk { .. }
+    )
+}
+
+fn is_chunk_io(req: &Request) -> bool {
+    changes(req)
+        || matches!(
+            req,
+            Request::ReadChunk { .. }
+                | Request::StatChunk { .. }
+                | Request::SeekChunk { .. }
+                | Request::ListChunks { .. }
+        )
+}
+
+/// A chunk request carrying a mirroring header.
+pub(crate) async fn handle(ready: &Ready, h: MirrorHdr, mut req: Request, payload: Vec<u8>) -> (Response, Vec<u8>) {
+    let payload = Bytes::from(payload);
+    let r = match h.role {
+        MirrorRole::Client => as_primary(ready, h, &mut req, payload).await,
+        MirrorRole::Forward | MirrorRole::Resync => as_secondary(ready, h, req, payload).await,
+    };
+    match r {
+        Ok(answer) => answer,
+        Err(e) => (Err(e), Vec::new()),
+    }
+}
+
+fn target_of(req: &mut Request) -> FsResult<TargetId> {
+    if !is_chunk_io(req) {
+        return Err(fs_err!(NotSupported, "{} is not served for mirrored chunks", req.name()));
+    }
+    req.chunk_target_mut().map(|t| *t).ok_or_else(|| fs_err!(Invalid, "{} names no target", req.name()))
+}
+
+async fn as_primary(ready: &Ready, h: MirrorHdr, req: &mut Request, payload: Bytes) -> FsResult<(Response, Vec<u8>)> {
+    let m = &ready.mirror;
+    let target = target_of(req)?;
+    let g = m.group(h.group, h.epoch).await?;
+    let Some(tm) = m.targets.get(&target).filter(|_| g.primary == target.0).cloned() else {
+        return Err(fs_err!(
+            Unavailable,
+            "storage target {target} (node {}) is not the primary of buddy group {} (epoch {}, primary {})",
+            m.node,
+            g.id,
+            g.epoch,
+            g.primary
+        ));
+    };
+    if !m.lease_valid() {
+        return Err(fs_err!(
+            Unavailable,
+            "storage node {} holds no lease from mgmtd: not serving buddy group {} as its primary",
+            m.node,
+            g.id
+        ));
+    }
+    if !changes(req) {
+        return Ok(ready.apply(req.clone(), payload, true).await);
+    }
+    let entries = entries_of(req);
+    let mut guards = Vec::with_capacity(entries.len());
+    let mut stripes: Vec<usize> = entries.iter().map(|e| usize::from(e.hash_dir()) % LOCK_STRIPES).collect();
+    stripes.sort_unstable();
+    stripes.dedup();
+    for s in stripes {
+        guards.push(tm.locks[s].read().await);
+    }
+    let sec = TargetId(g.secondary);
+    let forward = matches!(g.secondary_state, Consistency::Good | Consistency::Resyncing);
+    if forward {
+        let env = Envelope {
+            mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Forward }),
+            ..Envelope::default()
+        };
+        let mut freq = req.clone();
+        if let Some(t) = freq.chunk_target_mut() {
+            *t = sec;
+        }
+        let sent = match m.cluster.target_pool(sec).await {
+            Ok(pool) => pool.call_with(&env, &freq, payload.clone()).await,
+            Err(e) => Err(e),
+        };
+        match sent {
+            Ok(_) => {
+                let (r, data) = ready.apply(req.clone(), payload, true).await;
+                if let Err(e) = &r {
+                    // The secondary has the change, this copy does not: make them equal again.
+                    warn!(group = %g.id, %target, "local change failed after the secondary took it: {e}");
+                    degrade(m, &tm, &g, &entries, &e.to_string()).await?;
+                }
+                return Ok((r, data));
+            }
+            Err(e) => {
+                degrade(m, &tm, &g, &entries, &e.to_string()).await?;
+            }
+        }
+    } else {
+        tm.mark_dirty(&entries)?;
+    }
+    Ok(ready.apply(req.clone(), payload, true).await)
+}
+
+/// The secondary missed (or may have missed) a change of `entries`: they
+/// join the dirty list and mgmtd is told the secondary needs a resync. Fails
+/// unless mgmtd agrees (it refuses a primary of an older epoch), so a
+/// primary cut off from mgmtd acknowledges nothing with one copy.
+async fn degrade(m: &Mirror, tm: &TargetMirror, g: &GroupInfo, entries: &[EntryId], why: &str) -> FsResult<()> {
+    tm.mark_dirty(entries)?;
+    if let Err(e) = m.set_state(g, Consistency::NeedsResync).await {
+        return Err(fs_err!(
+            Unavailable,
+            "buddy group {}: secondary target {} failed ({why}), and mgmtd did not confirm it needs a resync: {e}",
+            g.id,
+            g.secondary
+        ));
+    }
+    warn!(group = %g.id, secondary = g.secondary, "secondary target needs a resync: {why}");
+    if let Err(e) = m.cluster.refresh().await {
+        debug!("cluster view refresh failed: {e}");
+    }
+    Ok(())
+}
+
+async fn as_secondary(ready: &Ready, h: MirrorHdr, mut req: Request, payload: Bytes) -> FsResult<(Response, Vec<u8>)> {
+    let m = &ready.mirror;
+    let target = target_of(&mut req)?;
+    let g = m.group(h.group, h.epoch).await?;
+    if h.epoch < g.epoch {
+        return Err(fs_err!(
+            Unavailable,
+            "buddy group {} is at epoch {}: a request of epoch {} comes from a former primary and is refused",
+            g.id,
+            g.epoch,
+            h.epoch
+        ));
+    }
+    let Some(tm) = m.targets.get(&target).filter(|_| g.secondary == target.0).cloned() else {
+        return Err(fs_err!(
+            Unavailable,
+            "storage target {target} (node {}) is not the secondary of buddy group {} (epoch {}, secondary {})",
+            m.node,
+            g.id,
+            g.epoch,
+            g.secondary
+        ));
+    };
+    if h.role == MirrorRole::Forward && changes(&req) {
+        tm.note_recent(&entries_of(&req), m.recent_window());
+    }
+    Ok(ready.apply(req, payload, true).await)
+}
