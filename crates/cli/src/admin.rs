@@ -180,10 +180,11 @@ pub fn nodes(c: Conn) -> Result<()> {
 pub fn targets(c: Conn) -> Result<()> {
     let r = resolve(&c)?;
     let reply = rt()?
-        .block_on(call_once(&r.mgmtd, &ClientConfig::new(r.secret), &Request::ListTargets))
+        .block_on(call_once(&r.mgmtd, &ClientConfig::new(r.secret.clone()), &Request::ListTargets))
         .map_err(|e| anyhow!("{e}"))?;
     let Reply::Targets(mut ts) = reply else { bail!("unexpected reply from mgmtd") };
     ts.sort_by_key(|t| t.id);
+    let groups = list_groups(&r.mgmtd, &ClientConfig::new(r.secret.clone()))?;
     if c.json {
         println!(
             "{}",
@@ -195,13 +196,14 @@ pub fn targets(c: Conn) -> Result<()> {
                                 "total_inodes": t.capacity.total_inodes, "free_inodes": t.capacity.free_inodes,
                                 "state": t.reachability.as_str(), "last_seen_ms": t.last_seen_ms,
                     "capacity_pool": t.capacity_pool.as_str(),
+                    "mirror": target_group(t.id, &groups).map(|(g, role, state)| serde_json::json!({"group": g, "role": role, "state": state})),
                             }))
                     .collect::<Vec<_>>()
             )?
         );
         return Ok(());
     }
-    let rows: Vec<Vec<String>> = ts.iter().map(target_row).collect();
+    let rows: Vec<Vec<String>> = ts.iter().map(|t| target_row(t, &groups)).collect();
     print_table(&TARGET_HEADER, &rows);
     Ok(())
 }
@@ -494,11 +496,37 @@ pub fn pattern(cmd: PatternCmd) -> Result<()> {
     }
 }
 
-pub const TARGET_HEADER: [&str; 9] =
-    ["TARGET", "NODE", "POOL", "FREE", "TOTAL", "FREE INODES", "INODES", "CAPACITY", "STATE"];
+pub const TARGET_HEADER: [&str; 10] =
+    ["TARGET", "NODE", "POOL", "FREE", "TOTAL", "FREE INODES", "INODES", "CAPACITY", "STATE", "MIRROR"];
+
+/// A target's storage buddy group: (group, role, its consistency).
+pub fn target_group(
+    t: hivefs_types::ids::TargetId,
+    groups: &[hivefs_proto::GroupInfo],
+) -> Option<(u32, &'static str, &'static str)> {
+    groups.iter().filter(|g| g.kind == hivefs_proto::GroupKind::Storage).find_map(|g| {
+        if g.primary == t.0 {
+            Some((g.id.0, "primary", g.primary_state.as_str()))
+        } else if g.secondary == t.0 {
+            Some((g.id.0, "secondary", g.secondary_state.as_str()))
+        } else {
+            None
+        }
+    })
+}
+
+/// mgmtd's buddy groups (both kinds).
+pub fn list_groups(mgmtd: &str, cfg: &ClientConfig) -> Result<Vec<hivefs_proto::GroupInfo>> {
+    match rt()?.block_on(call_once(mgmtd, cfg, &Request::ListGroups { kind: None })).map_err(|e| anyhow!("{e}"))? {
+        Reply::Groups(g) => Ok(g),
+        r => bail!("unexpected reply from mgmtd: {r:?}"),
+    }
+}
 
 /// One row of a target table (`hivefs targets`, `hivefs df`).
-pub fn target_row(t: &hivefs_proto::TargetInfo) -> Vec<String> {
+pub fn target_row(t: &hivefs_proto::TargetInfo, groups: &[hivefs_proto::GroupInfo]) -> Vec<String> {
+    let mirror =
+        target_group(t.id, groups).map_or("-".to_string(), |(g, role, state)| format!("group {g} {role} ({state})"));
     vec![
         t.id.to_string(),
         t.node.to_string(),
@@ -509,5 +537,6 @@ pub fn target_row(t: &hivefs_proto::TargetInfo) -> Vec<String> {
         t.capacity.total_inodes.to_string(),
         t.capacity_pool.as_str().into(),
         t.reachability.as_str().into(),
+        mirror,
     ]
 }

@@ -5,7 +5,7 @@ use crate::pools::Mgmt;
 use crate::util::print_table;
 use anyhow::{bail, Result};
 use clap::{Subcommand, ValueEnum};
-use hivefs_proto::{GroupInfo, GroupKind, Reply, Request};
+use hivefs_proto::{Consistency, GroupInfo, GroupKind, Reply, Request};
 use hivefs_types::ids::{NodeId, NodeType, TargetId};
 use std::collections::{BTreeMap, HashSet};
 
@@ -32,6 +32,25 @@ pub enum MirrorCmd {
         /// (it survives a failed disk, not a failed server).
         #[arg(long)]
         force: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Ask for a resync of a group's secondary from its primary: of what the
+    /// primary lists as changed (the default), or of everything (--full: every
+    /// mirrored chunk file copied, the secondary's extra ones deleted).
+    Resync {
+        /// Buddy group id.
+        #[arg(long)]
+        group: u32,
+        /// Copy everything, not only what changed.
+        #[arg(long)]
+        full: bool,
+        /// Wait until the secondary is good again, with progress on a terminal.
+        #[arg(long)]
+        wait: bool,
+        /// Give up waiting after this many seconds (0: no limit).
+        #[arg(long, default_value_t = 0)]
+        timeout: u64,
         #[command(flatten)]
         conn: Conn,
     },
@@ -71,7 +90,7 @@ fn groups(m: &Mgmt, kind: Option<GroupKind>) -> Result<Vec<GroupInfo>> {
 /// Pairs `members` (id, server) so that the two of a pair are on different
 /// servers: members are taken from the servers with the most left first.
 /// Returns the pairs and what stays unpaired.
-fn pair_up(members: &[(u32, u32)]) -> (Vec<(u32, u32)>, Vec<u32>) {
+pub(crate) fn pair_up(members: &[(u32, u32)]) -> (Vec<(u32, u32)>, Vec<u32>) {
     let mut by_server: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
     for &(id, server) in members {
         by_server.entry(server).or_default().push(id);
@@ -122,6 +141,24 @@ pub fn mirror(cmd: MirrorCmd) -> Result<()> {
             }
             Ok(())
         }
+        MirrorCmd::Resync { group, full, wait, timeout, conn } => {
+            let m = Mgmt::new(&conn)?;
+            let Some(g) = groups(&m, None)?.into_iter().find(|g| g.id.0 == group) else {
+                bail!("buddy group {group} does not exist (see `hivefs mirror list`)");
+            };
+            let state = if full { Consistency::Bad } else { Consistency::NeedsResync };
+            m.call(Request::SetMemberState { group: g.id, epoch: None, member: g.secondary, state })?;
+            eprintln!(
+                "buddy group {group}: {} resync of target {} from target {} requested",
+                if full { "full" } else { "a" },
+                g.secondary,
+                g.primary
+            );
+            if wait {
+                wait_resynced(&m, g.id, timeout)?;
+            }
+            Ok(())
+        }
         MirrorCmd::List { kind, conn } => {
             let m = Mgmt::new(&conn)?;
             let groups = groups(&m, kind.map(GroupKind::from))?;
@@ -157,9 +194,7 @@ pub fn mirror(cmd: MirrorCmd) -> Result<()> {
             let rows: Vec<Vec<String>> = groups
                 .iter()
                 .map(|g| {
-                    let member = |id: u32, state: hivefs_proto::Consistency| {
-                        format!("{id} ({}, {})", reach(g, id), state.as_str())
-                    };
+                    let member = |id: u32, state: Consistency| format!("{id} ({}, {})", reach(g, id), state.as_str());
                     vec![
                         g.id.to_string(),
                         g.kind.as_str().to_string(),
@@ -173,6 +208,41 @@ pub fn mirror(cmd: MirrorCmd) -> Result<()> {
             print_table(&["GROUP", "TYPE", "PRIMARY", "SECONDARY", "EPOCH", "RESYNC"], &rows);
             Ok(())
         }
+    }
+}
+
+/// Waits until `group`'s secondary is good, showing the primary's progress.
+fn wait_resynced(m: &Mgmt, group: hivefs_types::ids::BuddyGroupId, timeout: u64) -> Result<()> {
+    use std::io::IsTerminal;
+    let tty = std::io::stderr().is_terminal();
+    let start = std::time::Instant::now();
+    loop {
+        let Some(g) = groups(m, None)?.into_iter().find(|g| g.id == group) else {
+            bail!("buddy group {group} disappeared");
+        };
+        if g.secondary_state == Consistency::Good {
+            if tty {
+                eprint!("\r\x1b[K");
+            }
+            eprintln!("buddy group {group}: resync done, both copies are equal");
+            return Ok(());
+        }
+        if tty {
+            let (done, total) = g.resync.unwrap_or((0, 0));
+            let pct = if total > 0 { done * 100 / total } else { 0 };
+            let width = 30usize;
+            let fill = (pct as usize * width / 100).min(width);
+            eprint!(
+                "\r\x1b[Kresync of group {group} [{}{}] {done}/{total} chunk files ({pct}%), {}",
+                "#".repeat(fill),
+                " ".repeat(width - fill),
+                g.secondary_state.as_str()
+            );
+        }
+        if timeout > 0 && start.elapsed().as_secs() >= timeout {
+            bail!("buddy group {group}: secondary still {} after {timeout} s", g.secondary_state.as_str());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
     }
 }
 

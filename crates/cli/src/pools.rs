@@ -215,7 +215,11 @@ pub fn df(conn: Conn) -> Result<()> {
     print_table(&["NODE", "FREE", "TOTAL", "FREE INODES", "INODES", "STATE"], &rows);
     println!();
     println!("STORAGE TARGETS");
-    let rows: Vec<Vec<String>> = targets.iter().map(target_row).collect();
+    let groups = match m.call(Request::ListGroups { kind: None })? {
+        Reply::Groups(g) => g,
+        r => bail!("unexpected reply from mgmtd: {r:?}"),
+    };
+    let rows: Vec<Vec<String>> = targets.iter().map(|t| target_row(t, &groups)).collect();
     print_table(&TARGET_HEADER, &rows);
     println!();
     println!("POOLS");

@@ -64,6 +64,12 @@ pub struct UpArgs {
     /// relatime or strictatime. Kept for later `up`s like the cache mode.
     #[arg(long, value_parser = ["noatime", "relatime", "strictatime"])]
     pub atime: Option<String>,
+    /// Mirror file data: pair the targets into storage buddy groups over
+    /// different storage servers and make the root directory's files stripe
+    /// over the groups (inherited by new directories). Needs at least 2
+    /// storage servers; applies at the first `up`.
+    #[arg(long)]
+    pub mirror: bool,
     /// Address the services bind to.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -260,6 +266,9 @@ fn layout_for(a: &UpArgs, dir: &Path) -> Result<Layout> {
     let mount = a.mount.clone().ok_or_else(|| anyhow!("a new file system needs --mount MOUNTPOINT"))?;
     let meta = a.meta.unwrap_or(1);
     let storage = a.storage.unwrap_or(2);
+    if a.mirror && storage < 2 {
+        bail!("--mirror needs at least 2 storage servers (--storage {storage}): a buddy group's targets are on different servers");
+    }
     let tps = a.targets_per_storage.unwrap_or(4);
     anyhow::ensure!((1..=64).contains(&meta), "--meta must be 1 to 64");
     anyhow::ensure!((1..=256).contains(&storage), "--storage must be 1 to 256");
@@ -464,6 +473,23 @@ pub fn up(a: UpArgs) -> Result<()> {
             && targets.iter().filter(|t| t.reachability == Reachability::Online && t.capacity.total_bytes > 0).count()
                 >= want_targets)
     })?;
+    if first_up && a.mirror {
+        let targets = match rt.block_on(call_once(&mgmtd, &ccfg, &Request::ListTargets)) {
+            Ok(Reply::Targets(t)) => t,
+            Ok(r) => bail!("mgmtd {mgmtd}: unexpected reply {r:?}"),
+            Err(e) => bail!("mgmtd {mgmtd}: {e}"),
+        };
+        let members: Vec<(u32, u32)> = targets.iter().map(|t| (t.id.0, t.node.0)).collect();
+        let (pairs, left) = crate::mirror::pair_up(&members);
+        for (primary, secondary) in pairs {
+            let req = Request::CreateGroup { kind: hivefs_proto::GroupKind::Storage, primary, secondary, force: false };
+            rt.block_on(call_once(&mgmtd, &ccfg, &req))
+                .map_err(|e| anyhow!("buddy group of targets {primary} and {secondary}: {e}"))?;
+        }
+        if !left.is_empty() {
+            eprintln!("hivefs up --mirror: targets {left:?} have no buddy on another server and stay unmirrored");
+        }
+    }
     // Every metadata node loads the view mgmtd has now. A node's view can lag
     // mgmtd's: pushes on registration are given up after 2 s, and between its
     // periodic refreshes (every 2 s) a node does not see a target turn usable;
@@ -481,6 +507,7 @@ pub fn up(a: UpArgs) -> Result<()> {
                 chunk_size: layout.chunk_size,
                 stripe_count: layout.stripe,
                 chooser: layout.chooser,
+                mirror: a.mirror,
                 ..DirPattern::default()
             };
             // The root may take a moment to exist after its owner registered.

@@ -7,7 +7,7 @@ use common::*;
 use std::time::{Duration, Instant};
 
 /// Short timeouts so that a failover happens within seconds.
-const FAST_FAILOVER: &str = "probably_offline_after_ms = 1500\noffline_after_ms = 3000\nfailover_after_ms = 3000\n";
+const FAST_FAILOVER: &str = "probably_offline_after_ms = 2500\noffline_after_ms = 4000\nfailover_after_ms = 4000\n";
 
 fn groups(m: &str) -> Vec<serde_json::Value> {
     let v: serde_json::Value =
@@ -70,6 +70,12 @@ fn buddy_groups_are_made_listed_and_switched_over_when_a_primary_dies() {
             assert_eq!(g[member]["state"], "good", "{g}");
             assert_eq!(g[member]["reachability"], "online", "{g}");
         }
+    }
+    // `targets` shows each target's group and role.
+    let ts: serde_json::Value = serde_json::from_str(&hivefs_ok(&["targets", "--json", "--mount", m])).unwrap();
+    for t in ts.as_array().unwrap() {
+        assert_eq!(t["mirror"]["state"], "good", "{t}");
+        assert!(t["mirror"]["role"] == "primary" || t["mirror"]["role"] == "secondary", "{t}");
     }
     // Members are taken: a second --auto finds nothing to pair.
     let out = hivefs(&["mirror", "create", "--type", "storage", "--auto", "--mount", m]);
@@ -189,7 +195,35 @@ fn mirrored_files_survive_a_dead_primary_and_the_returning_buddy_is_resynced() {
     assert_eq!(assert_buddies_equal(&fs, m), vec![3, 3]);
     assert_eq!(std::fs::read(fs.path("m/a")).unwrap(), a2);
     assert_eq!(std::fs::read(fs.path("m/b")).unwrap(), b);
+    // A full resync on demand: everything copied again, still equal.
+    let out = hivefs_ok(&["mirror", "resync", "--group", "1", "--full", "--wait", "--timeout", "60", "--mount", m]);
+    assert!(out.is_empty(), "progress and messages go to stderr: {out}");
+    assert_eq!(groups(m)[0]["secondary"]["state"], "good");
+    assert_eq!(assert_buddies_equal(&fs, m), vec![3, 3]);
     // fsck sizes mirrored files from their groups' chunk files: clean.
     let out = hivefs(&["fsck", "--mount", m]);
-    assert!(out.status.success(), "fsck: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "fsck: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn up_with_mirror_makes_a_mirrored_file_system() {
+    let fs = TestFs::up(&["--storage", "2", "--targets-per-storage", "2", "--mirror"]);
+    let m = fs.mnt_s();
+    assert_eq!(groups(m).len(), 2);
+    let data = random_bytes(9, 1 << 20);
+    std::fs::write(fs.path("f"), &data).unwrap();
+    let info = fs.entry_info("f");
+    assert_eq!(info["mirrored"], true, "{info}");
+    assert_eq!(std::fs::read(fs.path("f")).unwrap(), data);
+    assert_eq!(assert_buddies_equal(&fs, m), vec![1, 1]);
+    let other = fs.tmp.path().join("other");
+    let (d, mnt) = (other.join("fs"), other.join("mnt"));
+    let out =
+        hivefs(&["up", "--dir", d.to_str().unwrap(), "--mount", mnt.to_str().unwrap(), "--storage", "1", "--mirror"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs at least 2 storage servers"), "{out:?}");
 }

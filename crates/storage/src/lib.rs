@@ -588,7 +588,8 @@ impl Heartbeat {
                     if let Reply::HeartbeatAck { lease_ms } = r {
                         self.mirror.renew(sent, lease_ms);
                     }
-                    self.mirror.after_heartbeat().await;
+                    // Off the heartbeat's beat: a slow view refresh must not delay the next heartbeat.
+                    self.mirror.spawn_after_heartbeat();
                 }
                 Err(e) if e.code == ErrorCode::NotFound => {
                     warn!("mgmtd {} does not know this node: {e}; registering again", self.mgmt.addr());

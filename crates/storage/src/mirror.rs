@@ -158,6 +158,8 @@ pub(crate) struct Mirror {
     lease: Mutex<(Option<Instant>, Duration)>,
     /// Per group of this node: (epoch, this node was primary) at the last look.
     roles: Mutex<HashMap<BuddyGroupId, (u64, bool)>>,
+    /// An [`Mirror::after_heartbeat`] runs.
+    looking: AtomicBool,
 }
 
 impl Mirror {
@@ -179,6 +181,7 @@ impl Mirror {
             targets: m,
             lease: Mutex::new((None, Duration::ZERO)),
             roles: Mutex::new(HashMap::new()),
+            looking: AtomicBool::new(false),
         })
     }
 
@@ -213,10 +216,22 @@ impl Mirror {
         v.groups.get(&id).cloned().ok_or_else(|| fs_err!(NotFound, "buddy group {id} is not registered with mgmtd"))
     }
 
+    /// Runs [`Mirror::after_heartbeat`] in its own task, unless the last one still runs.
+    pub fn spawn_after_heartbeat(self: &Arc<Self>) {
+        if self.looking.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            me.after_heartbeat().await;
+            me.looking.store(false, Ordering::SeqCst);
+        });
+    }
+
     /// After each heartbeat: reload the view, notice a promotion (the
     /// entries recently forwarded here become dirty: the old primary may
     /// miss them), and start a resync of every secondary that needs one.
-    pub async fn after_heartbeat(self: &Arc<Self>) {
+    async fn after_heartbeat(self: &Arc<Self>) {
         let view = match self.cluster.refresh().await {
             Ok(v) => v,
             Err(e) => {
@@ -239,8 +254,10 @@ impl Mirror {
             if primary && matches!(before, Some((e, false)) if e < g.epoch) {
                 self.promoted(&g).await;
             }
-            if !primary && matches!(before, Some((_, true))) {
-                // Demoted: the new primary decides what this copy misses.
+            if !primary && !matches!(before, Some((_, false))) {
+                // Demoted (or first seen as secondary after a restart): the
+                // primary decides what this copy misses; a list kept from an
+                // earlier time as primary is stale.
                 if let Some(tm) = self.targets.get(&TargetId(g.secondary)) {
                     tm.dirty.lock().expect("dirty lock").clear();
                     if let Err(e) = tm.persist_dirty() {
