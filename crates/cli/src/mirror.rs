@@ -229,7 +229,7 @@ fn wait_resynced(m: &Mgmt, group: hivefs_types::ids::BuddyGroupId, timeout: u64)
         }
         if tty {
             let (done, total) = g.resync.unwrap_or((0, 0));
-            let pct = if total > 0 { done * 100 / total } else { 0 };
+            let pct = (done * 100).checked_div(total).unwrap_or(0);
             let width = 30usize;
             let fill = (pct as usize * width / 100).min(width);
             eprint!(
