@@ -225,3 +225,135 @@ fn link_cut_to_the_mgmtd_and_metadata_hosts() {
     assert_eq!(std::fs::read(mnt.join("after")).unwrap(), b"back");
     check_same(&mnt.join("during-mgmtd-cut/g"), &during, "the file written while mgmtd was cut off, at the end");
 }
+
+/// A checksummed fio write-and-verify of `size` at `rate` in the background.
+fn fio_verify(path: &Path, size: &str, rate: &str) -> netcluster::Bounded {
+    let mut fio = Command::new("fio");
+    fio.args([
+        "--name=mirror",
+        "--ioengine=psync",
+        "--rw=write",
+        "--bs=256k",
+        &format!("--size={size}"),
+        &format!("--rate={rate}"),
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--verify_fatal=1",
+        "--end_fsync=1",
+    ]);
+    fio.arg(format!("--filename={}", path.display()));
+    bounded("fio write and verify", fio)
+}
+
+/// Mirrored chunk files of a target directory (name → bytes).
+fn mirrored_chunks(target: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    for sub in std::fs::read_dir(target.join("mirror/chunks")).unwrap() {
+        for f in std::fs::read_dir(sub.unwrap().path()).unwrap() {
+            let f = f.unwrap().path();
+            out.insert(f.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&f).unwrap());
+        }
+    }
+    out
+}
+
+/// A mirrored directory on a cluster of 2 storage hosts x 2 targets; returns the
+/// storage service name holding every group's primary, and (primary, secondary) dirs.
+fn mirrored_setup(c: &NetCluster) -> (String, Vec<(std::path::PathBuf, std::path::PathBuf)>) {
+    let client = c.clients[0].host.clone();
+    let mnt = c.clients[0].mnt.clone();
+    let m = mnt.to_str().unwrap();
+    c.hivefs_ok_on(&client, &["mirror", "create", "--type", "storage", "--auto", "--mount", m]);
+    std::fs::create_dir(mnt.join("d")).unwrap();
+    c.hivefs_ok_on(&client, &["pattern", "set", "--mirror", mnt.join("d").to_str().unwrap()]);
+    let groups: serde_json::Value =
+        serde_json::from_str(&c.hivefs_ok_on(&client, &["mirror", "list", "--json", "--mount", m])).unwrap();
+    // Target id → (service name, target dir).
+    let mut dirs = BTreeMap::new();
+    for (i, s) in c.storage.iter().enumerate() {
+        for (t, dir) in c.target_ids_of(&s.host).into_iter().zip(&s.targets) {
+            dirs.insert(t, (format!("storage{}", i + 1), dir.clone()));
+        }
+    }
+    let mut primary_service = None;
+    let mut pairs = Vec::new();
+    for g in groups.as_array().unwrap() {
+        let (p, s) = (&dirs[&g["primary"]["id"].as_u64().unwrap()], &dirs[&g["secondary"]["id"].as_u64().unwrap()]);
+        assert_ne!(p.0, s.0, "a group's targets are on different hosts: {g}");
+        assert!(primary_service.is_none() || primary_service.as_ref() == Some(&p.0), "primaries on one host");
+        primary_service = Some(p.0.clone());
+        pairs.push((p.1.clone(), s.1.clone()));
+    }
+    (primary_service.expect("groups made"), pairs)
+}
+
+fn assert_pairs_equal(pairs: &[(std::path::PathBuf, std::path::PathBuf)]) {
+    for (a, b) in pairs {
+        let (x, y) = (mirrored_chunks(a), mirrored_chunks(b));
+        assert!(!x.is_empty(), "no mirrored chunk file in {}", a.display());
+        assert_eq!(x.keys().collect::<Vec<_>>(), y.keys().collect::<Vec<_>>(), "{} vs {}", a.display(), b.display());
+        for (name, bytes) in &x {
+            assert!(bytes == &y[name], "chunk file {name} differs between {} and {}", a.display(), b.display());
+        }
+    }
+}
+
+fn wait_all_good(c: &NetCluster, limit: Duration) {
+    let client = c.clients[0].host.clone();
+    let m = c.clients[0].mnt.to_str().unwrap().to_string();
+    c.wait_for("every buddy group good again", limit, |c| {
+        let out = c.hivefs_on(&client, &["mirror", "list", "--json", "--mount", &m]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        v.as_array().is_some_and(|gs| {
+            gs.iter().all(|g| g["primary"]["state"] == "good" && g["secondary"]["state"] == "good" && g["epoch"] == 1)
+        })
+    });
+}
+
+#[test]
+fn mirrored_fio_survives_kill_of_a_storage_primary() {
+    let mut c = NetCluster::start("mh-mkill", 2, 2, 1);
+    let (victim, pairs) = mirrored_setup(&c);
+    let file = c.clients[0].mnt.join("d/fio");
+    let fio = fio_verify(&file, "96m", "24m");
+    std::thread::sleep(Duration::from_millis(1500));
+    let killed = Instant::now();
+    c.kill9(&victim);
+    let (out, took) = fio.wait(Duration::from_secs(120));
+    assert!(
+        out.status.success(),
+        "fio write+verify across a primary's kill -9 failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("fio finished {:?} after the kill ({took:?} in all)", killed.elapsed());
+    // The killed server returns as secondary; it is resynced and equal to the new primary.
+    c.restart(&victim);
+    wait_all_good(&c, Duration::from_secs(60));
+    let swapped: Vec<_> = pairs.iter().map(|(p, s)| (s.clone(), p.clone())).collect();
+    assert_pairs_equal(&swapped);
+}
+
+#[test]
+fn mirrored_fio_survives_a_link_cut_to_a_primary() {
+    let c = NetCluster::start("mh-mcut", 2, 2, 1);
+    let (victim, pairs) = mirrored_setup(&c);
+    let host =
+        c.storage.iter().enumerate().find(|(i, _)| format!("storage{}", i + 1) == victim).unwrap().1.host.clone();
+    let file = c.clients[0].mnt.join("d/fio");
+    let fio = fio_verify(&file, "96m", "24m");
+    std::thread::sleep(Duration::from_millis(1500));
+    c.tb.cut(&host).unwrap();
+    let (out, took) = fio.wait(Duration::from_secs(120));
+    assert!(
+        out.status.success(),
+        "fio write+verify across a cut link to the primary failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("fio finished in {took:?} across the cut");
+    c.tb.heal(&host).unwrap();
+    wait_all_good(&c, Duration::from_secs(60));
+    let swapped: Vec<_> = pairs.iter().map(|(p, s)| (s.clone(), p.clone())).collect();
+    assert_pairs_equal(&swapped);
+}

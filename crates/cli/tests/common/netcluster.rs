@@ -54,8 +54,10 @@ pub struct NetCluster {
     pub meta_host: Host,
     pub storage: Vec<StorageHost>,
     pub clients: Vec<ClientHost>,
-    /// (name, pid, log) of every service started.
+    /// (name, pid, log) of every service running.
     services: Vec<(String, u32, PathBuf)>,
+    /// (name, host, arguments) of every service started, to start it again.
+    launched: Vec<(String, Host, Vec<String>)>,
 }
 
 impl NetCluster {
@@ -80,12 +82,16 @@ impl NetCluster {
             storage: Vec::new(),
             clients: Vec::new(),
             services: Vec::new(),
+            launched: Vec::new(),
             tmp,
         };
 
         let cfg = c.write_file(
             "mgmtd.toml",
-            &format!("probably_offline_after_ms = {PROBABLY_OFFLINE_MS}\noffline_after_ms = {OFFLINE_MS}\n"),
+            &format!(
+                "probably_offline_after_ms = {PROBABLY_OFFLINE_MS}\noffline_after_ms = {OFFLINE_MS}\n\
+                 failover_after_ms = {OFFLINE_MS}\n"
+            ),
         );
         let h = c.mgmtd_host.clone();
         let (dir, listen) = (c.dir("mgmtd"), h.addr(MGMTD_PORT));
@@ -174,8 +180,9 @@ impl NetCluster {
 
     /// Starts `hivefs ARGS --secret-file S` on `host`, logging to `<tmp>/<name>.log`.
     fn service(&mut self, host: &Host, name: &str, args: &[&str]) -> u32 {
+        self.launched.push((name.to_string(), host.clone(), args.iter().map(|a| a.to_string()).collect()));
         let log_path = self.tmp.path().join(format!("{name}.log"));
-        let log = std::fs::File::create(&log_path).unwrap();
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path).unwrap();
         let mut cmd = host.command(hivefs_bin());
         cmd.args(args)
             .args(["--secret-file", self.secret.to_str().unwrap()])
@@ -185,6 +192,24 @@ impl NetCluster {
         let pid = self.tb.spawn(name, cmd).unwrap_or_else(|e| panic!("{e:#}"));
         self.services.push((name.to_string(), pid, log_path));
         pid
+    }
+
+    /// kill -9 of service `name` (e.g. "storage1"); it is no longer expected to run.
+    pub fn kill9(&mut self, name: &str) {
+        let i = self.services.iter().position(|s| s.0 == name).unwrap_or_else(|| panic!("no service {name}"));
+        let (_, pid, _) = self.services.remove(i);
+        let raw = rustix::process::Pid::from_raw(pid as i32).expect("positive pid");
+        let _ = rustix::process::kill_process(raw, rustix::process::Signal::KILL);
+        self.tb.stop(pid, Duration::ZERO).expect("reap the killed service");
+    }
+
+    /// Starts service `name` again with the arguments it was first started with (its log goes on).
+    pub fn restart(&mut self, name: &str) {
+        let (_, host, args) =
+            self.launched.iter().find(|l| l.0 == name).cloned().unwrap_or_else(|| panic!("no service {name}"));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.service(&host, name, &args);
+        self.launched.pop(); // recorded once
     }
 
     /// Panics (the logs follow) if a service has exited.
