@@ -101,6 +101,11 @@ pub struct MountArgs {
     /// ETIMEDOUT. Operations on other servers go on meanwhile.
     #[arg(long, default_value_t = 30_000)]
     pub io_timeout_ms: u64,
+    /// Longest an operation on a mirrored file waits for its buddy group to have a
+    /// primary that answers (a failover takes mgmtd's `failover_after_ms`); then it
+    /// fails with EIO. Both buddies dead: EIO after this long.
+    #[arg(long, default_value_t = 90_000)]
+    pub mirror_retry_ms: u64,
     /// Leave flock/fcntl locks to this machine's kernel and append at the offset it
     /// passes (default: global file locks and appends, checked by the metadata nodes
     /// across all clients).
@@ -283,6 +288,7 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
             let mut opts = Options::new(a.mgmtd.clone(), secret.clone());
             opts.io_timeout = Duration::from_millis(a.io_timeout_ms.max(100));
             opts.short_circuit = !a.no_short_circuit;
+            opts.mirror_retry = Duration::from_millis(a.mirror_retry_ms);
             match Client::connect(opts).await {
                 Ok(c) => return Ok(c),
                 Err(e) if e.code == hivefs_types::ErrorCode::Auth => return Err(anyhow!("{e}")),

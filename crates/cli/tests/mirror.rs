@@ -227,3 +227,43 @@ fn up_with_mirror_makes_a_mirrored_file_system() {
         hivefs(&["up", "--dir", d.to_str().unwrap(), "--mount", mnt.to_str().unwrap(), "--storage", "1", "--mirror"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs at least 2 storage servers"), "{out:?}");
 }
+
+#[test]
+fn both_buddies_dead_fail_with_eio_in_bounded_time_and_recover() {
+    let fs = TestFs::up(&["--storage", "2", "--targets-per-storage", "1", "--mirror"]);
+    let data = random_bytes(11, 1 << 20);
+    std::fs::write(fs.path("f"), &data).unwrap();
+    let m2 = fs.extra_mount("m2", &["--mirror-retry-ms", "4000", "--io-timeout-ms", "2000"]);
+    assert_eq!(std::fs::read(m2.mnt.join("f")).unwrap(), data);
+    fs.kill9("storage1");
+    fs.kill9("storage2");
+    // In a child process: a read that hung would hang the test's later spawns too.
+    let start = Instant::now();
+    let mut dd = std::process::Command::new("dd")
+        .arg(format!("if={}", m2.mnt.join("f").display()))
+        .args(["of=/dev/null", "bs=1M"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = loop {
+        if let Some(s) = dd.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = dd.kill();
+            panic!("a read with both buddies dead still blocks after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let took = start.elapsed();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut dd.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "a read succeeded with both buddies dead");
+    assert!(err.contains("Input/output error") || err.contains("timed out"), "{err}");
+    eprintln!("with both buddies dead a read failed after {took:?}: {}", err.lines().next().unwrap_or(""));
+    // Both return: the same mount reads the file again.
+    fs.reup();
+    wait_for("the file readable again", Duration::from_secs(30), || {
+        std::fs::read(m2.mnt.join("f")).is_ok_and(|d| d == data)
+    });
+}

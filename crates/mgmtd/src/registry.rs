@@ -390,11 +390,18 @@ impl Registry {
                 }
             }
             GroupKind::Meta => {
+                // Groups are recorded and switched over like storage groups, but no
+                // metadata node replicates yet (it comes with the metadata journal):
+                // a group would promise what nothing keeps.
                 for m in [primary, secondary] {
                     if self.node(NodeType::Meta, NodeId(m)).is_none() {
                         return Err(fs_err!(NotFound, "metadata node {m} is not registered"));
                     }
                 }
+                return Err(fs_err!(
+                    NotSupported,
+                    "metadata buddy groups are not served yet: metadata nodes do not replicate (storage groups are)"
+                ));
             }
         }
         if self.groups.len() >= GROUPS_MAX {

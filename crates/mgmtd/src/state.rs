@@ -559,6 +559,16 @@ mod tests {
         assert_eq!(m.handle(create(a, TargetId(99), false), t0).unwrap_err().code, ErrorCode::NotFound);
         let Reply::GroupCreated { group } = m.handle(create(a, b, false), t0).unwrap() else { panic!() };
         assert_eq!(m.handle(create(b, a2, true), t0).unwrap_err().code, ErrorCode::Exists);
+        // Metadata nodes do not replicate yet: a metadata group is refused.
+        let meta = |p: NodeId, s: NodeId| Request::CreateGroup {
+            kind: GroupKind::Meta,
+            primary: p.0,
+            secondary: s.0,
+            force: false,
+        };
+        assert_eq!(m.handle(meta(NodeId(1), NodeId(2)), t0).unwrap_err().code, ErrorCode::NotFound);
+        let (m1, m2) = (reg_node(&mut m, NodeType::Meta, "m1", t0), reg_node(&mut m, NodeType::Meta, "m2", t0));
+        assert_eq!(m.handle(meta(m1, m2), t0).unwrap_err().code, ErrorCode::NotSupported);
         // Heartbeats grant half the failover time as a lease.
         assert_eq!(beat(&mut m, s1, &[a, a2], t0 + ms(1_000)), Reply::HeartbeatAck { lease_ms: 15_000 });
         beat(&mut m, s2, &[b], t0 + ms(1_000));
