@@ -100,6 +100,7 @@ pub(crate) fn pair_up(members: &[(u32, u32)]) -> (Vec<(u32, u32)>, Vec<u32>) {
         ids.reverse(); // pop() takes the lowest id first
     }
     let mut pairs = Vec::new();
+    let mut primaries: BTreeMap<u32, usize> = BTreeMap::new();
     loop {
         let mut fullest: Vec<u32> = by_server.iter().filter(|(_, v)| !v.is_empty()).map(|(s, _)| *s).collect();
         if fullest.len() < 2 {
@@ -108,7 +109,13 @@ pub(crate) fn pair_up(members: &[(u32, u32)]) -> (Vec<(u32, u32)>, Vec<u32>) {
         fullest.sort_by_key(|s| (std::cmp::Reverse(by_server[s].len()), *s));
         let a = by_server.get_mut(&fullest[0]).and_then(|v| v.pop()).expect("non-empty");
         let b = by_server.get_mut(&fullest[1]).and_then(|v| v.pop()).expect("non-empty");
-        pairs.push((a, b));
+        // The primary goes to the server with fewer primaries so far: primaries serve
+        // every read and forward every write, so they are spread like targets.
+        let (sa, sb) = (fullest[0], fullest[1]);
+        let count = |s: u32| *primaries.get(&s).unwrap_or(&0);
+        let (p, q, sp) = if count(sb) < count(sa) { (b, a, sb) } else { (a, b, sa) };
+        *primaries.entry(sp).or_insert(0) += 1;
+        pairs.push((p, q));
     }
     let left = by_server.into_values().flatten().collect();
     (pairs, left)
@@ -304,6 +311,10 @@ mod tests {
         for (a, b) in &pairs {
             assert_ne!(server(*a), server(*b), "{pairs:?}");
         }
+        // Primaries spread over the servers: 2 servers x 2 targets give one primary each.
+        let (pairs, _) = pair_up(&[(1, 1), (2, 1), (3, 2), (4, 2)]);
+        let servers: std::collections::BTreeSet<u32> = pairs.iter().map(|(p, _)| if *p <= 2 { 1 } else { 2 }).collect();
+        assert_eq!(servers.len(), 2, "primaries on both servers: {pairs:?}");
         // One server only: nothing pairs.
         let (pairs, left) = pair_up(&[(1, 1), (2, 1)]);
         assert!(pairs.is_empty());

@@ -257,38 +257,50 @@ fn mirrored_chunks(target: &Path) -> BTreeMap<String, Vec<u8>> {
     out
 }
 
-/// A mirrored directory on a cluster of 2 storage hosts x 2 targets; returns the
-/// storage service name holding every group's primary, and (primary, secondary) dirs.
-fn mirrored_setup(c: &NetCluster) -> (String, Vec<(std::path::PathBuf, std::path::PathBuf)>) {
+/// `hivefs mirror list --json` from the client host.
+fn mirror_list(c: &NetCluster) -> Vec<serde_json::Value> {
+    let m = c.clients[0].mnt.to_str().unwrap().to_string();
+    let out = c.hivefs_on(&c.clients[0].host, &["mirror", "list", "--json", "--mount", &m]);
+    serde_json::from_slice::<serde_json::Value>(&out.stdout)
+        .ok()
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// A mirrored directory `d` on a cluster of 2 storage hosts x 2 targets (one group's
+/// primary on each host); returns the storage service holding group 1's primary and
+/// each target's directory.
+fn mirrored_setup(c: &NetCluster) -> (String, BTreeMap<u64, std::path::PathBuf>) {
     let client = c.clients[0].host.clone();
     let mnt = c.clients[0].mnt.clone();
     let m = mnt.to_str().unwrap();
     c.hivefs_ok_on(&client, &["mirror", "create", "--type", "storage", "--auto", "--mount", m]);
     std::fs::create_dir(mnt.join("d")).unwrap();
     c.hivefs_ok_on(&client, &["pattern", "set", "--mirror", mnt.join("d").to_str().unwrap()]);
-    let groups: serde_json::Value =
-        serde_json::from_str(&c.hivefs_ok_on(&client, &["mirror", "list", "--json", "--mount", m])).unwrap();
-    // Target id → (service name, target dir).
+    let mut service = BTreeMap::new();
     let mut dirs = BTreeMap::new();
     for (i, s) in c.storage.iter().enumerate() {
         for (t, dir) in c.target_ids_of(&s.host).into_iter().zip(&s.targets) {
-            dirs.insert(t, (format!("storage{}", i + 1), dir.clone()));
+            service.insert(t, format!("storage{}", i + 1));
+            dirs.insert(t, dir.clone());
         }
     }
-    let mut primary_service = None;
-    let mut pairs = Vec::new();
-    for g in groups.as_array().unwrap() {
-        let (p, s) = (&dirs[&g["primary"]["id"].as_u64().unwrap()], &dirs[&g["secondary"]["id"].as_u64().unwrap()]);
-        assert_ne!(p.0, s.0, "a group's targets are on different hosts: {g}");
-        assert!(primary_service.is_none() || primary_service.as_ref() == Some(&p.0), "primaries on one host");
-        primary_service = Some(p.0.clone());
-        pairs.push((p.1.clone(), s.1.clone()));
+    let groups = mirror_list(c);
+    assert_eq!(groups.len(), 2, "{groups:?}");
+    let primaries: std::collections::BTreeSet<&String> =
+        groups.iter().map(|g| &service[&g["primary"]["id"].as_u64().unwrap()]).collect();
+    assert_eq!(primaries.len(), 2, "one primary per host: {groups:?}");
+    for g in &groups {
+        let (p, s) = (g["primary"]["id"].as_u64().unwrap(), g["secondary"]["id"].as_u64().unwrap());
+        assert_ne!(service[&p], service[&s], "a group's targets are on different hosts: {g}");
     }
-    (primary_service.expect("groups made"), pairs)
+    (service[&groups[0]["primary"]["id"].as_u64().unwrap()].clone(), dirs)
 }
 
-fn assert_pairs_equal(pairs: &[(std::path::PathBuf, std::path::PathBuf)]) {
-    for (a, b) in pairs {
+/// Both members of every group hold the same mirrored chunk files.
+fn assert_buddies_equal(c: &NetCluster, dirs: &BTreeMap<u64, std::path::PathBuf>) {
+    for g in mirror_list(c) {
+        let (a, b) = (&dirs[&g["primary"]["id"].as_u64().unwrap()], &dirs[&g["secondary"]["id"].as_u64().unwrap()]);
         let (x, y) = (mirrored_chunks(a), mirrored_chunks(b));
         assert!(!x.is_empty(), "no mirrored chunk file in {}", a.display());
         assert_eq!(x.keys().collect::<Vec<_>>(), y.keys().collect::<Vec<_>>(), "{} vs {}", a.display(), b.display());
@@ -298,22 +310,20 @@ fn assert_pairs_equal(pairs: &[(std::path::PathBuf, std::path::PathBuf)]) {
     }
 }
 
+/// Waits until every member of every group is good and group 1 switched over once.
 fn wait_all_good(c: &NetCluster, limit: Duration) {
-    let client = c.clients[0].host.clone();
-    let m = c.clients[0].mnt.to_str().unwrap().to_string();
-    c.wait_for("every buddy group good again", limit, |c| {
-        let out = c.hivefs_on(&client, &["mirror", "list", "--json", "--mount", &m]);
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        v.as_array().is_some_and(|gs| {
-            gs.iter().all(|g| g["primary"]["state"] == "good" && g["secondary"]["state"] == "good" && g["epoch"] == 1)
-        })
+    c.wait_for("every buddy group good again, group 1 switched over", limit, |c| {
+        let gs = mirror_list(c);
+        !gs.is_empty()
+            && gs[0]["epoch"] == 1
+            && gs.iter().all(|g| g["primary"]["state"] == "good" && g["secondary"]["state"] == "good")
     });
 }
 
 #[test]
 fn mirrored_fio_survives_kill_of_a_storage_primary() {
     let mut c = NetCluster::start("mh-mkill", 2, 2, 1);
-    let (victim, pairs) = mirrored_setup(&c);
+    let (victim, dirs) = mirrored_setup(&c);
     let file = c.clients[0].mnt.join("d/fio");
     let fio = fio_verify(&file, "96m", "24m");
     std::thread::sleep(Duration::from_millis(1500));
@@ -330,14 +340,13 @@ fn mirrored_fio_survives_kill_of_a_storage_primary() {
     // The killed server returns as secondary; it is resynced and equal to the new primary.
     c.restart(&victim);
     wait_all_good(&c, Duration::from_secs(60));
-    let swapped: Vec<_> = pairs.iter().map(|(p, s)| (s.clone(), p.clone())).collect();
-    assert_pairs_equal(&swapped);
+    assert_buddies_equal(&c, &dirs);
 }
 
 #[test]
 fn mirrored_fio_survives_a_link_cut_to_a_primary() {
     let c = NetCluster::start("mh-mcut", 2, 2, 1);
-    let (victim, pairs) = mirrored_setup(&c);
+    let (victim, dirs) = mirrored_setup(&c);
     let host =
         c.storage.iter().enumerate().find(|(i, _)| format!("storage{}", i + 1) == victim).unwrap().1.host.clone();
     let file = c.clients[0].mnt.join("d/fio");
@@ -354,6 +363,5 @@ fn mirrored_fio_survives_a_link_cut_to_a_primary() {
     eprintln!("fio finished in {took:?} across the cut");
     c.tb.heal(&host).unwrap();
     wait_all_good(&c, Duration::from_secs(60));
-    let swapped: Vec<_> = pairs.iter().map(|(p, s)| (s.clone(), p.clone())).collect();
-    assert_pairs_equal(&swapped);
+    assert_buddies_equal(&c, &dirs);
 }

@@ -176,6 +176,10 @@ impl ClusterView {
 /// The routing map plus the connection pools to reach everything in it.
 pub struct Cluster {
     pools: Pools,
+    /// For buddy groups' primaries: no retries inside a call, so a refused
+    /// or lost connection comes back at once and [`Cluster::call_unit`]
+    /// asks mgmtd for the group's primary before it tries again.
+    group_pools: Pools,
     mgmt: Arc<dyn Call>,
     view: RwLock<Arc<ClusterView>>,
 }
@@ -183,7 +187,11 @@ pub struct Cluster {
 impl Cluster {
     pub fn new(mgmt_addr: &str, pools: Pools) -> Arc<Cluster> {
         let mgmt = pools.get(mgmt_addr);
-        Arc::new(Cluster { pools, mgmt, view: RwLock::new(Arc::default()) })
+        let mut gcfg = pools.config().clone();
+        gcfg.retries = 0;
+        gcfg.connect_timeout = gcfg.connect_timeout.min(Duration::from_secs(2));
+        let group_pools = pools.with_config(gcfg);
+        Arc::new(Cluster { pools, group_pools, mgmt, view: RwLock::new(Arc::default()) })
     }
 
     pub fn mgmt(&self) -> Arc<dyn Call> {
@@ -261,6 +269,18 @@ impl Cluster {
         Ok(self.pools.get(&self.node_addr(node_type, node).await?))
     }
 
+    /// The way to the storage node of `target` for a buddy group's forwards
+    /// and copies: no retries inside a call (a failure goes back to the caller at once).
+    pub async fn group_target_pool(&self, target: TargetId) -> Result<Arc<dyn Call>, FsError> {
+        let node = match self.view().targets.get(&target) {
+            Some(t) => t.node,
+            None => self.refresh().await?.targets.get(&target).map(|t| t.node).ok_or_else(|| {
+                FsError::new(ErrorCode::NotFound, format!("storage target {target} is not registered with mgmtd"))
+            })?,
+        };
+        Ok(self.group_pools.get(&self.node_addr(NodeType::Storage, node).await?))
+    }
+
     /// The pool of the storage node that holds `target`.
     pub async fn target_pool(&self, target: TargetId) -> Result<Arc<dyn Call>, FsError> {
         let node = match self.view().targets.get(&target) {
@@ -299,7 +319,7 @@ impl Cluster {
             mirror: Some(MirrorHdr { group: g, epoch: info.epoch, role: MirrorRole::Client }),
             ..Default::default()
         };
-        Ok(Route { target, call: self.target_pool(target).await?, env })
+        Ok(Route { target, call: self.group_target_pool(target).await?, env })
     }
 
     /// Sends `req` to a stripe unit (naming the group's current primary as

@@ -435,6 +435,8 @@ pub type Connector = Arc<dyn Fn(&str) -> Arc<dyn Call> + Send + Sync>;
 pub struct Pools {
     cfg: ClientConfig,
     connect: Connector,
+    /// Made by [`Pools::new`]: TCP pools built from `cfg`.
+    tcp: bool,
     pools: Arc<Mutex<HashMap<String, Arc<dyn Call>>>>,
 }
 
@@ -442,12 +444,23 @@ impl Pools {
     /// TCP pools with `cfg`.
     pub fn new(cfg: ClientConfig) -> Pools {
         let c = cfg.clone();
-        Pools::with_connector(cfg, Arc::new(move |addr: &str| Arc::new(Pool::new(addr, c.clone())) as Arc<dyn Call>))
+        let connect: Connector = Arc::new(move |addr: &str| Arc::new(Pool::new(addr, c.clone())) as Arc<dyn Call>);
+        Pools { cfg, connect, tcp: true, pools: Arc::default() }
     }
 
     /// Pools whose calls `connect` makes (a simulated network).
     pub fn with_connector(cfg: ClientConfig, connect: Connector) -> Pools {
-        Pools { cfg, connect, pools: Arc::default() }
+        Pools { cfg, connect, tcp: false, pools: Arc::default() }
+    }
+
+    /// Other pools to the same peers with `cfg` (TCP pools are made with it;
+    /// a connector's calls stay the connector's), sharing no connection.
+    pub fn with_config(&self, cfg: ClientConfig) -> Pools {
+        if self.tcp {
+            Pools::new(cfg)
+        } else {
+            Pools::with_connector(cfg, self.connect.clone())
+        }
     }
 
     pub fn config(&self) -> &ClientConfig {

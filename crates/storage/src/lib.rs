@@ -77,6 +77,10 @@ pub struct Config {
     /// request over TCP (see `hivefs_chunk::local`). Targets with a rate limit
     /// are never handed out.
     pub short_circuit: bool,
+    /// A forward of a mirrored change to the buddy that takes longer fails, and the
+    /// buddy is marked needs-resync (`docs/design-mirror.md`). Below the clients'
+    /// I/O timeout (30 s), above a loaded disk's worst write latency.
+    pub mirror_forward_timeout_ms: u64,
 }
 
 impl Default for Config {
@@ -92,6 +96,7 @@ impl Default for Config {
             fs_uuid: None,
             target_rate_limit: None,
             short_circuit: true,
+            mirror_forward_timeout_ms: mirror::FORWARD_TIMEOUT.as_millis() as u64,
         }
     }
 }
@@ -517,7 +522,8 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
         None
     };
     let cluster = hivefs_cluster::Cluster::new(&cfg.mgmtd, hivefs_net::Pools::new(ClientConfig::new(secret.clone())));
-    let forward_cfg = ClientConfig::new(secret.clone()).with_timeout(mirror::FORWARD_TIMEOUT);
+    let forward_cfg =
+        ClientConfig::new(secret.clone()).with_timeout(Duration::from_millis(cfg.mirror_forward_timeout_ms.max(100)));
     let mirror_cluster = hivefs_cluster::Cluster::new(&cfg.mgmtd, hivefs_net::Pools::new(forward_cfg));
     let dirs: Vec<(TargetId, PathBuf)> = ids.iter().zip(&opened).map(|(&id, o)| (id, o.dir.clone())).collect();
     let mirror = Arc::new(mirror::Mirror::open(node, mgmt.clone(), mirror_cluster, &dirs)?);

@@ -39,9 +39,9 @@ const LOCK_STRIPES: usize = 64;
 const RECENT_MAX: usize = 1 << 20;
 /// Bytes copied per request during a resync.
 const RESYNC_PIECE: u64 = 4 << 20;
-/// A forward to the secondary that takes longer fails (and degrades the
-/// group): below the clients' I/O timeout, so they see the degraded write
-/// succeed instead of timing out themselves.
+/// Default of `mirror_forward_timeout_ms`: a forward to the secondary that
+/// takes longer fails (and degrades the group); below the clients' I/O
+/// timeout, so they see the degraded write succeed instead of timing out.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct Recent {
@@ -324,7 +324,7 @@ impl Mirror {
         let full = g.secondary_state == Consistency::Bad;
         let sec = TargetId(g.secondary);
         self.set_state(&g, Consistency::Resyncing).await?;
-        let pool = self.cluster.target_pool(sec).await?;
+        let pool = self.cluster.group_target_pool(sec).await?;
         let env = Envelope {
             mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Resync }),
             ..Envelope::default()
@@ -546,7 +546,7 @@ async fn as_primary(ready: &Ready, h: MirrorHdr, req: &mut Request, payload: Byt
         if let Some(t) = freq.chunk_target_mut() {
             *t = sec;
         }
-        let sent = match m.cluster.target_pool(sec).await {
+        let sent = match m.cluster.group_target_pool(sec).await {
             Ok(pool) => pool.call_with(&env, &freq, payload.clone()).await,
             Err(e) => Err(e),
         };

@@ -104,7 +104,7 @@ impl NetCluster {
         c.service(&h, "meta", &["meta", "--dir", &dir, "--listen", &listen, "--mgmtd", &mgmtd, "--config", &cfg]);
 
         let fs_uuid = hivefs_cluster::new_uuid();
-        let cfg = c.write_file("storage.toml", "heartbeat_interval_ms = 500\n");
+        let cfg = c.write_file("storage.toml", "heartbeat_interval_ms = 500\nmirror_forward_timeout_ms = 2000\n");
         for i in 1..=storage_hosts {
             let name = format!("storage{i}");
             let h = c.tb.add_host(&name).expect("add storage host");
