@@ -267,3 +267,52 @@ fn both_buddies_dead_fail_with_eio_in_bounded_time_and_recover() {
         std::fs::read(m2.mnt.join("f")).is_ok_and(|d| d == data)
     });
 }
+
+#[test]
+fn an_interrupted_resync_goes_on_after_the_next_return() {
+    // Targets limited to 24 MiB/s, so a resync of 64 MiB takes seconds and can be cut.
+    let fs =
+        TestFs::up_with(&["--storage", "2", "--targets-per-storage", "1", "--mirror", "--chunk-size", "1m"], |fs| {
+            std::fs::create_dir_all(fs.dir.join("mgmtd")).unwrap();
+            std::fs::write(fs.dir.join("mgmtd/mgmtd.toml"), FAST_FAILOVER).unwrap();
+            for s in ["storage1", "storage2"] {
+                std::fs::create_dir_all(fs.dir.join(s)).unwrap();
+                std::fs::write(fs.dir.join(format!("{s}/storage.toml")), "target_rate_limit = \"24MiB\"\n").unwrap();
+            }
+        });
+    let m = fs.mnt_s();
+    let g = &groups(m)[0];
+    let secondary = g["secondary"]["id"].as_u64().unwrap();
+    let node_of = |t: u64| fs.target_dirs()[&t].parent().unwrap().file_name().unwrap().to_string_lossy().into_owned();
+    let victim = node_of(secondary);
+    std::fs::write(fs.path("before"), random_bytes(20, 1 << 20)).unwrap();
+    fs.kill9(&victim);
+    // Written while the secondary is away: the primary lists it as dirty.
+    let data: Vec<Vec<u8>> = (0..4).map(|i| random_bytes(21 + i, 16 << 20)).collect();
+    for (i, d) in data.iter().enumerate() {
+        std::fs::write(fs.path(&format!("f{i}")), d).unwrap();
+    }
+    assert_eq!(groups(m)[0]["secondary"]["state"], "needs-resync");
+    // It returns; the resync starts; it dies again in the middle.
+    fs.reup();
+    wait_for("the resync to start", Duration::from_secs(30), || groups(m)[0]["secondary"]["state"] == "resyncing");
+    std::thread::sleep(Duration::from_millis(700));
+    let g = &groups(m)[0];
+    assert_eq!(g["secondary"]["state"], "resyncing", "the resync ended before the kill: {g}");
+    fs.kill9(&victim);
+    wait_for("the cut resync noticed", Duration::from_secs(30), || {
+        groups(m)[0]["secondary"]["state"] == "needs-resync"
+    });
+    // A write meanwhile joins what the next resync copies.
+    let late = random_bytes(30, 3 << 20);
+    std::fs::write(fs.path("late"), &late).unwrap();
+    fs.reup();
+    wait_for("the resync to finish", Duration::from_secs(60), || groups(m)[0]["secondary"]["state"] == "good");
+    assert_eq!(assert_buddies_equal(&fs, m), vec![6]);
+    for (i, d) in data.iter().enumerate() {
+        assert!(std::fs::read(fs.path(&format!("f{i}"))).unwrap() == *d, "f{i}");
+    }
+    assert_eq!(std::fs::read(fs.path("late")).unwrap(), late);
+    let out = hivefs(&["fsck", "--mount", m]);
+    assert!(out.status.success(), "fsck: {}", String::from_utf8_lossy(&out.stdout));
+}

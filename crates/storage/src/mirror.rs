@@ -277,8 +277,12 @@ impl Mirror {
                     let me = self.clone();
                     tokio::spawn(async move {
                         let group = g.id;
-                        if let Err(e) = me.resync(&tm, g).await {
-                            warn!(%group, target = %tm.target, "resync stopped, retried at a later heartbeat: {e}");
+                        if let Err(e) = me.resync(&tm, g.clone()).await {
+                            warn!(%group, target = %tm.target, "resync stopped, retried when the secondary is back: {e}");
+                            // What is left stays in the dirty list; the member shows it needs it.
+                            if let Err(e) = me.set_state(&g, Consistency::NeedsResync).await {
+                                debug!(%group, "could not mark the secondary needs-resync again: {e}");
+                            }
                         }
                         tm.resyncing.store(false, Ordering::SeqCst);
                     });
