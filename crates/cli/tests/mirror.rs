@@ -315,4 +315,26 @@ fn an_interrupted_resync_goes_on_after_the_next_return() {
     assert_eq!(std::fs::read(fs.path("late")).unwrap(), late);
     let out = hivefs(&["fsck", "--mount", m]);
     assert!(out.status.success(), "fsck: {}", String::from_utf8_lossy(&out.stdout));
+
+    // A secondary copy damaged behind HiveFS's back: fsck finds it, --repair resyncs it.
+    let g = &groups(m)[0];
+    let sec = g["secondary"]["id"].as_u64().unwrap();
+    let root = fs.target_dirs()[&sec].join("mirror/chunks");
+    let victim_chunk = std::fs::read_dir(&root)
+        .unwrap()
+        .flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())
+        .map(|f| f.unwrap().path())
+        .next()
+        .expect("a mirrored chunk file on the secondary");
+    std::fs::OpenOptions::new().write(true).open(&victim_chunk).unwrap().set_len(100).unwrap();
+    let out = hivefs(&["fsck", "--mount", m]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "fsck must report the damaged copy: {text}");
+    assert!(text.contains("buddy-mismatch"), "{text}");
+    let out = hivefs(&["fsck", "--repair", "--mount", m]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("full resync of buddy group"), "{out:?}");
+    wait_for("the repair's resync", Duration::from_secs(60), || groups(m)[0]["secondary"]["state"] == "good");
+    assert_eq!(assert_buddies_equal(&fs, m), vec![6]);
+    let out = hivefs(&["fsck", "--mount", m]);
+    assert!(out.status.success(), "fsck after the repair: {}", String::from_utf8_lossy(&out.stdout));
 }

@@ -8,7 +8,7 @@
 
 use hivefs_proto::{FsckDentry, FsckDisposal, FsckFix, FsckInode};
 use hivefs_types::attr::FileKind;
-use hivefs_types::ids::{EntryId, NodeId};
+use hivefs_types::ids::{BuddyGroupId, EntryId, NodeId, TargetId};
 use hivefs_types::pattern::StripeUnit;
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
@@ -22,6 +22,8 @@ pub enum Kind {
     WrongNlink,
     WrongParent,
     SizeMismatch,
+    /// The two copies of a storage buddy group differ (a chunk file's length, or one missing).
+    BuddyMismatch,
 }
 
 impl Kind {
@@ -34,6 +36,7 @@ impl Kind {
             Kind::WrongNlink => "wrong-nlink",
             Kind::WrongParent => "wrong-parent",
             Kind::SizeMismatch => "size-mismatch",
+            Kind::BuddyMismatch => "buddy-mismatch",
         }
     }
 }
@@ -43,6 +46,8 @@ impl Kind {
 pub enum Fix {
     Meta(NodeId, FsckFix),
     UnlinkChunk(StripeUnit, EntryId),
+    /// A full resync of the group: the primary's copy replaces the secondary's.
+    ResyncGroup(BuddyGroupId),
     /// Nothing safe to do automatically.
     None,
 }
@@ -58,7 +63,8 @@ impl Fix {
             Fix::Meta(_, FsckFix::SetSize { .. } | FsckFix::SetParent { .. }) => 3,
             Fix::Meta(_, FsckFix::SetNlink { .. }) => 4,
             Fix::Meta(_, FsckFix::LostFound { .. }) => 5,
-            Fix::None => 6,
+            Fix::ResyncGroup(_) => 6,
+            Fix::None => 7,
         }
     }
 }
@@ -123,6 +129,8 @@ struct Ino {
 pub struct Checker {
     inodes: HashMap<EntryId, Ino>,
     chunks: HashMap<EntryId, Vec<(StripeUnit, u64)>>,
+    /// Secondaries' copies of mirrored chunk files: group → (secondary, entry → length).
+    secondary: HashMap<BuddyGroupId, (TargetId, HashMap<EntryId, u64>)>,
     disposal: HashMap<EntryId, bool>,
     /// Dentries naming each id (only those whose inode exists on their owner).
     links: HashMap<EntryId, u32>,
@@ -144,6 +152,12 @@ impl Checker {
     /// that their problems carry a path.
     pub(crate) fn with_wanted(want: HashSet<EntryId>) -> Checker {
         Checker { want, ..Default::default() }
+    }
+
+    /// A mirrored chunk file of `id` on `group`'s secondary `target`.
+    pub fn add_secondary_chunk(&mut self, group: BuddyGroupId, target: TargetId, id: EntryId, len: u64) {
+        self.scanned += 1;
+        self.secondary.entry(group).or_insert_with(|| (target, HashMap::new())).1.insert(id, len);
     }
 
     /// A chunk file of `id` on a target, or a mirrored one of a buddy group (from its primary).
@@ -382,6 +396,39 @@ impl Checker {
                 );
             }
         }
+        // Each listed secondary against its primary: the same chunk files, the same lengths.
+        let mut groups: Vec<&BuddyGroupId> = self.secondary.keys().collect();
+        groups.sort();
+        for g in groups {
+            let (sec, theirs) = &self.secondary[g];
+            let unit = StripeUnit::Group(*g);
+            let mut ours: HashMap<EntryId, u64> = HashMap::new();
+            for (id, list) in &self.chunks {
+                if let Some((_, len)) = list.iter().find(|(u, _)| *u == unit) {
+                    ours.insert(*id, *len);
+                }
+            }
+            let mut ids: Vec<&EntryId> = ours.keys().chain(theirs.keys()).collect();
+            ids.sort();
+            ids.dedup();
+            for id in ids {
+                let (a, b) = (ours.get(id), theirs.get(id));
+                if a == b {
+                    continue;
+                }
+                let show = |x: Option<&u64>| x.map_or("no chunk file".to_string(), |l| format!("{l} bytes"));
+                out.push(
+                    Problem::new(
+                        Kind::BuddyMismatch,
+                        *id,
+                        format!("buddy group {g}"),
+                        format!("primary copy: {}, secondary (target {sec}): {}", show(a), show(b)),
+                        Fix::ResyncGroup(*g),
+                    )
+                    .on_target(unit),
+                );
+            }
+        }
         for p in &mut out {
             if p.path.is_none() && p.kind != Kind::DanglingDentry && p.kind != Kind::OrphanedChunk {
                 if let Some(id) = EntryId::parse(&p.entry) {
@@ -489,6 +536,49 @@ mod tests {
         let orphans: Vec<_> = ps.iter().filter(|p| p.kind == Kind::OrphanedChunk).map(|p| p.fix.clone()).collect();
         assert_eq!(orphans, vec![Fix::UnlinkChunk(TargetId(1).into(), id(7)), Fix::UnlinkChunk(g(3), id(9))]);
         assert!(ps.iter().any(|p| p.kind == Kind::SizeMismatch && p.entry == id(7).to_string()), "{ps:?}");
+
+        // The secondary's copy against the primary's: equal is clean; a length or a file off is found.
+        let mut c = healthy();
+        let p = Pattern::new(PatternKind::BuddyMirror, 4096, vec![TargetId(1)]).unwrap();
+        c.add_inode(
+            N,
+            FsckInode {
+                id: id(7),
+                kind: FileKind::File,
+                nlink: 1,
+                size: 10,
+                pattern: Some(p),
+                parent: None,
+                open: false,
+            },
+        );
+        c.add_dentry(N, dentry(EntryId::ROOT, "m", id(7), FileKind::File));
+        c.add_chunk(g(1), id(7), 10);
+        c.add_secondary_chunk(BuddyGroupId(1), TargetId(4), id(7), 10);
+        assert!(c.finish().is_empty());
+        let mut c = healthy();
+        let p = Pattern::new(PatternKind::BuddyMirror, 4096, vec![TargetId(1)]).unwrap();
+        c.add_inode(
+            N,
+            FsckInode {
+                id: id(7),
+                kind: FileKind::File,
+                nlink: 1,
+                size: 10,
+                pattern: Some(p),
+                parent: None,
+                open: false,
+            },
+        );
+        c.add_dentry(N, dentry(EntryId::ROOT, "m", id(7), FileKind::File));
+        c.add_chunk(g(1), id(7), 10);
+        c.add_secondary_chunk(BuddyGroupId(1), TargetId(4), id(7), 9);
+        c.add_secondary_chunk(BuddyGroupId(1), TargetId(4), id(9), 1);
+        let ps = c.finish();
+        let bm: Vec<_> = ps.iter().filter(|p| p.kind == Kind::BuddyMismatch).collect();
+        assert_eq!(bm.len(), 2, "{ps:?}");
+        assert!(bm.iter().all(|p| p.fix == Fix::ResyncGroup(BuddyGroupId(1))), "{bm:?}");
+        assert!(bm[0].detail.contains("primary copy: 10 bytes, secondary (target 4): 9 bytes"), "{}", bm[0].detail);
     }
 
     #[test]

@@ -43,6 +43,17 @@ pub async fn repair(nodes: &Nodes, problems: &[Problem]) -> Vec<Repair> {
                     .map_err(|e| format!("buddy group {g}: {e}")),
                 None => Err(format!("buddy group {g} is not registered")),
             },
+            // The primary's copy is the good one: a full resync copies it over the secondary's.
+            Fix::ResyncGroup(g) => match nodes.mgmt_secondary(*g) {
+                Some((mgmt, member)) => {
+                    let state = hivefs_proto::Consistency::Bad;
+                    mgmt.rpc(&Request::SetMemberState { group: *g, epoch: None, member, state })
+                        .await
+                        .map(|_| format!("full resync of buddy group {g} from its primary requested"))
+                        .map_err(|e| format!("buddy group {g}: {e}"))
+                }
+                None => Err(format!("buddy group {g}: no secondary to resync")),
+            },
             Fix::Meta(n, fix) => match nodes.metas.iter().find(|x| x.0 == *n) {
                 Some((_, pool)) => match pool.rpc(&Request::FsckFix { fix: fix.clone() }).await {
                     Ok(Reply::FsckFixed(m)) => Ok(m),

@@ -20,6 +20,18 @@ pub struct Nodes {
     pub(crate) targets: Vec<(TargetId, Pool)>,
     /// Storage buddy groups: the mirroring header and the way to the primary.
     pub(crate) groups: Vec<(BuddyGroupId, Envelope, TargetId, Pool)>,
+    /// Storage buddy groups' secondaries: a checking header and the way to the secondary.
+    pub(crate) secondaries: Vec<(BuddyGroupId, Envelope, TargetId, Pool)>,
+    /// mgmtd, for repairs of buddy groups.
+    pub(crate) mgmtd: Option<Pool>,
+}
+
+impl Nodes {
+    /// mgmtd and the secondary of storage buddy group `g` (for a resync request).
+    pub(crate) fn mgmt_secondary(&self, g: BuddyGroupId) -> Option<(&Pool, u32)> {
+        let member = self.secondaries.iter().find(|s| s.0 == g)?.2 .0;
+        Some((self.mgmtd.as_ref()?, member))
+    }
 }
 
 impl Nodes {
@@ -77,7 +89,19 @@ impl Nodes {
             return Err(FsckError::Reply(format!("mgmtd {mgmtd}: unexpected reply to ListGroups")));
         };
         let mut groups = Vec::new();
+        let mut secondaries = Vec::new();
         for g in gs {
+            let secondary = TargetId(g.secondary);
+            // A secondary that misses changes is not compared: its resync is pending.
+            if g.secondary_state == hivefs_proto::Consistency::Good {
+                if let Some(a) = addrs.get(&secondary) {
+                    let env = Envelope {
+                        mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Check }),
+                        ..Envelope::default()
+                    };
+                    secondaries.push((g.id, env, secondary, Pool::new(a.clone(), cfg.clone())));
+                }
+            }
             let primary = TargetId(g.primary);
             let pool = addrs.get(&primary).map(|a| Pool::new(a.clone(), cfg.clone())).ok_or_else(|| {
                 FsckError::Cluster(format!("buddy group {}: its primary target {primary} is unknown", g.id))
@@ -88,7 +112,7 @@ impl Nodes {
             };
             groups.push((g.id, env, primary, pool));
         }
-        Ok(Nodes { metas, targets: ts, groups })
+        Ok(Nodes { metas, targets: ts, groups, secondaries, mgmtd: Some(Pool::new(mgmtd.to_string(), cfg.clone())) })
     }
 }
 
@@ -173,6 +197,27 @@ async fn walk(
             after = chunks.last().map(|x| x.0);
             for (id, len) in chunks {
                 c.add_chunk(StripeUnit::Group(*g), id, len);
+            }
+            progress(c.scanned);
+            if !more || after.is_none() {
+                break;
+            }
+        }
+    }
+    // The secondaries' copies, compared with the primaries'.
+    for (g, env, secondary, pool) in &nodes.secondaries {
+        let mut after = None;
+        loop {
+            let req = Request::ListChunks { target: *secondary, after, max: PAGE };
+            let r = pool.rpc_with(env, &req).await;
+            let Reply::Chunks { chunks, more } =
+                r.map_err(|e| FsckError::call(format!("listing the secondary copy of buddy group {g}"), e))?
+            else {
+                return Err(FsckError::Reply(format!("buddy group {g}: unexpected reply to ListChunks")));
+            };
+            after = chunks.last().map(|x| x.0);
+            for (id, len) in chunks {
+                c.add_secondary_chunk(*g, *secondary, id, len);
             }
             progress(c.scanned);
             if !more || after.is_none() {

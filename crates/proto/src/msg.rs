@@ -172,6 +172,8 @@ pub enum MirrorRole {
     Forward,
     /// The primary to its secondary: a chunk file being resynced.
     Resync,
+    /// `hivefs fsck` reading either member's copy (reads and listings only).
+    Check,
 }
 
 /// Kind of a buddy group's members.

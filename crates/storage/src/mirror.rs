@@ -492,6 +492,7 @@ pub(crate) async fn handle(ready: &Ready, h: MirrorHdr, mut req: Request, payloa
     let r = match h.role {
         MirrorRole::Client => as_primary(ready, h, &mut req, payload).await,
         MirrorRole::Forward | MirrorRole::Resync => as_secondary(ready, h, req, payload).await,
+        MirrorRole::Check => as_member(ready, h, req, payload).await,
     };
     match r {
         Ok(answer) => answer,
@@ -572,6 +573,25 @@ async fn as_primary(ready: &Ready, h: MirrorHdr, req: &mut Request, payload: Byt
         tm.mark_dirty(&entries)?;
     }
     Ok(ready.apply(req.clone(), payload, true).await)
+}
+
+/// `hivefs fsck` reads this member's own copy, whatever its role.
+async fn as_member(ready: &Ready, h: MirrorHdr, mut req: Request, payload: Bytes) -> FsResult<(Response, Vec<u8>)> {
+    let m = &ready.mirror;
+    let target = target_of(&mut req)?;
+    if changes(&req) {
+        return Err(fs_err!(Invalid, "{} changes a chunk file: not a check", req.name()));
+    }
+    let g = m.group(h.group, h.epoch).await?;
+    if !(g.primary == target.0 || g.secondary == target.0) || !m.targets.contains_key(&target) {
+        return Err(fs_err!(
+            Unavailable,
+            "storage target {target} (node {}) is not a member of buddy group {}",
+            m.node,
+            g.id
+        ));
+    }
+    Ok(ready.apply(req, payload, true).await)
 }
 
 /// The secondary missed (or may have missed) a change of `entries`: they
