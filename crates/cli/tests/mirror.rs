@@ -338,3 +338,27 @@ fn an_interrupted_resync_goes_on_after_the_next_return() {
     let out = hivefs(&["fsck", "--mount", m]);
     assert!(out.status.success(), "fsck after the repair: {}", String::from_utf8_lossy(&out.stdout));
 }
+
+#[test]
+fn a_full_secondary_degrades_its_group_and_writes_go_on() {
+    let fs = TestFs::up(&["--storage", "2", "--targets-per-storage", "1", "--mirror"]);
+    let m = fs.mnt_s();
+    let sec = groups(m)[0]["secondary"]["id"].as_u64().unwrap();
+    // The secondary's mirrored chunk files on an 8 MiB file system.
+    let chunks = fs.target_dirs()[&sec].join("mirror/chunks");
+    let st = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"]).arg(&chunks).status();
+    assert!(st.unwrap().success());
+    let data = random_bytes(40, 32 << 20);
+    std::fs::write(fs.path("big"), &data).expect("a write goes on when the secondary's disk is full");
+    assert_eq!(std::fs::read(fs.path("big")).unwrap(), data);
+    let g = &groups(m)[0];
+    assert_eq!(g["secondary"]["state"], "needs-resync", "{g}");
+    assert_eq!(g["epoch"], 0, "no switch: the primary lives");
+    // Space again: the secondary is resynced.
+    let st = std::process::Command::new("umount").arg("-l").arg(&chunks).status();
+    assert!(st.unwrap().success());
+    wait_for("the resync after space came back", Duration::from_secs(60), || {
+        groups(m)[0]["secondary"]["state"] == "good"
+    });
+    assert_eq!(assert_buddies_equal(&fs, m), vec![1]);
+}
