@@ -24,10 +24,10 @@ pub trait DataTargets: Send + Sync + 'static {
     fn low_candidates(&self, _pool: PoolId) -> Vec<(TargetId, NodeId, u64)> {
         Vec::new()
     }
-    /// Storage buddy groups of `pool` whose members are both online, in the
-    /// normal capacity pool (`low`: in the low one), usable for mirrored
-    /// files: `(group id as a stripe id, the primary's server, free bytes of
-    /// the fuller member)`.
+    /// Storage buddy groups of `pool` usable for mirrored files: both members
+    /// online with room (`low`: only the primary online with room, or a member
+    /// low on space); `(group id as a stripe id, the primary's server, free
+    /// bytes of the fuller member)`.
     fn group_candidates(&self, _pool: PoolId, _low: bool) -> Vec<(TargetId, NodeId, u64)> {
         Vec::new()
     }
@@ -96,22 +96,25 @@ impl DataTargets for ClusterTargets {
 
     fn group_candidates(&self, pool: PoolId, low: bool) -> Vec<(TargetId, NodeId, u64)> {
         let view = self.cluster.view();
-        let want = if low { CapacityPool::Low } else { CapacityPool::Normal };
         view.groups
             .values()
             .filter(|g| g.kind == hivefs_proto::GroupKind::Storage)
             .filter_map(|g| {
                 let p = view.targets.get(&TargetId(g.primary))?;
-                let s = view.targets.get(&TargetId(g.secondary))?;
-                let online = p.reachability == Reachability::Online && s.reachability == Reachability::Online;
-                (p.pool == pool && online && p.capacity_pool.max(s.capacity_pool) == want)
-                    .then(|| (TargetId(g.id.0), p.node, p.capacity.free_bytes.min(s.capacity.free_bytes)))
+                let s = view.targets.get(&TargetId(g.secondary));
+                let both = s.is_some_and(|s| s.reachability == Reachability::Online);
+                let worst = s.map_or(p.capacity_pool, |s| p.capacity_pool.max(s.capacity_pool));
+                // Normal: both members online with room. Low: the rest whose primary
+                // is online with room (a degraded group still takes new files: a
+                // create must not fail while one buddy lives).
+                let normal = both && worst == CapacityPool::Normal;
+                let usable = p.reachability == Reachability::Online && p.capacity_pool != CapacityPool::Emergency;
+                (p.pool == pool && usable && normal != low).then(|| {
+                    let free = s.map_or(p.capacity.free_bytes, |s| p.capacity.free_bytes.min(s.capacity.free_bytes));
+                    (TargetId(g.id.0), p.node, free)
+                })
             })
             .collect()
-    }
-
-    fn low_candidates(&self, pool: PoolId) -> Vec<(TargetId, NodeId, u64)> {
-        self.online(pool, CapacityPool::Low)
     }
 
     fn refresh(&self) -> BoxFut<FsResult<()>> {
