@@ -94,6 +94,10 @@ impl DataTargets for ClusterTargets {
         self.online(pool, CapacityPool::Normal)
     }
 
+    fn low_candidates(&self, pool: PoolId) -> Vec<(TargetId, NodeId, u64)> {
+        self.online(pool, CapacityPool::Low)
+    }
+
     fn group_candidates(&self, pool: PoolId, low: bool) -> Vec<(TargetId, NodeId, u64)> {
         let view = self.cluster.view();
         view.groups
