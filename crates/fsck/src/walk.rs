@@ -155,6 +155,35 @@ pub struct Checked {
     pub pending: Vec<Pending>,
 }
 
+/// Every chunk file `target` lists (with `env`: a buddy group's mirrored
+/// ones), page by page, each handed to `add`; `what` names the source in errors.
+async fn list_chunks(
+    pool: &Pool,
+    env: &Envelope,
+    target: TargetId,
+    what: &str,
+    c: &mut Checker,
+    progress: &mut (dyn FnMut(u64) + Send),
+    add: impl Fn(&mut Checker, EntryId, u64),
+) -> Result<()> {
+    let mut after = None;
+    loop {
+        let r = pool.rpc_with(env, &Request::ListChunks { target, after, max: PAGE }).await;
+        let Reply::Chunks { chunks, more } = r.map_err(|e| FsckError::call(format!("listing chunks of {what}"), e))?
+        else {
+            return Err(FsckError::Reply(format!("{what}: unexpected reply to ListChunks")));
+        };
+        after = chunks.last().map(|x| x.0);
+        for (id, len) in chunks {
+            add(c, id, len);
+        }
+        progress(c.scanned);
+        if !more || after.is_none() {
+            return Ok(());
+        }
+    }
+}
+
 /// One walk: every target's chunk files, then every metadata node's disposal
 /// records, inodes and dentries, page by page; `progress` hears the number of
 /// records scanned so far after each page.
@@ -164,66 +193,22 @@ async fn walk(
     progress: &mut (dyn FnMut(u64) + Send),
 ) -> Result<(Vec<Problem>, u64)> {
     let mut c = Checker::with_wanted(want);
+    let plain = Envelope::default();
     for (t, pool) in &nodes.targets {
-        let mut after = None;
-        loop {
-            let r = pool.rpc(&Request::ListChunks { target: *t, after, max: PAGE }).await;
-            let Reply::Chunks { chunks, more } =
-                r.map_err(|e| FsckError::call(format!("listing chunks of target {t}"), e))?
-            else {
-                return Err(FsckError::Reply(format!("target {t}: unexpected reply to ListChunks")));
-            };
-            after = chunks.last().map(|x| x.0);
-            for (id, len) in chunks {
-                c.add_chunk(*t, id, len);
-            }
-            progress(c.scanned);
-            if !more || after.is_none() {
-                break;
-            }
-        }
+        let what = format!("target {t}");
+        list_chunks(pool, &plain, *t, &what, &mut c, progress, |c, id, len| c.add_chunk(*t, id, len)).await?;
     }
     // Mirrored chunk files, from each group's primary.
     for (g, env, primary, pool) in &nodes.groups {
-        let mut after = None;
-        loop {
-            let req = Request::ListChunks { target: *primary, after, max: PAGE };
-            let r = pool.rpc_with(env, &req).await;
-            let Reply::Chunks { chunks, more } =
-                r.map_err(|e| FsckError::call(format!("listing chunks of buddy group {g}"), e))?
-            else {
-                return Err(FsckError::Reply(format!("buddy group {g}: unexpected reply to ListChunks")));
-            };
-            after = chunks.last().map(|x| x.0);
-            for (id, len) in chunks {
-                c.add_chunk(StripeUnit::Group(*g), id, len);
-            }
-            progress(c.scanned);
-            if !more || after.is_none() {
-                break;
-            }
-        }
+        let what = format!("buddy group {g}");
+        let unit = StripeUnit::Group(*g);
+        list_chunks(pool, env, *primary, &what, &mut c, progress, |c, id, len| c.add_chunk(unit, id, len)).await?;
     }
     // The secondaries' copies, compared with the primaries'.
-    for (g, env, secondary, pool) in &nodes.secondaries {
-        let mut after = None;
-        loop {
-            let req = Request::ListChunks { target: *secondary, after, max: PAGE };
-            let r = pool.rpc_with(env, &req).await;
-            let Reply::Chunks { chunks, more } =
-                r.map_err(|e| FsckError::call(format!("listing the secondary copy of buddy group {g}"), e))?
-            else {
-                return Err(FsckError::Reply(format!("buddy group {g}: unexpected reply to ListChunks")));
-            };
-            after = chunks.last().map(|x| x.0);
-            for (id, len) in chunks {
-                c.add_secondary_chunk(*g, *secondary, id, len);
-            }
-            progress(c.scanned);
-            if !more || after.is_none() {
-                break;
-            }
-        }
+    for (g, env, sec, pool) in &nodes.secondaries {
+        let what = format!("the secondary copy of buddy group {g}");
+        list_chunks(pool, env, *sec, &what, &mut c, progress, |c, id, len| c.add_secondary_chunk(*g, *sec, id, len))
+            .await?;
     }
     let meta_err = |n: &NodeId, what: &str, e| FsckError::call(format!("scanning {what} of metadata node {n}"), e);
     for (n, pool) in &nodes.metas {

@@ -487,10 +487,10 @@ fn is_chunk_io(req: &Request) -> bool {
 }
 
 /// A chunk request carrying a mirroring header.
-pub(crate) async fn handle(ready: &Ready, h: MirrorHdr, mut req: Request, payload: Vec<u8>) -> (Response, Vec<u8>) {
+pub(crate) async fn handle(ready: &Ready, h: MirrorHdr, req: Request, payload: Vec<u8>) -> (Response, Vec<u8>) {
     let payload = Bytes::from(payload);
     let r = match h.role {
-        MirrorRole::Client => as_primary(ready, h, &mut req, payload).await,
+        MirrorRole::Client => as_primary(ready, h, req, payload).await,
         MirrorRole::Forward | MirrorRole::Resync => as_secondary(ready, h, req, payload).await,
         MirrorRole::Check => as_member(ready, h, req, payload).await,
     };
@@ -507,9 +507,9 @@ fn target_of(req: &mut Request) -> FsResult<TargetId> {
     req.chunk_target_mut().map(|t| *t).ok_or_else(|| fs_err!(Invalid, "{} names no target", req.name()))
 }
 
-async fn as_primary(ready: &Ready, h: MirrorHdr, req: &mut Request, payload: Bytes) -> FsResult<(Response, Vec<u8>)> {
+async fn as_primary(ready: &Ready, h: MirrorHdr, mut req: Request, payload: Bytes) -> FsResult<(Response, Vec<u8>)> {
     let m = &ready.mirror;
-    let target = target_of(req)?;
+    let target = target_of(&mut req)?;
     let g = m.group(h.group, h.epoch).await?;
     let Some(tm) = m.targets.get(&target).filter(|_| g.primary == target.0).cloned() else {
         return Err(fs_err!(
@@ -529,10 +529,10 @@ async fn as_primary(ready: &Ready, h: MirrorHdr, req: &mut Request, payload: Byt
             g.id
         ));
     }
-    if !changes(req) {
-        return Ok(ready.apply(req.clone(), payload, true).await);
+    if !changes(&req) {
+        return Ok(ready.apply(req, payload, true).await);
     }
-    let entries = entries_of(req);
+    let entries = entries_of(&req);
     let mut guards = Vec::with_capacity(entries.len());
     let mut stripes: Vec<usize> = entries.iter().map(|e| usize::from(e.hash_dir()) % LOCK_STRIPES).collect();
     stripes.sort_unstable();
@@ -557,7 +557,7 @@ async fn as_primary(ready: &Ready, h: MirrorHdr, req: &mut Request, payload: Byt
         };
         match sent {
             Ok(_) => {
-                let (r, data) = ready.apply(req.clone(), payload, true).await;
+                let (r, data) = ready.apply(req, payload, true).await;
                 if let Err(e) = &r {
                     // The secondary has the change, this copy does not: make them equal again.
                     warn!(group = %g.id, %target, "local change failed after the secondary took it: {e}");
@@ -572,7 +572,7 @@ async fn as_primary(ready: &Ready, h: MirrorHdr, req: &mut Request, payload: Byt
     } else {
         tm.mark_dirty(&entries)?;
     }
-    Ok(ready.apply(req.clone(), payload, true).await)
+    Ok(ready.apply(req, payload, true).await)
 }
 
 /// `hivefs fsck` reads this member's own copy, whatever its role.
