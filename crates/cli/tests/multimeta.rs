@@ -15,7 +15,6 @@ use common::*;
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const UP: &[&str] = &["--meta", "3", "--storage", "1", "--targets-per-storage", "1"];
@@ -52,29 +51,11 @@ fn assert_fsck_clean(fs: &TestFs) {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let o = hivefs(&["fsck", "--mount", fs.mnt_s()]);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "fsck not clean:\n{}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    fs.assert_fsck_clean();
 }
 
 fn meta_dead(fs: &TestFs) -> Option<String> {
     (1..=3).map(|i| format!("meta{i}")).find(|s| !fs.alive(s))
-}
-
-/// Restarts the file system with every metadata service armed to abort at `hook`.
-fn arm(fs: &TestFs, hook: &str) {
-    fs.down();
-    let o = Command::new(hivefs_bin())
-        .args(["up", "--dir", fs.dir_s()])
-        .env("HIVEFS_CRASH_AT", hook)
-        .output()
-        .expect("run hivefs up");
-    assert!(o.status.success(), "up with {hook}: {}", String::from_utf8_lossy(&o.stderr));
 }
 
 /// Runs `op` on a file system armed with `hook`. Returns the op's result
@@ -84,7 +65,7 @@ fn crash_case<T: Send + 'static>(
     hook: &str,
     op: impl FnOnce() -> std::io::Result<T> + Send + 'static,
 ) -> (std::io::Result<T>, Option<String>) {
-    arm(fs, hook);
+    fs.arm(hook);
     let t = std::thread::spawn(op);
     let start = Instant::now();
     let crashed = loop {

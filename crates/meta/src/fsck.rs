@@ -14,7 +14,7 @@
 
 use crate::ops::{load_dentry, load_inode, Ctx};
 use crate::store::{child_key, decode, encode, get_record, id_key, Dentry, Disposal, DisposalState, Inode};
-use crate::store::{q, OpError, OpResult, ReadTables, Tables};
+use crate::store::{q, Kv, OpError, OpResult, ReadTables, Tables};
 use hivefs_proto::{FsckDentry, FsckDisposal, FsckFix, FsckInode, Reply};
 use hivefs_types::attr::FileKind;
 use hivefs_types::fs_err;
@@ -44,16 +44,17 @@ pub fn scan_dentries(t: &ReadTables, after: Option<(EntryId, Vec<u8>)>, max: u32
     let max = page_len(max);
     let start = after.map(|(p, n)| child_key(p, &n));
     let mut out = Vec::new();
-    for r in t.dentries.range::<&[u8]>(bounds(&start))? {
+    for r in t.dentries.range_from(bounds(&start).0)? {
         let (k, v) = r?;
         if out.len() == max {
             return Ok((out, true));
         }
-        let k = k.value();
+        let k = k.as_slice();
         let parent = EntryId::from_bytes(&k[..EntryId::LEN.min(k.len())])
             .ok_or_else(|| OpError::Fatal(format!("dentry key of {} bytes", k.len())))?;
         let name = k[EntryId::LEN..].to_vec();
-        let d: Dentry = decode("dentry", format_args!("{parent}/{}", q(&name)), v.value()).map_err(OpError::Fatal)?;
+        let d: Dentry =
+            decode("dentry", format_args!("{parent}/{}", q(&name)), v.as_slice()).map_err(OpError::Fatal)?;
         out.push(FsckDentry { parent, name, id: d.id, kind: d.kind, owner: d.owner });
     }
     Ok((out, false))
@@ -69,14 +70,14 @@ pub fn scan_inodes(
     let max = page_len(max);
     let start = after.map(|a| a.to_bytes().to_vec());
     let mut out = Vec::new();
-    for r in t.inodes.range::<&[u8]>(bounds(&start))? {
+    for r in t.inodes.range_from(bounds(&start).0)? {
         let (k, v) = r?;
         if out.len() == max {
             return Ok((out, true));
         }
-        let id = EntryId::from_bytes(k.value())
-            .ok_or_else(|| OpError::Fatal(format!("inode key of {} bytes", k.value().len())))?;
-        let i: Inode = decode("inode", id, v.value()).map_err(OpError::Fatal)?;
+        let id = EntryId::from_bytes(k.as_slice())
+            .ok_or_else(|| OpError::Fatal(format!("inode key of {} bytes", k.as_slice().len())))?;
+        let i: Inode = decode("inode", id, v.as_slice()).map_err(OpError::Fatal)?;
         out.push(FsckInode {
             id,
             kind: i.kind,
@@ -272,13 +273,8 @@ pub mod offline {
 
     fn edit(dir: &Path, f: impl FnOnce(&mut Tables<'_>) -> OpResult<()>) -> Result<(), String> {
         let path = dir.join(crate::DB_FILE);
-        let store = Store::open(&path, true).map_err(|e| e.to_string())?;
-        let txn = store.db.begin_write().map_err(|e| format!("{}: {e}", path.display()))?;
-        {
-            let mut t = Tables::open(&txn).map_err(|e| format!("{}: {e:?}", path.display()))?;
-            f(&mut t).map_err(|e| format!("{}: {e:?}", path.display()))?;
-        }
-        txn.commit().map_err(|e| format!("{}: {e}", path.display()))
+        let mut store = Store::open(&path, true).map_err(|e| e.to_string())?;
+        store.edit(f)
     }
 
     /// Removes the dentry `parent/name` (its inode stays: an orphan).

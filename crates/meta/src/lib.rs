@@ -3,18 +3,19 @@
 //! Owns the part of the namespace stored on this node: directories, their
 //! entries, inodes, extended attributes, stripe settings and the choice of
 //! storage targets for new files; the count of open handles; and the deletion
-//! of removed files' chunk files on the storage targets. The store is redb
-//! (`meta.redb` in the data dir; key schema in [`store`] and
-//! `docs/design-meta.md`); every mutation goes through one writer that commits
-//! many operations per transaction (group commit, [`writer`]) and answers only
-//! after the commit.
+//! of removed files' chunk files on the storage targets. Records are served
+//! from memory layers over a redb checkpoint store (`meta.redb` in the data
+//! dir; key schema in [`store`] and `docs/design-meta.md`); every mutation
+//! goes through one writer that journals many operations as one record
+//! (group commit, [`writer`], `store::journal`) and answers only after the
+//! append; background checkpoints move the changes into `meta.redb`.
 //!
 //! It must not hold file contents (storage targets do), decide node or target
 //! states (mgmtd does), check permission bits (the kernel does, with
 //! `default_permissions`), or map errors to errno (the FUSE crate does).
 //!
 //! Layout, each module using only those before it: `store` (records, keys,
-//! the tables of a transaction, opening) → `ops` (POSIX rules of one node
+//! the journal, the memory layers of a batch, checkpoints, opening) → `ops` (POSIX rules of one node
 //! over one transaction) → `cross` (the transactions of operations that
 //! touch two metadata nodes) and `fsck` (scans and repairs) → `leases`,
 //! `locks` (client state in memory) → `writer` (group commit of `ops`,
@@ -65,7 +66,7 @@ pub const MGMTD_DEADLINE: Duration = Duration::from_secs(30);
 #[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
-    /// Data dir: `node.toml`, `meta.redb`.
+    /// Data dir: `node.toml`, `meta.redb`, `journal/`.
     pub dir: PathBuf,
     /// Address to listen on.
     pub listen: String,
@@ -75,10 +76,16 @@ pub struct Config {
     pub mgmtd: String,
     /// Shared secret file; `None` disables authentication.
     pub secret_file: Option<PathBuf>,
-    /// fsync (via group commit) before acknowledging. With `false` (the
-    /// default), an acknowledged operation survives `kill -9` of the service,
-    /// not a power loss — as file data that was not fsynced.
+    /// fdatasync the journal (one per group commit) before acknowledging.
+    /// With `false` (the default), an acknowledged operation survives
+    /// `kill -9` of the service, not a power loss — as file data that was
+    /// not fsynced.
     pub sync: bool,
+    /// Journal bytes after which a background checkpoint writes the
+    /// changed records into `meta.redb` and deletes the journal segments
+    /// (at least 65536). Bounds the memory of changed records and the
+    /// replay at start; a filling disk checkpoints earlier.
+    pub checkpoint_bytes: u64,
     pub heartbeat_interval_ms: u64,
     /// How often the cluster view (targets for new files) is refreshed.
     pub target_refresh_ms: u64,
@@ -108,6 +115,7 @@ impl Default for Config {
             mgmtd: "127.0.0.1:8008".into(),
             secret_file: None,
             sync: false,
+            checkpoint_bytes: store::log::DEFAULT_CHECKPOINT_BYTES,
             heartbeat_interval_ms: 1000,
             target_refresh_ms: 2000,
             min_free_bytes: 64 << 20,
@@ -302,7 +310,8 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
     let mut identity =
         NodeIdentity::load_or_create(&dir).map_err(|source| MetaError::DataDir { path: dir.clone(), source })?;
     // Opened before binding: a second service on the same data dir fails here.
-    let store = store::Store::open_with_cache(&dir.join(DB_FILE), cfg.sync, cfg.store_cache_bytes)?;
+    let mut store = store::Store::open_with_cache(&dir.join(DB_FILE), cfg.sync, cfg.store_cache_bytes)?;
+    store.log.checkpoint_bytes = cfg.checkpoint_bytes;
     let pools = Pools::new(ClientConfig::new(secret.clone()));
     let cluster = Cluster::new(&cfg.mgmtd, pools);
     let handler =

@@ -12,6 +12,7 @@
 //! [`OpError::Fs`] only before its first write**. All checks read first; the
 //! writes follow. A store failure ([`OpError::Fatal`]) aborts the whole batch.
 
+use crate::store::Kv;
 use crate::store::{
     child_key, decode, get_record, id_key, load_dirx, put_dirx, q, scan_children, Dentry, DirExtra, Disposal,
     DisposalState, Inode, OpError, OpResult, ReadTables, Tables,
@@ -23,7 +24,6 @@ use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, NodeId};
 use hivefs_types::pattern::{validate_chunk_size, DirPattern, Pattern};
 use hivefs_types::{NAME_MAX, PATH_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX};
-use redb::ReadableTable;
 
 /// Largest page `ReadDir` returns, whatever the client asks for.
 pub const READDIR_MAX: u32 = 1024;
@@ -196,16 +196,16 @@ fn check_xattr_name(name: &[u8]) -> FsResult<()> {
     Ok(())
 }
 
-pub fn load_inode<T: ReadableTable<&'static [u8], &'static [u8]>>(t: &T, id: EntryId) -> OpResult<Option<Inode>> {
+pub fn load_inode<T: Kv>(t: &T, id: EntryId) -> OpResult<Option<Inode>> {
     get_record(t, "inode", id)
 }
 
-pub(crate) fn inode(t: &impl ReadableTable<&'static [u8], &'static [u8]>, id: EntryId) -> OpResult<Inode> {
+pub(crate) fn inode(t: &impl Kv, id: EntryId) -> OpResult<Inode> {
     load_inode(t, id)?.ok_or_else(|| OpError::Fs(fs_err!(NotFound, "entry {id} not found on this metadata node")))
 }
 
 /// The inode of a directory, or NotFound / NotDir.
-pub(crate) fn dir_inode(t: &impl ReadableTable<&'static [u8], &'static [u8]>, id: EntryId) -> OpResult<Inode> {
+pub(crate) fn dir_inode(t: &impl Kv, id: EntryId) -> OpResult<Inode> {
     match load_inode(t, id)? {
         None => Err(fs_err!(NotFound, "directory {id} not found on this metadata node").into()),
         Some(i) if i.kind != FileKind::Dir => Err(fs_err!(NotDir, "{id} is not a directory").into()),
@@ -213,41 +213,28 @@ pub(crate) fn dir_inode(t: &impl ReadableTable<&'static [u8], &'static [u8]>, id
     }
 }
 
-pub fn load_dentry<T: ReadableTable<&'static [u8], &'static [u8]>>(
-    t: &T,
-    parent: EntryId,
-    name: &[u8],
-) -> OpResult<Option<Dentry>> {
+pub fn load_dentry<T: Kv>(t: &T, parent: EntryId, name: &[u8]) -> OpResult<Option<Dentry>> {
     match t.get(child_key(parent, name).as_slice())? {
         None => Ok(None),
         Some(v) => {
-            let d = decode("dentry", format_args!("{parent}/{}", q(name)), v.value()).map_err(OpError::Fatal)?;
+            let d = decode("dentry", format_args!("{parent}/{}", q(name)), v.as_slice()).map_err(OpError::Fatal)?;
             Ok(Some(d))
         }
     }
 }
 
-pub(crate) fn dentry(
-    t: &impl ReadableTable<&'static [u8], &'static [u8]>,
-    parent: EntryId,
-    name: &[u8],
-) -> OpResult<Dentry> {
+pub(crate) fn dentry(t: &impl Kv, parent: EntryId, name: &[u8]) -> OpResult<Dentry> {
     load_dentry(t, parent, name)?
         .ok_or_else(|| OpError::Fs(fs_err!(NotFound, "no entry {} in directory {parent}", q(name))))
 }
 
 /// The inode a dentry names: a dentry without inode is corruption.
-pub(crate) fn dentry_inode(
-    t: &impl ReadableTable<&'static [u8], &'static [u8]>,
-    parent: EntryId,
-    name: &[u8],
-    d: &Dentry,
-) -> OpResult<Inode> {
+pub(crate) fn dentry_inode(t: &impl Kv, parent: EntryId, name: &[u8], d: &Dentry) -> OpResult<Inode> {
     load_inode(t, d.id)?
         .ok_or_else(|| OpError::Fatal(format!("dentry {parent}/{} names inode {} that does not exist", q(name), d.id)))
 }
 
-pub(crate) fn is_empty_dir(t: &impl ReadableTable<&'static [u8], &'static [u8]>, id: EntryId) -> OpResult<bool> {
+pub(crate) fn is_empty_dir(t: &impl Kv, id: EntryId) -> OpResult<bool> {
     Ok(scan_children(t, id, None)?.next().transpose()?.is_none())
 }
 
@@ -976,9 +963,9 @@ fn recover_orphans(t: &mut Tables<'_>, ctx: &mut Ctx<'_>) -> OpResult<Reply> {
     let mut orphans = Vec::new();
     for r in t.disposal.iter()? {
         let (k, v) = r?;
-        let id = EntryId::from_bytes(k.value())
-            .ok_or_else(|| OpError::Fatal(format!("disposal key of {} bytes", k.value().len())))?;
-        let d: Disposal = decode("disposal", id, v.value()).map_err(OpError::Fatal)?;
+        let id = EntryId::from_bytes(k.as_slice())
+            .ok_or_else(|| OpError::Fatal(format!("disposal key of {} bytes", k.as_slice().len())))?;
+        let d: Disposal = decode("disposal", id, v.as_slice()).map_err(OpError::Fatal)?;
         match d.state {
             DisposalState::OpenUnlinked => orphans.push((id, d)),
             DisposalState::DeleteChunks => ctx.disposal_queued = true,
@@ -1060,15 +1047,15 @@ impl ReadTables<'_> {
     pub fn getxattr(&self, id: EntryId, name: &[u8]) -> OpResult<Vec<u8>> {
         check_xattr_name(name)?;
         inode(&self.inodes, id)?;
-        match self.xattr_table()?.get(child_key(id, name).as_slice())? {
-            Some(v) => Ok(v.value().to_vec()),
+        match self.xattrs.get(child_key(id, name).as_slice())? {
+            Some(v) => Ok(v),
             None => Err(fs_err!(NoData, "extended attribute {} of {id} does not exist", q(name)).into()),
         }
     }
 
     pub fn listxattr(&self, id: EntryId) -> OpResult<Vec<Vec<u8>>> {
         inode(&self.inodes, id)?;
-        Ok(scan_children(self.xattr_table()?, id, None)?.map(|r| r.map(|(n, _)| n)).collect::<Result<_, _>>()?)
+        scan_children(&self.xattrs, id, None)?.map(|r| r.map(|(n, _)| n)).collect::<Result<_, _>>()
     }
 
     /// Disposal records in id order, starting after `after`; at most `max`.
@@ -1079,11 +1066,11 @@ impl ReadTables<'_> {
             None => (std::ops::Bound::Unbounded, std::ops::Bound::Unbounded),
         };
         let mut out = Vec::new();
-        for r in self.disposal_table()?.range::<&[u8]>(bounds)? {
+        for r in self.disposal.range_from(bounds.0)? {
             let (k, v) = r?;
-            let id = EntryId::from_bytes(k.value())
-                .ok_or_else(|| OpError::Fatal(format!("disposal key of {} bytes", k.value().len())))?;
-            out.push((id, decode("disposal", id, v.value()).map_err(OpError::Fatal)?));
+            let id = EntryId::from_bytes(k.as_slice())
+                .ok_or_else(|| OpError::Fatal(format!("disposal key of {} bytes", k.as_slice().len())))?;
+            out.push((id, decode("disposal", id, v.as_slice()).map_err(OpError::Fatal)?));
             if out.len() >= max {
                 break;
             }
@@ -1092,6 +1079,6 @@ impl ReadTables<'_> {
     }
 
     pub fn disposal(&self, id: EntryId) -> OpResult<Option<Disposal>> {
-        get_record(self.disposal_table()?, "disposal", id)
+        get_record(&self.disposal, "disposal", id)
     }
 }

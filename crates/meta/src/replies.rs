@@ -45,12 +45,14 @@
 //! they are swept after minutes anyway. Only a record of this version that
 //! fails to decode is a store failure (as any corrupt record).
 
+use crate::store::mem::TableW;
+use crate::store::{Kv, OpError};
 use hivefs_proto::{OpId, Reply, Response};
 use hivefs_types::attr::{EntryAttr, FileKind, Timespec};
 use hivefs_types::error::{ErrorCode, FsError};
 use hivefs_types::ids::{EntryId, NodeId};
 use hivefs_types::pattern::{DirPattern, Pattern};
-use redb::{ReadableTable, Table, TableDefinition};
+use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
@@ -291,15 +293,32 @@ fn decode_value(op: &OpId, v: &[u8]) -> Result<Response, String> {
 }
 
 /// The recorded answer of `op`, if it was applied before.
-pub(crate) fn get(t: &impl ReadableTable<&'static [u8], &'static [u8]>, op: &OpId) -> Result<Option<Response>, String> {
-    let Some(v) = t.get(key(op.client, op.seq).as_slice()).map_err(|e| e.to_string())? else {
+pub(crate) fn get(t: &impl Kv, op: &OpId) -> Result<Option<Response>, String> {
+    let Some(v) = t.get(key(op.client, op.seq).as_slice()).map_err(err)? else {
         return Ok(None);
     };
-    decode_value(op, v.value()).map(Some)
+    decode_value(op, &v).map(Some)
 }
 
-/// Records the answer of `op` and forgets the client's confirmed ones.
-pub(crate) fn put(t: &mut Table<&[u8], &[u8]>, op: &OpId, now_ms: u64, r: &Response) -> Result<(), String> {
+fn err(e: OpError) -> String {
+    match e {
+        OpError::Fatal(m) => m,
+        OpError::Fs(e) => e.to_string(),
+    }
+}
+
+/// Clients whose removal floor is remembered before the map starts over.
+const FLOORS_MAX: usize = 100_000;
+
+/// Records the answer of `op` and forgets the client's confirmed ones
+/// (from `floors`' entry for the client on: below it they are gone).
+pub(crate) fn put(
+    t: &mut TableW<'_>,
+    op: &OpId,
+    now_ms: u64,
+    r: &Response,
+    floors: &mut std::collections::HashMap<u64, u64>,
+) -> Result<(), String> {
     let answer = answer_of(r).unwrap_or_else(|why| {
         warn!("client {:x} op {}: {why}; a retry of it will be answered with an internal error", op.client, op.seq);
         Answer::Error {
@@ -307,11 +326,16 @@ pub(crate) fn put(t: &mut Table<&[u8], &[u8]>, op: &OpId, now_ms: u64, r: &Respo
             message: format!("the first answer to this operation could not be recorded: {why}"),
         }
     });
-    t.insert(key(op.client, op.seq).as_slice(), encode_value(now_ms, &answer).as_slice()).map_err(|e| e.to_string())?;
+    t.insert(key(op.client, op.seq).as_slice(), encode_value(now_ms, &answer).as_slice()).map_err(err)?;
     let done = op.done_below.min(op.seq);
-    if done > 0 {
-        let (lo, hi) = (key(op.client, 0), key(op.client, done));
-        t.retain_in(lo.as_slice()..hi.as_slice(), |_, _| false).map_err(|e| e.to_string())?;
+    let floor = floors.get(&op.client).copied().unwrap_or(0);
+    if done > floor {
+        let (lo, hi) = (key(op.client, floor), key(op.client, done));
+        t.remove_range(lo.as_slice(), hi.as_slice()).map_err(err)?;
+        if floors.len() >= FLOORS_MAX {
+            floors.clear();
+        }
+        floors.insert(op.client, done);
     }
     Ok(())
 }
@@ -325,21 +349,21 @@ fn applied_at(v: &[u8]) -> u64 {
 
 /// Drops records older than [`KEEP_MS`], looking at most at a bounded
 /// number of records per call, from where the last sweep stopped.
-pub(crate) fn sweep(t: &mut Table<&[u8], &[u8]>, now_ms: u64, cursor: &mut Vec<u8>) -> Result<(), String> {
+pub(crate) fn sweep(t: &mut TableW<'_>, now_ms: u64, cursor: &mut Vec<u8>) -> Result<(), String> {
     let mut old = Vec::new();
     let mut next = None;
-    for (seen, item) in t.range(cursor.as_slice()..).map_err(|e| e.to_string())?.enumerate() {
-        let (k, v) = item.map_err(|e| e.to_string())?;
+    for (seen, item) in t.range_from(std::ops::Bound::Included(cursor.as_slice())).map_err(err)?.enumerate() {
+        let (k, v) = item.map_err(err)?;
         if seen == SWEEP_MAX {
-            next = Some(k.value().to_vec());
+            next = Some(k);
             break;
         }
-        if now_ms.saturating_sub(applied_at(v.value())) > KEEP_MS {
-            old.push(k.value().to_vec());
+        if now_ms.saturating_sub(applied_at(&v)) > KEEP_MS {
+            old.push(k);
         }
     }
     for k in old {
-        t.remove(k.as_slice()).map_err(|e| e.to_string())?;
+        t.remove(k.as_slice()).map_err(err)?;
     }
     *cursor = next.unwrap_or_default();
     Ok(())
@@ -351,10 +375,14 @@ mod tests {
     use hivefs_types::ids::{PoolId, TargetId};
     use hivefs_types::pattern::{Chooser, PatternKind};
 
-    fn db() -> (tempfile::TempDir, redb::Database) {
-        let d = tempfile::tempdir().unwrap();
-        let db = redb::Database::create(d.path().join("r.redb")).unwrap();
-        (d, db)
+    /// Runs `f` over the replies table of a fresh store's batch.
+    fn with_table<T>(f: impl FnOnce(&mut TableW<'_>) -> T) -> T {
+        let (_d, m) = crate::store::mem::test_mem();
+        m.batch(|t| Ok(f(&mut t.replies))).unwrap().0
+    }
+
+    fn floors() -> std::collections::HashMap<u64, u64> {
+        Default::default()
     }
 
     fn hex(b: &[u8]) -> String {
@@ -427,12 +455,11 @@ mod tests {
     }
 
     fn round_trip(r: &Response) -> Response {
-        let (_d, db) = db();
-        let txn = db.begin_write().unwrap();
-        let mut t = txn.open_table(REPLIES).unwrap();
-        let op = OpId { client: 0xab, seq: 4, done_below: 0 };
-        put(&mut t, &op, 1_000, r).unwrap();
-        get(&t, &op).unwrap().expect("recorded")
+        with_table(|t| {
+            let op = OpId { client: 0xab, seq: 4, done_below: 0 };
+            put(t, &op, 1_000, r, &mut floors()).unwrap();
+            get(t, &op).unwrap().expect("recorded")
+        })
     }
 
     #[test]
@@ -466,61 +493,58 @@ mod tests {
 
     #[test]
     fn records_of_another_version_answer_an_error_and_are_swept() {
-        let (_d, db) = db();
-        let txn = db.begin_write().unwrap();
-        let mut t = txn.open_table(REPLIES).unwrap();
-        let op = |seq| OpId { client: 0xc1, seq, done_below: 0 };
-        // Before versions: applied_at_ms BE ++ postcard(Response).
-        let mut old = 1_000u64.to_be_bytes().to_vec();
-        old.extend_from_slice(&hivefs_proto::encode_body(&Ok::<Reply, FsError>(Reply::Ok)));
-        t.insert(key(0xc1, 1).as_slice(), old.as_slice()).unwrap();
-        let mut newer = encode_value(1_000, &Answer::Ok);
-        newer[0] = 1;
-        t.insert(key(0xc1, 2).as_slice(), newer.as_slice()).unwrap();
-        for (seq, by) in [(1, "an older build without record versions"), (2, "record version 1")] {
-            let Some(Err(e)) = get(&t, &op(seq)).unwrap() else { panic!("op {seq} not an error answer") };
-            assert_eq!(e.code, ErrorCode::Io);
-            assert!(e.message.contains(&format!("client c1 op {seq} was recorded by {by}")), "{}", e.message);
-        }
-        // A record of this version that does not decode is a store failure.
-        t.insert(key(0xc1, 3).as_slice(), [RECORD_VERSION, 0, 0].as_slice()).unwrap();
-        assert!(get(&t, &op(3)).unwrap_err().contains("client c1 op 3 is truncated"));
-        t.insert(key(0xc1, 3).as_slice(), encode_value(1_000, &Answer::Ok)[..HEAD_LEN].to_vec().as_slice()).unwrap();
-        assert!(get(&t, &op(3)).unwrap_err().contains("reply record of client c1 op 3"));
-        // All are aged by their time.
-        let mut cursor = Vec::new();
-        sweep(&mut t, 1_000 + KEEP_MS, &mut cursor).unwrap();
-        assert!(get(&t, &op(1)).unwrap().is_some() && get(&t, &op(2)).unwrap().is_some());
-        sweep(&mut t, 1_001 + KEEP_MS, &mut cursor).unwrap();
-        assert_eq!(redb::ReadableTableMetadata::len(&t).unwrap(), 0);
+        with_table(|t| {
+            let op = |seq| OpId { client: 0xc1, seq, done_below: 0 };
+            // Before versions: applied_at_ms BE ++ postcard(Response).
+            let mut old = 1_000u64.to_be_bytes().to_vec();
+            old.extend_from_slice(&hivefs_proto::encode_body(&Ok::<Reply, FsError>(Reply::Ok)));
+            t.insert(key(0xc1, 1).as_slice(), old.as_slice()).unwrap();
+            let mut newer = encode_value(1_000, &Answer::Ok);
+            newer[0] = 1;
+            t.insert(key(0xc1, 2).as_slice(), newer.as_slice()).unwrap();
+            for (seq, by) in [(1, "an older build without record versions"), (2, "record version 1")] {
+                let Some(Err(e)) = get(t, &op(seq)).unwrap() else { panic!("op {seq} not an error answer") };
+                assert_eq!(e.code, ErrorCode::Io);
+                assert!(e.message.contains(&format!("client c1 op {seq} was recorded by {by}")), "{}", e.message);
+            }
+            // A record of this version that does not decode is a store failure.
+            t.insert(key(0xc1, 3).as_slice(), [RECORD_VERSION, 0, 0].as_slice()).unwrap();
+            assert!(get(t, &op(3)).unwrap_err().contains("client c1 op 3 is truncated"));
+            t.insert(key(0xc1, 3).as_slice(), encode_value(1_000, &Answer::Ok)[..HEAD_LEN].to_vec().as_slice())
+                .unwrap();
+            assert!(get(t, &op(3)).unwrap_err().contains("reply record of client c1 op 3"));
+            // All are aged by their time.
+            let mut cursor = Vec::new();
+            sweep(t, 1_000 + KEEP_MS, &mut cursor).unwrap();
+            assert!(get(t, &op(1)).unwrap().is_some() && get(t, &op(2)).unwrap().is_some());
+            sweep(t, 1_001 + KEEP_MS, &mut cursor).unwrap();
+            assert_eq!(t.iter().unwrap().count(), 0);
+        })
     }
 
     #[test]
     fn records_are_found_confirmed_ones_dropped_and_old_ones_swept() {
-        let (_d, db) = db();
-        let txn = db.begin_write().unwrap();
-        {
-            let mut t = txn.open_table(REPLIES).unwrap();
+        with_table(|t| {
+            let mut f = floors();
             let op = |seq, done_below| OpId { client: 7, seq, done_below };
-            put(&mut t, &op(1, 0), 1_000, &Ok(Reply::Ok)).unwrap();
+            put(t, &op(1, 0), 1_000, &Ok(Reply::Ok), &mut f).unwrap();
             let err: Response = Err(FsError::new(ErrorCode::Exists, "x"));
-            put(&mut t, &op(2, 1), 1_000, &err).unwrap();
-            assert_eq!(get(&t, &op(1, 0)).unwrap(), Some(Ok(Reply::Ok)));
-            assert_eq!(get(&t, &op(2, 0)).unwrap(), Some(err));
+            put(t, &op(2, 1), 1_000, &err, &mut f).unwrap();
+            assert_eq!(get(t, &op(1, 0)).unwrap(), Some(Ok(Reply::Ok)));
+            assert_eq!(get(t, &op(2, 0)).unwrap(), Some(err));
             // Op 3 confirms 1 and 2: they go; another client's records stay.
-            put(&mut t, &OpId { client: 8, seq: 1, done_below: 0 }, 1_000, &Ok(Reply::Ok)).unwrap();
-            put(&mut t, &op(3, 3), 2_000, &Ok(Reply::Ok)).unwrap();
-            assert_eq!(get(&t, &op(1, 0)).unwrap(), None);
-            assert_eq!(get(&t, &op(2, 0)).unwrap(), None);
-            assert!(get(&t, &op(3, 0)).unwrap().is_some());
-            assert!(get(&t, &OpId { client: 8, seq: 1, done_below: 0 }).unwrap().is_some());
+            put(t, &OpId { client: 8, seq: 1, done_below: 0 }, 1_000, &Ok(Reply::Ok), &mut f).unwrap();
+            put(t, &op(3, 3), 2_000, &Ok(Reply::Ok), &mut f).unwrap();
+            assert_eq!(get(t, &op(1, 0)).unwrap(), None);
+            assert_eq!(get(t, &op(2, 0)).unwrap(), None);
+            assert!(get(t, &op(3, 0)).unwrap().is_some());
+            assert!(get(t, &OpId { client: 8, seq: 1, done_below: 0 }).unwrap().is_some());
             // A sweep long after drops what is older than KEEP_MS only.
             let mut cursor = Vec::new();
-            sweep(&mut t, 1_500 + KEEP_MS, &mut cursor).unwrap();
-            assert!(get(&t, &OpId { client: 8, seq: 1, done_below: 0 }).unwrap().is_none());
-            assert!(get(&t, &op(3, 0)).unwrap().is_some());
+            sweep(t, 1_500 + KEEP_MS, &mut cursor).unwrap();
+            assert!(get(t, &OpId { client: 8, seq: 1, done_below: 0 }).unwrap().is_none());
+            assert!(get(t, &op(3, 0)).unwrap().is_some());
             assert!(cursor.is_empty(), "a sweep over a small table wraps around");
-        }
-        txn.commit().unwrap();
+        })
     }
 }

@@ -754,7 +754,7 @@ async fn xattrs() {
     // Removing the inode removes its xattrs.
     h.ok(unlink(ROOT, "f")).await;
     assert_eq!(h.code(Request::ListXattr { id: f.id }).await, ErrorCode::NotFound);
-    let left = h.ns().read(|t| Ok(scan_children(t.xattr_table()?, f.id, None)?.count())).unwrap();
+    let left = h.ns().read(|t| Ok(scan_children(&t.xattrs, f.id, None)?.count())).unwrap();
     assert_eq!(left, 0);
 }
 
@@ -1454,9 +1454,7 @@ fn kill9_loses_no_acknowledged_mutation() {
         assert!(acked.len() >= 3000, "child acknowledged only {}", acked.len());
         let ns = open_ns(dir.path(), FakeTargets::with_targets(4), Arc::new(AtomicI64::new(2)), sync);
         let names: HashSet<Vec<u8>> = ns
-            .read(|t| {
-                Ok(scan_children(&t.dentries, ROOT, None)?.map(|r| r.map(|(n, _)| n)).collect::<Result<_, _>>()?)
-            })
+            .read(|t| scan_children(&t.dentries, ROOT, None)?.map(|r| r.map(|(n, _)| n)).collect::<Result<_, _>>())
             .unwrap();
         let lost: Vec<&String> = acked.iter().filter(|n| !names.contains(n.as_bytes())).collect();
         assert!(

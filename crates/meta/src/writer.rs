@@ -1,16 +1,18 @@
 //! Group commit: the single writer of the metadata store.
 //!
-//! Owns the write side of the database. Every mutation is queued (bounded)
+//! Owns the write side of the records. Every mutation is queued (bounded)
 //! to one thread, which takes all queued mutations (up to [`BATCH_MAX`]),
-//! applies them in order in ONE write transaction (each sees the effects of
-//! the ones before it), commits once, and only then answers all of them. One
-//! fsync is thus shared by every operation that arrived while the previous
-//! commit was running. It must not be bypassed: nothing else writes the store
-//! once the writer runs.
+//! applies them in order to ONE batch layer (each sees the effects of the
+//! ones before it), appends the batch's changes to the journal as one record
+//! (one write, one fdatasync with `sync`), makes them visible, and only then
+//! answers all of them; checkpoints follow in the background (`store::log`).
+//! One journal write is thus shared by every operation that arrived while
+//! the previous one was running. It must not be bypassed: nothing else
+//! writes the records once the writer runs.
 //!
 //! A mutation refused by the namespace rules fails alone (rules check before
 //! they write, see `ops`); a store failure fails the whole batch, and nothing
-//! of it is committed.
+//! of it is journaled or visible.
 //!
 //! [`Writer::inline`] is the deterministic variant for simulations
 //! (`crates/sim`): no thread; submits commit in their order, one at a time,
@@ -22,7 +24,9 @@ use crate::chooser;
 use crate::cross::MultiMut;
 use crate::ops::{is_needs_protocol, Ctx, Mutation};
 use crate::replies;
-use crate::store::{sys, sys_get, LeaseKey, OpError, OpResult, Tables, SYSTEM};
+use crate::store::journal::AppendError;
+use crate::store::log::Log;
+use crate::store::{sys, sys_get, sys_put, LeaseKey, OpError, OpResult, Tables};
 use crate::targets::DataTargets;
 use hivefs_proto::{FsckFix, OpId, Reply};
 use hivefs_types::attr::Timespec;
@@ -31,7 +35,6 @@ use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, NodeId};
 use hivefs_types::pattern::{DirPattern, Pattern, PatternKind};
 use rand::rngs::StdRng;
-use redb::Database;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, Notify};
@@ -90,11 +93,16 @@ pub struct WriterState {
     pub low_space: Option<(std::time::Instant, u64)>,
     /// Raised when a commit failed in a way that needs the store reopened.
     pub failed: Arc<StoreFailure>,
+    /// Where the last client operation's confirmed retry records were
+    /// removed up to, per client: the next removal starts there (the
+    /// removed ones stay as deletions in memory until a checkpoint).
+    pub reply_floor: std::collections::HashMap<u64, u64>,
 }
 
-/// Set once the store cannot commit any more: after an I/O error during a
-/// commit (a full disk, say), redb refuses every further transaction until
-/// the database is opened again, which repairs it.
+/// Set once the store cannot commit any more: the journal could not be cut
+/// back after a failed append, or a checkpoint failed (after an I/O error
+/// redb refuses every further transaction until the database is opened
+/// again). The journal holds every acknowledged batch; a restart replays it.
 #[derive(Default)]
 pub struct StoreFailure {
     failed: std::sync::atomic::AtomicBool,
@@ -122,10 +130,10 @@ impl StoreFailure {
     }
 }
 
-/// The error code of a store failure: a full disk is `NoSpace`, the rest `Io`.
-fn failure_code(e: &redb::StorageError) -> hivefs_types::ErrorCode {
-    match e {
-        redb::StorageError::Io(io) if io.kind() == std::io::ErrorKind::StorageFull => hivefs_types::ErrorCode::NoSpace,
+/// The error code of a journal write that failed: a full disk is `NoSpace`, the rest `Io`.
+fn failure_code(e: &std::io::Error) -> hivefs_types::ErrorCode {
+    match e.kind() {
+        std::io::ErrorKind::StorageFull => hivefs_types::ErrorCode::NoSpace,
         _ => hivefs_types::ErrorCode::Io,
     }
 }
@@ -211,7 +219,7 @@ impl Change {
         }
     }
 
-    /// Applies it in the batch's transaction (see `ops` for the error rule).
+    /// Applies it in the batch's layer (see `ops` for the error rule).
     fn apply(self, t: &mut Tables<'_>, ctx: &mut Ctx<'_>) -> OpResult<Reply> {
         match self {
             Change::Op(m) => crate::ops::apply(t, ctx, m),
@@ -245,10 +253,10 @@ pub struct Writer {
     pub stats: Arc<WriterStats>,
 }
 
-/// The writer's side of [`Writer::inline`]: the database and the state
-/// (taken by one submit at a time, in order), and the commit latency.
+/// The writer's side of [`Writer::inline`]: the log and the state (taken
+/// by one submit at a time, in order), and the commit latency.
 struct Inline {
-    db_state: tokio::sync::Mutex<(Arc<Database>, WriterState)>,
+    db_state: tokio::sync::Mutex<(Log, WriterState)>,
     latency: CommitLatency,
 }
 
@@ -257,11 +265,13 @@ fn stopped() -> FsError {
 }
 
 impl Writer {
-    pub fn spawn(db: Arc<Database>, state: WriterState) -> std::io::Result<Writer> {
+    pub fn spawn(mut log: Log, state: WriterState) -> std::io::Result<Writer> {
         let (tx, rx) = mpsc::channel(QUEUE_MAX);
         let stats = Arc::new(WriterStats::default());
         let st = stats.clone();
-        let thread = std::thread::Builder::new().name("meta-writer".into()).spawn(move || run(&db, rx, state, &st))?;
+        log.spawn_checkpointer()?;
+        let thread =
+            std::thread::Builder::new().name("meta-writer".into()).spawn(move || run(&mut log, rx, state, &st))?;
         Ok(Writer { tx: Some(tx), thread: Some(thread), inline: None, stats })
     }
 
@@ -270,11 +280,11 @@ impl Writer {
     /// tokio time), then commits its mutation alone in the submitting task,
     /// blocking it for the commit. For deterministic simulations on one
     /// thread (paused time).
-    pub fn inline(db: Arc<Database>, state: WriterState, latency: CommitLatency) -> Writer {
+    pub fn inline(log: Log, state: WriterState, latency: CommitLatency) -> Writer {
         Writer {
             tx: None,
             thread: None,
-            inline: Some(Inline { db_state: tokio::sync::Mutex::new((db, state)), latency }),
+            inline: Some(Inline { db_state: tokio::sync::Mutex::new((log, state)), latency }),
             stats: Arc::new(WriterStats::default()),
         }
     }
@@ -301,10 +311,10 @@ impl Writer {
             d if d.is_zero() => tokio::task::yield_now().await,
             d => tokio::time::sleep(d).await,
         }
-        let (db, st) = &mut *guard;
+        let (log, st) = &mut *guard;
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         self.stats.mutations.fetch_add(1, Ordering::Relaxed);
-        run_batch(db, st, vec![m]).pop().ok_or_else(stopped)
+        run_batch(log, st, vec![m]).pop().ok_or_else(stopped)
     }
 
     /// Stops accepting mutations, lets the thread finish its batch, and joins it.
@@ -326,7 +336,7 @@ impl Drop for Writer {
     }
 }
 
-fn run(db: &Database, mut rx: mpsc::Receiver<Job>, mut st: WriterState, stats: &WriterStats) {
+fn run(log: &mut Log, mut rx: mpsc::Receiver<Job>, mut st: WriterState, stats: &WriterStats) {
     while let Some(first) = rx.blocking_recv() {
         let mut muts = Vec::with_capacity(64);
         let mut replies = Vec::with_capacity(64);
@@ -343,7 +353,7 @@ fn run(db: &Database, mut rx: mpsc::Receiver<Job>, mut st: WriterState, stats: &
         }
         stats.batches.fetch_add(1, Ordering::Relaxed);
         stats.mutations.fetch_add(muts.len() as u64, Ordering::Relaxed);
-        let results = run_batch(db, &mut st, muts);
+        let results = run_batch(log, &mut st, muts);
         // Answers go out only now: after the commit.
         for (r, tx) in results.into_iter().zip(replies) {
             let _ = tx.send(r);
@@ -352,67 +362,68 @@ fn run(db: &Database, mut rx: mpsc::Receiver<Job>, mut st: WriterState, stats: &
 }
 
 /// Applies and commits one batch; one result per mutation, in order.
-pub fn run_batch(db: &Database, st: &mut WriterState, muts: Vec<Queued>) -> Vec<Done> {
+pub fn run_batch(log: &mut Log, st: &mut WriterState, muts: Vec<Queued>) -> Vec<Done> {
     let n = muts.len();
     let fail_all = |code: hivefs_types::ErrorCode, msg: &str| -> Vec<Done> {
         error!("metadata store failure, batch of {n} operations not committed: {msg}");
         (0..n).map(|_| (Err(FsError::new(code, format!("metadata store failure: {msg}"))), Vec::new())).collect()
     };
-    let txn = match db.begin_write() {
-        Ok(t) => t,
-        Err(e) => {
-            if matches!(e, redb::TransactionError::Storage(redb::StorageError::PreviousIo)) {
-                st.failed.raise();
-            }
-            return fail_all(hivefs_types::ErrorCode::Io, &e.to_string());
-        }
-    };
-    // Durability stays Immediate: the backend decides whether that fsyncs
-    // (see `store::SwitchableSyncBackend`), never whether it reaches the file.
+    if log.failed() {
+        st.failed.raise();
+        return fail_all(hivefs_types::ErrorCode::Io, "a checkpoint failed; the service must be restarted");
+    }
+    let used = log.store_used();
     let mut results = Vec::with_capacity(n);
-    let wake = match apply_all(&txn, st, muts, &mut results) {
-        Ok(w) => w,
-        Err(msg) => {
-            let _ = txn.abort();
-            return fail_all(hivefs_types::ErrorCode::Io, &msg);
-        }
+    let fatal = |e: OpError| match e {
+        OpError::Fatal(m) => m,
+        OpError::Fs(e) => e.to_string(),
     };
-    if let Err(e) = txn.commit() {
-        let code = match &e {
-            redb::CommitError::Storage(s) => {
-                // redb refuses every later transaction until it is reopened.
+    let (wake, changes) = match log.mem.batch(|t| apply_all(t, st, muts, &mut results, used).map_err(OpError::Fatal)) {
+        Ok(r) => r,
+        Err(e) => return fail_all(hivefs_types::ErrorCode::Io, &fatal(e)),
+    };
+    if let Err(e) = log.commit(changes) {
+        return match e {
+            AppendError::Refused(e) => fail_all(failure_code(&e), &format!("journal write: {e}")),
+            AppendError::Broken(m) => {
                 st.failed.raise();
-                failure_code(s)
+                fail_all(hivefs_types::ErrorCode::Io, &format!("journal write: {m}"))
             }
-            _ => hivefs_types::ErrorCode::Io,
         };
-        return fail_all(code, &e.to_string());
     }
     st.epoch_saved = st.epoch;
     if wake {
         st.disposal_wakeup.notify_one();
     }
+    // A disk filling up checkpoints early: the store reuses the space of
+    // removed records, and the checkpointed journal segments are deleted.
+    let limit = match (&st.space_reserve, st.low_space) {
+        (Some(_), Some(_)) => 0,
+        (Some((dir, _)), None) => hivefs_cluster::capacity_of(dir).map_or(u64::MAX, |c| c.free_bytes / 8),
+        (None, _) => u64::MAX,
+    };
+    log.maybe_checkpoint(limit);
     results
 }
 
 fn apply_all(
-    txn: &redb::WriteTransaction,
+    t: &mut Tables<'_>,
     st: &mut WriterState,
     muts: Vec<Queued>,
     results: &mut Vec<Done>,
+    store_used: Option<u64>,
 ) -> Result<bool, String> {
     let fatal = |e: OpError| match e {
         OpError::Fatal(m) => m,
         OpError::Fs(e) => e.to_string(),
     };
-    let mut t = Tables::open(txn).map_err(fatal)?;
     let now = (st.clock)();
     let now_ms = (now.sec.max(0) as u64).saturating_mul(1000) + u64::from(now.nsec / 1_000_000);
     let sweep_due = now_ms.saturating_sub(st.reply_sweep.1) >= REPLY_SWEEP_EVERY_MS;
     // Below the reserve, only operations that do not add to the namespace
     // run. Space freed inside the store (removed entries) counts as free: the
-    // store file never shrinks, but its free pages are reused. Counting them
-    // walks the store, so it happens only when the disk itself is low.
+    // store file never shrinks, but its free pages are reused by the next
+    // checkpoint (which starts at once when space is low).
     // A finding of too little space stands for a second.
     let free = match (&st.space_reserve, st.low_space) {
         (Some((_, min)), Some((until, free))) if std::time::Instant::now() < until => Some((free, *min)),
@@ -423,8 +434,7 @@ fn apply_all(
                 // space the file system's free count already includes.
                 let on_disk = std::fs::metadata(dir.join(crate::store::DB_FILE))
                     .map_or(0, |m| m.len().min(std::os::unix::fs::MetadataExt::blocks(&m) * 512));
-                let used = txn.stats().map_or(u64::MAX, |s| s.allocated_pages() * s.page_size() as u64);
-                let free = free + on_disk.saturating_sub(used);
+                let free = free + on_disk.saturating_sub(store_used.unwrap_or(u64::MAX));
                 (free < *min).then_some((free, *min))
             }
             _ => None,
@@ -432,15 +442,11 @@ fn apply_all(
         (None, _) => None,
     };
     st.low_space = free.map(|(f, _)| (std::time::Instant::now() + std::time::Duration::from_secs(1), f));
-    let mut retry_records = if sweep_due || muts.iter().any(|(_, op)| op.is_some()) {
-        Some(txn.open_table(replies::REPLIES).map_err(|e| e.to_string())?)
-    } else {
-        None
-    };
     let (node, epoch) = (st.node, st.epoch);
     let is_open = st.is_open.clone();
     let is_open_fn = |id: EntryId| is_open(id);
     let mut counter = st.counter;
+    let mut reply_floor = std::mem::take(&mut st.reply_floor);
     let mut choose = |dp: &DirPattern| st.make_pattern(dp);
     let mut ctx = Ctx {
         node,
@@ -454,10 +460,9 @@ fn apply_all(
         disposal_queued: false,
     };
     for (m, op) in muts {
-        let records = retry_records.as_mut().filter(|_| op.is_some());
-        if let (Some(op), Some(rt)) = (&op, &records) {
+        if let Some(op) = &op {
             // A repeat of an operation applied before: its first answer, no change.
-            if let Some(first) = replies::get(&**rt, op)? {
+            if let Some(first) = replies::get(&t.replies, op)? {
                 results.push((first, Vec::new()));
                 continue;
             }
@@ -467,7 +472,7 @@ fn apply_all(
                 NoSpace,
                 "metadata node {node}: its data dir has {free} bytes free, less than min_free_bytes = {min}"
             )),
-            _ => match m.apply(&mut t, &mut ctx) {
+            _ => match m.apply(t, &mut ctx) {
                 Ok(r) => Ok(r),
                 Err(OpError::Fs(e)) => Err(e),
                 Err(OpError::Fatal(msg)) => return Err(msg),
@@ -476,33 +481,28 @@ fn apply_all(
         // A refusal that hands the operation to the cross-node protocol is
         // not its outcome: the protocol records the outcome later.
         let handed_over = matches!(&r, Err(e) if is_needs_protocol(e));
-        if let (Some(op), Some(rt), false) = (&op, records, handed_over) {
-            replies::put(rt, op, now_ms, &r)?;
+        if let (Some(op), false) = (&op, handed_over) {
+            replies::put(&mut t.replies, op, now_ms, &r, &mut reply_floor)?;
         }
         results.push((r, std::mem::take(&mut t.touched)));
     }
     let (files_delta, dirs_delta, wake) = (ctx.files_delta, ctx.dirs_delta, ctx.disposal_queued);
     st.epoch = ctx.epoch;
+    st.reply_floor = reply_floor;
     st.counter = counter;
-    if let (true, Some(rt)) = (sweep_due, retry_records.as_mut()) {
-        replies::sweep(rt, now_ms, &mut st.reply_sweep.0)?;
+    if sweep_due {
+        replies::sweep(&mut t.replies, now_ms, &mut st.reply_sweep.0)?;
         st.reply_sweep.1 = now_ms;
     }
-    drop(retry_records);
-    drop(t);
     if st.epoch > st.epoch_saved {
         // Ids of the new epoch are in this batch: a restart must start beyond it.
-        let mut s = txn.open_table(SYSTEM).map_err(|e| e.to_string())?;
-        s.insert(sys::EPOCH, u64::from(st.epoch)).map_err(|e| e.to_string())?;
+        sys_put(&mut t.system, sys::EPOCH, u64::from(st.epoch)).map_err(fatal)?;
     }
-    if files_delta != 0 || dirs_delta != 0 {
-        let mut s = txn.open_table(SYSTEM).map_err(|e| e.to_string())?;
-        for (key, d) in [(sys::FILES, files_delta), (sys::DIRS, dirs_delta)] {
-            if d != 0 {
-                let v = sys_get(&s, key).map_err(|e| e.to_string())?;
-                let v = if d >= 0 { v.saturating_add(d as u64) } else { v.saturating_sub(d.unsigned_abs()) };
-                s.insert(key, v).map_err(|e| e.to_string())?;
-            }
+    for (key, d) in [(sys::FILES, files_delta), (sys::DIRS, dirs_delta)] {
+        if d != 0 {
+            let v = sys_get(&t.system, key).map_err(fatal)?;
+            let v = if d >= 0 { v.saturating_add(d as u64) } else { v.saturating_sub(d.unsigned_abs()) };
+            sys_put(&mut t.system, key, v).map_err(fatal)?;
         }
     }
     Ok(wake)

@@ -128,6 +128,31 @@ impl TestFs {
         }
     }
 
+    /// Restarts the file system with every metadata service armed to abort
+    /// at `hook` (`HIVEFS_CRASH_AT`, as `kill -9`); `reup` restarts a dead
+    /// one unarmed.
+    pub fn arm(&self, hook: &str) {
+        self.down();
+        let o = Command::new(hivefs_bin())
+            .args(["up", "--dir", self.dir_s()])
+            .env("HIVEFS_CRASH_AT", hook)
+            .output()
+            .expect("run hivefs up");
+        assert!(o.status.success(), "up with {hook}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+
+    /// `hivefs fsck --mount` must find nothing (exit status 0).
+    pub fn assert_fsck_clean(&self) {
+        let o = hivefs(&["fsck", "--mount", self.mnt_s()]);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "fsck not clean:\n{}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+
     /// `hivefs entry info --json` of a path in the mount.
     pub fn entry_info(&self, rel: &str) -> serde_json::Value {
         let p = self.path(rel);

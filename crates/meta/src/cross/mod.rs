@@ -45,6 +45,7 @@ use crate::ops::{
     check_name, check_unlocked, dentry, dir_inode, drop_link, inherit_group, inode, is_empty_dir, load_dentry,
     load_inode, new_inode, to_attr, touch_dir, Ctx, LINK_MAX,
 };
+use crate::store::Kv;
 use crate::store::{
     child_key, clear_intent, id_key, load_dirx, put_dirx, put_intent, q, scan_children, Dentry, DirExtra, Inode,
     Intent, IntentStep, OpResult, Tables,
@@ -58,7 +59,6 @@ use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, NodeId, NodeType};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use redb::ReadableTable;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};

@@ -12,6 +12,7 @@ use crate::cross::{
     RenameCommit, RenameIntent, RmdirCommit, RmdirIntent, SetChooser, UnlinkCommit, UnlinkIntent,
 };
 use crate::ops::{check_name, dir_inode, is_needs_protocol, load_dentry, load_inode, Mutation};
+use crate::store::Kv;
 use crate::store::{decode, encode, id_key, load_dirx, load_intent, q, Dentry, Inode, Intent, IntentStep, OpError};
 use hivefs_proto::{Envelope, MetaChooser, OpId, PeerOp, Reply, Request, Response, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use hivefs_types::attr::{EntryAttr, FileKind};
@@ -19,7 +20,6 @@ use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, NodeId};
 use rand::Rng;
-use redb::ReadableTable;
 use std::collections::HashSet;
 use std::hash::Hash;
 use std::sync::atomic::Ordering;
@@ -239,7 +239,7 @@ impl Namespace {
         if let Some(r) = first {
             return r;
         }
-        let chooser = self.read(|t| load_dirx(t.dirx_table()?, parent))?.and_then(|x| x.chooser).unwrap_or_default();
+        let chooser = self.read(|t| load_dirx(&t.dirx, parent))?.and_then(|x| x.chooser).unwrap_or_default();
         let owner = self.choose_owner(chooser);
         if owner == self.node() {
             return self.submit_op(op, Mutation::Mkdir { parent, name, mode, uid, gid }).await;
@@ -525,7 +525,7 @@ impl Namespace {
     /// commit (or the undo of a refused step) with the client's answer, and
     /// the clean-up on the peer follow, the same for every operation.
     pub(crate) async fn drive(&self, intent: EntryId) -> Response {
-        let Some(rec) = self.read(|t| load_intent(t.intent_table()?, intent))? else {
+        let Some(rec) = self.read(|t| load_intent(&t.intents, intent))? else {
             return Err(fs_err!(Busy, "cross-node operation {intent} already finished"));
         };
         let what = rec.step.op_name();
@@ -667,11 +667,11 @@ impl Namespace {
     pub fn load_pending(&self) -> FsResult<Vec<(EntryId, Intent)>> {
         let list = self.read(|t| {
             let mut out = Vec::new();
-            for r in t.intent_table()?.iter()? {
+            for r in t.intents.iter()? {
                 let (k, v) = r?;
-                let id = EntryId::from_bytes(k.value())
-                    .ok_or_else(|| OpError::Fatal(format!("intent key of {} bytes", k.value().len())))?;
-                out.push((id, decode::<Intent>("intent", id, v.value()).map_err(OpError::Fatal)?));
+                let id = EntryId::from_bytes(k.as_slice())
+                    .ok_or_else(|| OpError::Fatal(format!("intent key of {} bytes", k.as_slice().len())))?;
+                out.push((id, decode::<Intent>("intent", id, v.as_slice()).map_err(OpError::Fatal)?));
             }
             Ok(out)
         })?;
@@ -699,9 +699,9 @@ impl Namespace {
     pub fn intents_text(&self) -> FsResult<Vec<String>> {
         let list = self.read(|t| {
             let mut out = Vec::new();
-            for r in t.intent_table()?.iter()? {
+            for r in t.intents.iter()? {
                 let (k, v) = r?;
-                let s = match decode::<Intent>("intent", format_args!("{:?}", k.value()), v.value()) {
+                let s = match decode::<Intent>("intent", format_args!("{:?}", k.as_slice()), v.as_slice()) {
                     Ok(i) => i.to_string(),
                     Err(e) => e,
                 };
@@ -718,7 +718,7 @@ impl Namespace {
         let remote = self.read(|t| {
             if name == b".." {
                 let p = dir_inode(&t.inodes, parent)?;
-                let owner = load_dirx(t.dirx_table()?, parent)?.and_then(|x| x.parent_owner).filter(|o| *o != node);
+                let owner = load_dirx(&t.dirx, parent)?.and_then(|x| x.parent_owner).filter(|o| *o != node);
                 return Ok(owner.map(|o| (p.parent.unwrap_or(EntryId::ROOT), o)));
             }
             if name == b"." {
@@ -770,7 +770,7 @@ impl Namespace {
                 let node = self.node();
                 self.read(|t| {
                     let i = dir_inode(&t.inodes, id)?;
-                    let owner = load_dirx(t.dirx_table()?, id)?.and_then(|x| x.parent_owner).unwrap_or(node);
+                    let owner = load_dirx(&t.dirx, id)?.and_then(|x| x.parent_owner).unwrap_or(node);
                     Ok(Reply::DirParent { parent: i.parent.unwrap_or(EntryId::ROOT), owner })
                 })
             }
@@ -779,7 +779,7 @@ impl Namespace {
                 // A directory being replaced that lives on another node goes
                 // first (emptiness checked there, atomically with its removal).
                 let victim = self.read(|t| {
-                    if t.peer_done_table()?.get(id_key(intent).as_slice())?.is_some() {
+                    if t.peer_done.get(id_key(intent).as_slice())?.is_some() {
                         return Ok(None);
                     }
                     Ok(load_dentry(&t.dentries, new_parent, &new_name)?.filter(|d| d.id != id && d.owner != node))
@@ -850,7 +850,7 @@ impl Namespace {
     pub(crate) fn meta_chooser(&self, id: EntryId) -> FsResult<MetaChooser> {
         self.read(|t| {
             dir_inode(&t.inodes, id)?;
-            Ok(load_dirx(t.dirx_table()?, id)?.and_then(|x| x.chooser).unwrap_or_default())
+            Ok(load_dirx(&t.dirx, id)?.and_then(|x| x.chooser).unwrap_or_default())
         })
     }
 

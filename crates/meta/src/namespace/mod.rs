@@ -8,7 +8,7 @@
 //! tests drive it directly with a fake [`DataTargets`].
 
 use crate::ops::{check_truncatable, load_inode, Mutation};
-use crate::store::{sys, sys_get, Store, StoreError, SYSTEM};
+use crate::store::{sys, sys_get, Store, StoreError};
 use crate::store::{OpError, ReadTables};
 use crate::targets::DataTargets;
 
@@ -28,7 +28,6 @@ use hivefs_types::ids::{EntryId, NodeId};
 use hivefs_types::pattern::Pattern;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use redb::ReadableDatabase;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -92,9 +91,9 @@ impl Opens {
 }
 
 pub struct Namespace {
-    // Field order matters: the writer (and its thread) goes before the database handle.
+    // Field order matters: the writer (and its thread) goes before the records.
     writer: Writer,
-    db: Arc<redb::Database>,
+    mem: Arc<crate::store::Mem>,
     node: NodeId,
     epoch: u32,
     dir: PathBuf,
@@ -137,7 +136,8 @@ impl Namespace {
         opts: NamespaceOptions,
         targets: Arc<dyn DataTargets>,
     ) -> Result<Namespace, StoreError> {
-        let db = Arc::new(store.db);
+        let Store { mut log, epoch, counter, path } = store;
+        let mem = log.mem.clone();
         let opens = Arc::new(Opens::default());
         let disposal_wakeup = Arc::new(Notify::new());
         let failed = Arc::new(StoreFailure::default());
@@ -147,9 +147,9 @@ impl Namespace {
         };
         let mut state = WriterState {
             node: opts.node,
-            epoch: store.epoch,
-            epoch_saved: store.epoch,
-            counter: store.counter,
+            epoch,
+            epoch_saved: epoch,
+            counter,
             targets: targets.clone(),
             rr: 0,
             rng: match opts.seed {
@@ -163,21 +163,22 @@ impl Namespace {
             space_reserve: (opts.min_free_bytes > 0).then(|| (opts.dir.clone(), opts.min_free_bytes)),
             failed: failed.clone(),
             low_space: None,
+            reply_floor: Default::default(),
         };
-        if let Some((Err(e), _)) = run_batch(&db, &mut state, vec![(Mutation::RecoverOrphans.into(), None)]).pop() {
-            return Err(StoreError::Db { path: store.path, message: format!("recovering open-unlinked entries: {e}") });
+        if let Some((Err(e), _)) = run_batch(&mut log, &mut state, vec![(Mutation::RecoverOrphans.into(), None)]).pop()
+        {
+            return Err(StoreError::Db { path, message: format!("recovering open-unlinked entries: {e}") });
         }
         let multi = crate::cross::Multi::new(opts.seed);
         let writer = match opts.inline_writer {
-            Some(latency) => Writer::inline(db.clone(), state, latency),
-            None => Writer::spawn(db.clone(), state)
-                .map_err(|source| StoreError::Io { path: store.path.clone(), source })?,
+            Some(latency) => Writer::inline(log, state, latency),
+            None => Writer::spawn(log, state).map_err(|source| StoreError::Io { path: path.clone(), source })?,
         };
         Ok(Namespace {
             writer,
-            db,
+            mem,
             node: opts.node,
-            epoch: store.epoch,
+            epoch,
             dir: opts.dir,
             opens,
             locks: Arc::default(),
@@ -230,20 +231,12 @@ impl Namespace {
     }
 
     pub(crate) fn read<T>(&self, f: impl FnOnce(&ReadTables) -> Result<T, OpError>) -> FsResult<T> {
-        let txn = self.db.begin_read().map_err(|e| fs_err!(Io, "metadata store failure: {e}"))?;
-        let t = ReadTables::open(&txn).map_err(store_err)?;
-        f(&t).map_err(store_err)
+        self.mem.read(f).map_err(store_err)
     }
 
     /// The recorded outcome of client operation `op`, if it was applied.
     pub(crate) fn recorded_reply(&self, op: &OpId) -> FsResult<Option<Response>> {
-        let txn = self.db.begin_read().map_err(|e| fs_err!(Io, "metadata store failure: {e}"))?;
-        let t = match txn.open_table(crate::replies::REPLIES) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-            Err(e) => return Err(fs_err!(Io, "metadata store failure: {e}")),
-        };
-        crate::replies::get(&t, op).map_err(|m| fs_err!(Io, "metadata store failure: {m}"))
+        self.read(|t| crate::replies::get(&t.replies, op).map_err(OpError::Fatal))
     }
 
     async fn entry(&self, m: Mutation) -> FsResult<EntryAttr> {
@@ -287,10 +280,7 @@ impl Namespace {
 
     /// `(files, dirs)` counted by this node.
     pub fn counts(&self) -> FsResult<(u64, u64)> {
-        let txn = self.db.begin_read().map_err(|e| fs_err!(Io, "metadata store failure: {e}"))?;
-        let t = txn.open_table(SYSTEM).map_err(|e| fs_err!(Io, "metadata store failure: {e}"))?;
-        let get = |k| sys_get(&t, k).map_err(|e| fs_err!(Io, "metadata store failure: {e}"));
-        Ok((get(sys::FILES)?, get(sys::DIRS)?))
+        self.read(|t| Ok((sys_get(&t.system, sys::FILES)?, sys_get(&t.system, sys::DIRS)?)))
     }
 
     pub fn meta_stat(&self) -> FsResult<Reply> {

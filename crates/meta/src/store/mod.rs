@@ -1,11 +1,14 @@
-//! The on-disk layout of one metadata target: a redb database `meta.redb`.
+//! The records of one metadata target: the checkpoint store `meta.redb`
+//! (a redb database), the journal beside it (`journal`), the memory layers
+//! every read and batch goes through (`mem`) and committing and
+//! checkpointing (`log`).
 //!
 //! Owns table definitions, key encodings, record types and opening the
-//! database (format check, boot epoch). It must not contain namespace rules:
-//! those are in `ops`, which reads and writes these records inside one
-//! transaction.
+//! store (format check, journal replay, boot epoch). It must not contain
+//! namespace rules: those are in `ops`, which reads and writes these records
+//! through one batch's [`Tables`].
 //!
-//! # Key schema (format version 2)
+//! # Key schema (format version 3; the journal carries the same keys and values)
 //!
 //! | table      | key                                   | value (postcard)                 |
 //! |------------|---------------------------------------|----------------------------------|
@@ -31,28 +34,36 @@
 //! node holds a key range, not the key format.
 //!
 //! Values are postcard-encoded, which is not self-describing: any change of a
-//! record type must bump [`FORMAT_VERSION`] and migrate. Version 2 added
+//! record type must bump [`FORMAT_VERSION`] and migrate. Version 3 changed no
+//! record (a journal now holds the newest changes; version 2 builds refuse
+//! the store instead of ignoring it). Version 2 added
 //! `mirror` to a directory's [`DirPattern`] and `mirrored` to [`Disposal`];
 //! [`Store::open`] migrates a version 1 store in place ([`migrate_v1`]). `replies` values
 //! are the exception: they carry their own record version (see `replies`).
 
+pub mod journal;
+pub mod log;
+pub mod mem;
 mod multi;
 mod tables;
 
+pub(crate) use mem::{sys_get, sys_put};
+pub use mem::{Kv, Mem, ReadTables, Tables};
 pub(crate) use multi::{clear_intent, load_dirx, load_intent, put_dirx, put_intent};
 pub use multi::{DirExtra, Intent, IntentStep, Xattrs};
-pub use tables::{LeaseKey, OpError, OpResult, ReadTables, Tables};
+pub use tables::{LeaseKey, OpError, OpResult};
 
 use hivefs_types::attr::{FileKind, Timespec};
 use hivefs_types::ids::{BuddyGroupId, EntryId, NodeId, TargetId};
 use hivefs_types::pattern::{DirPattern, Pattern, StripeUnit};
 use redb::backends::FileBackend;
-use redb::{Database, ReadableTable, StorageBackend, TableDefinition};
+use redb::{ReadableTable, TableDefinition};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::fs::OpenOptions;
 use std::io;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub(crate) const DENTRIES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("dentries");
 pub(crate) const INODES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("inodes");
@@ -72,7 +83,7 @@ pub(crate) const PEER_DONE: TableDefinition<&[u8], &[u8]> = TableDefinition::new
 pub const DB_FILE: &str = "meta.redb";
 
 /// Version of the key schema and record encodings above.
-pub const FORMAT_VERSION: u64 = 2;
+pub const FORMAT_VERSION: u64 = 3;
 
 /// Names of the counters in the `system` table.
 pub(crate) mod sys {
@@ -83,6 +94,8 @@ pub(crate) mod sys {
     pub const FILES: &str = "files";
     /// Live directories, including the root if this node owns it.
     pub const DIRS: &str = "dirs";
+    /// The last journal batch the store holds (written by each checkpoint).
+    pub const JOURNAL_SEQ: &str = "journal_seq";
 }
 
 /// A name in a directory.
@@ -171,34 +184,22 @@ pub(crate) fn child_key(parent: EntryId, name: &[u8]) -> Vec<u8> {
 }
 
 /// One `(name, value)` pair of a scan.
-pub(crate) type KvResult = Result<(Vec<u8>, Vec<u8>), redb::StorageError>;
+pub(crate) type KvResult = OpResult<(Vec<u8>, Vec<u8>)>;
 
 /// Iterates the `(name, value)` pairs under `prefix` (an EntryId) with names
 /// strictly after `after`, in name order. Bounded memory: a range scan.
-pub(crate) fn scan_children<'t, T>(
-    table: &'t T,
+pub(crate) fn scan_children<'t>(
+    table: &'t impl Kv,
     prefix: EntryId,
     after: Option<&[u8]>,
-) -> Result<impl Iterator<Item = KvResult> + 't, redb::StorageError>
-where
-    T: ReadableTable<&'static [u8], &'static [u8]>,
-{
+) -> OpResult<impl Iterator<Item = KvResult> + 't> {
     let p = prefix.to_bytes();
     let start = match after {
         Some(a) => Bound::Excluded(child_key(prefix, a)),
         None => Bound::Included(p.to_vec()),
     };
-    let bounds: (Bound<&[u8]>, Bound<&[u8]>) = (
-        match &start {
-            Bound::Excluded(k) => Bound::Excluded(k.as_slice()),
-            Bound::Included(k) => Bound::Included(k.as_slice()),
-            Bound::Unbounded => Bound::Unbounded,
-        },
-        Bound::Unbounded,
-    );
-    let range = table.range::<&[u8]>(bounds)?;
+    let range = table.range_from(start.as_ref().map(Vec::as_slice))?;
     Ok(range
-        .map(move |r| r.map(|(k, v)| (k.value().to_vec(), v.value().to_vec())))
         .take_while(move |r| match r {
             Ok((k, _)) => k.starts_with(&p),
             Err(_) => true,
@@ -229,74 +230,16 @@ pub enum StoreError {
     Format { path: PathBuf, found: u64 },
 }
 
-/// redb's file backend, with `sync_data` turned into a no-op when `sync =
-/// false`.
-///
-/// Why: redb's `Durability::None` keeps a commit in this process's memory
-/// only, so `kill -9` would lose acknowledged operations. With this backend
-/// every commit is still an `Immediate` one, whose pages and header are all
-/// written to the file (the kernel's page cache) before `commit` returns; only
-/// the fsync is skipped. A killed process therefore loses nothing; a power
-/// loss may lose recent commits (redb falls back to the newest slot whose
-/// checksums verify).
-#[derive(Debug)]
-struct SwitchableSyncBackend {
-    inner: FileBackend,
-    sync: bool,
-}
-
-impl StorageBackend for SwitchableSyncBackend {
-    fn len(&self) -> Result<u64, io::Error> {
-        self.inner.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
-        self.inner.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> Result<(), io::Error> {
-        self.inner.set_len(len)
-    }
-    fn sync_data(&self) -> Result<(), io::Error> {
-        if self.sync {
-            self.inner.sync_data()
-        } else {
-            Ok(())
-        }
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
-        self.inner.write(offset, data)
-    }
-    fn close(&self) -> Result<(), io::Error> {
-        self.inner.close()
-    }
-    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, redb::BackendError> {
-        self.inner.try_lock_range(start, end)
-    }
-    fn try_lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, redb::BackendError> {
-        self.inner.try_lock_shared_range(start, end)
-    }
-    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), redb::BackendError> {
-        self.inner.lock_range(start, end)
-    }
-    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), redb::BackendError> {
-        self.inner.lock_shared_range(start, end)
-    }
-    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), redb::BackendError> {
-        self.inner.unlock_range(start, end)
-    }
-    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, redb::BackendError> {
-        self.inner.query_lock_range(start, end)
-    }
-}
-
 /// Default size of the store's page cache. The store file is read through the
 /// kernel's page cache as well, so a small cache costs little (see
 /// docs/decisions.md) and keeps the node's memory bounded whatever the
 /// namespace's size.
 pub const DEFAULT_CACHE_BYTES: u64 = 64 << 20;
 
-/// An opened store: the database and the epoch of this boot.
+/// An opened store: the checkpoint store and the journal replayed over it
+/// (the [`log::Log`] the writer commits through), and the epoch of this boot.
 pub struct Store {
-    pub db: Database,
+    pub log: log::Log,
     pub epoch: u32,
     /// The last id counter taken in `epoch` (0 after open; tests start near
     /// the end of an epoch).
@@ -305,9 +248,10 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (or creates) `path`, checks the format version, creates the
-    /// tables and increments the boot epoch durably (so EntryIds minted in
-    /// this boot cannot collide with any earlier boot's).
+    /// Opens (or creates) `path` and the journal beside it, checks the
+    /// format version, replays the journal and increments the boot epoch
+    /// durably (so EntryIds minted in this boot cannot collide with any
+    /// earlier boot's). `sync`: every journal append is fdatasynced.
     pub fn open(path: &Path, sync: bool) -> Result<Store, StoreError> {
         Self::open_with_cache(path, sync, DEFAULT_CACHE_BYTES)
     }
@@ -326,21 +270,19 @@ impl Store {
             .map_err(|source| StoreError::Io { path: p.clone(), source })?;
         #[allow(deprecated)] // FileBackend::new's signature changes in redb 5; both forms are fine here.
         let inner = FileBackend::new(file).map_err(|e| db_err(&e))?;
-        let db = redb::Builder::new()
-            .set_cache_size(cache_bytes as usize)
-            .create_with_backend(SwitchableSyncBackend { inner, sync })
-            .map_err(|e| match e {
-                redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse { path: p.clone() },
-                e => db_err(&e),
-            })?;
+        // The store is written by checkpoints only (in the background, and
+        // journal segments are deleted after them): always fsynced.
+        let db =
+            redb::Builder::new().set_cache_size(cache_bytes as usize).create_with_backend(inner).map_err(
+                |e| match e {
+                    redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse { path: p.clone() },
+                    e => db_err(&e),
+                },
+            )?;
         let txn = db.begin_write().map_err(|e| db_err(&e))?;
-        let epoch = {
+        let checkpoint_seq = {
             // Opening every table here means readers never see a missing table.
-            txn.open_table(DENTRIES).map_err(|e| db_err(&e))?;
-            txn.open_table(INODES).map_err(|e| db_err(&e))?;
-            txn.open_table(XATTRS).map_err(|e| db_err(&e))?;
-            txn.open_table(DISPOSAL).map_err(|e| db_err(&e))?;
-            for t in [INTENTS, LOCKED, DIRX, PEER_DONE] {
+            for t in [DENTRIES, INODES, XATTRS, DISPOSAL, INTENTS, LOCKED, DIRX, PEER_DONE, crate::replies::REPLIES] {
                 txn.open_table(t).map_err(|e| db_err(&e))?;
             }
             let mut sys_t = txn.open_table(SYSTEM).map_err(|e| db_err(&e))?;
@@ -350,6 +292,11 @@ impl Store {
                     sys_t.insert(sys::FORMAT, FORMAT_VERSION).map_err(|e| db_err(&e))?;
                 }
                 Some(FORMAT_VERSION) => {}
+                Some(2) => {
+                    // Same records; from now on the journal beside the store
+                    // holds the newest changes, which version 2 would ignore.
+                    sys_t.insert(sys::FORMAT, FORMAT_VERSION).map_err(|e| db_err(&e))?;
+                }
                 Some(1) => {
                     let n = migrate_v1(&txn).map_err(|m| db_err(&m))?;
                     sys_t.insert(sys::FORMAT, FORMAT_VERSION).map_err(|e| db_err(&e))?;
@@ -357,16 +304,42 @@ impl Store {
                 }
                 Some(found) => return Err(StoreError::Format { path: p.clone(), found }),
             }
-            let old = sys_t.get(sys::EPOCH).map_err(|e| db_err(&e))?.map(|v| v.value()).unwrap_or(0);
-            let epoch = old + 1;
-            if epoch > u64::from(EntryId::MAX_EPOCH) {
-                return Err(db_err(&format!("entry ids exhausted: epoch {epoch} is beyond {}", EntryId::MAX_EPOCH)));
-            }
-            sys_t.insert(sys::EPOCH, epoch).map_err(|e| db_err(&e))?;
-            epoch as u32
+            let seq = sys_t.get(sys::JOURNAL_SEQ).map_err(|e| db_err(&e))?.map_or(0, |v| v.value());
+            seq
         };
         txn.commit().map_err(|e| db_err(&e))?;
-        Ok(Store { db, epoch, counter: 0, path: p })
+        let mem = Arc::new(Mem::new(Arc::new(db)));
+        let jdir = path.parent().unwrap_or(Path::new(".")).join(journal::JOURNAL_DIR);
+        let (journal, replayed) = journal::Journal::open(&jdir, sync, checkpoint_seq, |_, body| {
+            mem.apply(mem::decode_changes(body)?);
+            Ok(())
+        })
+        .map_err(|m| db_err(&m))?;
+        for (seg, off) in &replayed.torn {
+            tracing::warn!(journal = %jdir.display(), segment = seg, offset = off, "torn journal record cut off (the last write before a crash)");
+        }
+        if replayed.records > 0 {
+            tracing::info!(journal = %jdir.display(), batches = replayed.records, bytes = replayed.bytes, "metadata journal replayed");
+        }
+        let mut log = log::Log::new(mem, journal);
+        let old = log.mem.read(|t| sys_get(&t.system, sys::EPOCH)).map_err(|e| db_err(&format!("{e:?}")))?;
+        let epoch = old + 1;
+        if epoch > u64::from(EntryId::MAX_EPOCH) {
+            return Err(db_err(&format!("entry ids exhausted: epoch {epoch} is beyond {}", EntryId::MAX_EPOCH)));
+        }
+        let ((), changes) =
+            log.mem.batch(|t| sys_put(&mut t.system, sys::EPOCH, epoch)).map_err(|e| db_err(&format!("{e:?}")))?;
+        log.commit(changes).map_err(|e| db_err(&format!("journal {}: {e:?}", jdir.display())))?;
+        Ok(Store { log, epoch: epoch as u32, counter: 0, path: p })
+    }
+
+    /// Applies `f` as one batch outside the writer (a stopped node's offline
+    /// edits and tests), journaled and checkpointed at once.
+    pub fn edit(&mut self, f: impl FnOnce(&mut Tables<'_>) -> OpResult<()>) -> Result<(), String> {
+        let ((), changes) = self.log.mem.batch(f).map_err(|e| format!("{}: {e:?}", self.path.display()))?;
+        self.log.commit(changes).map_err(|e| format!("{}: {e:?}", self.path.display()))?;
+        self.log.checkpoint_now();
+        Ok(())
     }
 }
 
@@ -506,20 +479,11 @@ pub fn q(name: &[u8]) -> String {
     format!("{:?}", String::from_utf8_lossy(name))
 }
 
-/// Reads a `system` counter (0 if absent).
-pub(crate) fn sys_get<T: ReadableTable<&'static str, u64>>(t: &T, key: &str) -> Result<u64, redb::StorageError> {
-    Ok(t.get(key)?.map(|v| v.value()).unwrap_or(0))
-}
-
 /// Reads and decodes a postcard record.
-pub(crate) fn get_record<T, R>(table: &T, what: &str, id: EntryId) -> Result<Option<R>, OpError>
-where
-    T: ReadableTable<&'static [u8], &'static [u8]>,
-    R: DeserializeOwned,
-{
+pub(crate) fn get_record<R: DeserializeOwned>(table: &impl Kv, what: &str, id: EntryId) -> OpResult<Option<R>> {
     match table.get(id_key(id).as_slice())? {
         None => Ok(None),
-        Some(v) => Ok(Some(decode(what, id, v.value()).map_err(OpError::Fatal)?)),
+        Some(v) => Ok(Some(decode(what, id, &v).map_err(OpError::Fatal)?)),
     }
 }
 
@@ -631,7 +595,7 @@ mod tests {
     /// bytes) under `key`, and an intent when `intent` is set.
     fn make_v1(path: &Path, key: [u8; EntryId::LEN], inode: &[u8], intent: bool) {
         let s = Store::open(path, false).unwrap();
-        let txn = s.db.begin_write().unwrap();
+        let txn = s.log.mem.cold.begin_write().unwrap();
         {
             txn.open_table(SYSTEM).unwrap().insert(sys::FORMAT, 1).unwrap();
             txn.open_table(INODES).unwrap().insert(key.as_slice(), inode).unwrap();
@@ -651,7 +615,7 @@ mod tests {
         let path = tmp.path().join(DB_FILE);
         make_v1(&path, key, &v1_dir, false);
         let s = Store::open(&path, false).unwrap();
-        let txn = s.db.begin_read().unwrap();
+        let txn = s.log.mem.cold.begin_read().unwrap();
         let format = txn.open_table(SYSTEM).unwrap().get(sys::FORMAT).unwrap().unwrap().value();
         assert_eq!(format, FORMAT_VERSION);
         let t = txn.open_table(INODES).unwrap();

@@ -4,10 +4,10 @@
 //! writes them is in `cross`.
 
 use super::{child_key, encode, get_record, id_key, q, Dentry, Inode, OpResult, Tables};
+use crate::store::Kv;
 use hivefs_proto::{MetaChooser, OpId};
 use hivefs_types::attr::FileKind;
 use hivefs_types::ids::{EntryId, NodeId};
-use redb::ReadableTable;
 use serde::{Deserialize, Serialize};
 
 /// Settings of a directory kept beside its inode (table `dir_extra`).
@@ -130,10 +130,7 @@ impl std::fmt::Display for Intent {
     }
 }
 
-pub(crate) fn load_dirx<T: ReadableTable<&'static [u8], &'static [u8]>>(
-    t: &T,
-    id: EntryId,
-) -> OpResult<Option<DirExtra>> {
+pub(crate) fn load_dirx<T: Kv>(t: &T, id: EntryId) -> OpResult<Option<DirExtra>> {
     get_record(t, "dir_extra", id)
 }
 
@@ -146,10 +143,7 @@ pub(crate) fn put_dirx(t: &mut Tables<'_>, id: EntryId, x: &DirExtra) -> OpResul
     Ok(())
 }
 
-pub(crate) fn load_intent<T: ReadableTable<&'static [u8], &'static [u8]>>(
-    t: &T,
-    iid: EntryId,
-) -> OpResult<Option<Intent>> {
+pub(crate) fn load_intent<T: Kv>(t: &T, iid: EntryId) -> OpResult<Option<Intent>> {
     get_record(t, "intent", iid)
 }
 

@@ -1,16 +1,13 @@
-//! The tables of one transaction and the error of work over them.
-//!
-//! [`Tables`] (a write transaction, opened once per batch) and
-//! [`ReadTables`] (a read transaction, tables opened on first use) give
-//! typed access to the records of [`super`]; writes through [`Tables`] note
-//! which leased records they changed ([`LeaseKey`]). No namespace rule lives
-//! here (those are in `ops`).
+//! Typed writes of the records of [`super`] through a batch's
+//! [`Tables`], and the error of work over them. Writes note which leased
+//! records they changed ([`LeaseKey`]). No namespace rule lives here (those
+//! are in `ops`).
 
+use super::mem::Tables;
 use super::{child_key, encode, id_key, scan_children, Dentry, Disposal, Inode};
 use hivefs_types::attr::FileKind;
 use hivefs_types::error::FsError;
 use hivefs_types::ids::EntryId;
-use redb::{Table, WriteTransaction};
 
 /// A record whose cached copies a change makes stale (see `leases`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -49,36 +46,7 @@ fatal_from!(redb::StorageError, redb::TableError, redb::Error);
 
 pub type OpResult<T> = Result<T, OpError>;
 
-/// The tables of one write transaction, opened once per batch.
-pub struct Tables<'txn> {
-    pub dentries: Table<'txn, &'static [u8], &'static [u8]>,
-    pub inodes: Table<'txn, &'static [u8], &'static [u8]>,
-    pub xattrs: Table<'txn, &'static [u8], &'static [u8]>,
-    pub disposal: Table<'txn, &'static [u8], &'static [u8]>,
-    pub intents: Table<'txn, &'static [u8], &'static [u8]>,
-    pub locked: Table<'txn, &'static [u8], &'static [u8]>,
-    pub dirx: Table<'txn, &'static [u8], &'static [u8]>,
-    pub peer_done: Table<'txn, &'static [u8], &'static [u8]>,
-    /// Non-directory inodes and names written or removed since the writer
-    /// last took the list: what cached copies they change (see `leases`).
-    pub touched: Vec<LeaseKey>,
-}
-
-impl<'txn> Tables<'txn> {
-    pub fn open(txn: &'txn WriteTransaction) -> OpResult<Tables<'txn>> {
-        Ok(Tables {
-            dentries: txn.open_table(super::DENTRIES)?,
-            inodes: txn.open_table(super::INODES)?,
-            xattrs: txn.open_table(super::XATTRS)?,
-            disposal: txn.open_table(super::DISPOSAL)?,
-            intents: txn.open_table(super::INTENTS)?,
-            locked: txn.open_table(super::LOCKED)?,
-            dirx: txn.open_table(super::DIRX)?,
-            peer_done: txn.open_table(super::PEER_DONE)?,
-            touched: Vec::new(),
-        })
-    }
-
+impl Tables<'_> {
     pub(crate) fn put_inode(&mut self, id: EntryId, inode: &Inode) -> OpResult<()> {
         if inode.kind != FileKind::Dir {
             self.touched.push(LeaseKey::Attr(id));
@@ -115,69 +83,5 @@ impl<'txn> Tables<'txn> {
             self.xattrs.remove(child_key(id, &n).as_slice())?;
         }
         Ok(())
-    }
-}
-
-type Rt = redb::ReadOnlyTable<&'static [u8], &'static [u8]>;
-
-/// The tables of one read transaction. Names and inodes, which nearly every
-/// read needs, are opened at once; the others on first use (opening a table
-/// looks it up in the store's table tree, a cost every request paid for all
-/// seven).
-pub struct ReadTables<'txn> {
-    txn: &'txn redb::ReadTransaction,
-    pub dentries: Rt,
-    pub inodes: Rt,
-    xattrs: std::cell::OnceCell<Rt>,
-    disposal: std::cell::OnceCell<Rt>,
-    intents: std::cell::OnceCell<Rt>,
-    dirx: std::cell::OnceCell<Rt>,
-    peer_done: std::cell::OnceCell<Rt>,
-}
-
-impl<'txn> ReadTables<'txn> {
-    pub fn open(txn: &'txn redb::ReadTransaction) -> OpResult<ReadTables<'txn>> {
-        Ok(ReadTables {
-            txn,
-            dentries: txn.open_table(super::DENTRIES)?,
-            inodes: txn.open_table(super::INODES)?,
-            xattrs: Default::default(),
-            disposal: Default::default(),
-            intents: Default::default(),
-            dirx: Default::default(),
-            peer_done: Default::default(),
-        })
-    }
-
-    fn lazy<'a>(
-        &self,
-        cell: &'a std::cell::OnceCell<Rt>,
-        def: redb::TableDefinition<'static, &'static [u8], &'static [u8]>,
-    ) -> OpResult<&'a Rt> {
-        if let Some(t) = cell.get() {
-            return Ok(t);
-        }
-        let t = self.txn.open_table(def)?;
-        Ok(cell.get_or_init(|| t))
-    }
-
-    pub fn xattr_table(&self) -> OpResult<&Rt> {
-        self.lazy(&self.xattrs, super::XATTRS)
-    }
-
-    pub fn disposal_table(&self) -> OpResult<&Rt> {
-        self.lazy(&self.disposal, super::DISPOSAL)
-    }
-
-    pub fn intent_table(&self) -> OpResult<&Rt> {
-        self.lazy(&self.intents, super::INTENTS)
-    }
-
-    pub fn dirx_table(&self) -> OpResult<&Rt> {
-        self.lazy(&self.dirx, super::DIRX)
-    }
-
-    pub fn peer_done_table(&self) -> OpResult<&Rt> {
-        self.lazy(&self.peer_done, super::PEER_DONE)
     }
 }

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Metadata journal A/B: bench md through the mount and with the native client, on a fresh
+# `hivefs up` per build and round (builds alternated), and through a bindfs passthrough of a
+# directory on the same disk in the same round. Per phase: ops/s, the metadata service's CPU
+# per operation (µs), the mount's CPU per operation, and metadata requests per operation.
+# Needs bindfs; root.
+# Usage: bench/md-journal-ab.sh WORKDIR OLD_BINARY NEW_BINARY
+#        (env: ROUNDS=2 RANKS=8 FILES=2000 SIZE=0 SHARED=0 META=1)
+set -euo pipefail
+W=$1; OLD=$2; NEW=$3
+ROUNDS=${ROUNDS:-2}; RANKS=${RANKS:-8}; FILES=${FILES:-2000}; SIZE=${SIZE:-0}; META=${META:-1}
+extra=(); [ "${SHARED:-0}" = 1 ] && extra+=(--shared-dir)
+mkdir -p "$W/bsrc" "$W/bmnt" "$W/mnt"
+bindfs --multithreaded -o big_writes,max_write=131072 "$W/bsrc" "$W/bmnt"
+cleanup() {
+  fusermount3 -u "$W/bmnt" 2>/dev/null || true
+  for b in "$OLD" "$NEW"; do "$b" down --dir "$W/fs" >/dev/null 2>&1 || true; done
+}
+trap cleanup EXIT
+md() { "$1" bench md "$2" --ranks "$RANKS" --files "$FILES" --file-size "$SIZE" --no-progress --json "${@:3}" "${extra[@]}"; }
+show() {
+  python3 -c '
+import json, sys
+r = json.load(sys.stdin)["run"]
+out = []
+for p in r["phases"]:
+    cpu = p.get("service_cpu_us_per_op", {})
+    meta = sum(v for k, v in cpu.items() if k.startswith("meta"))
+    req = sum(p.get("meta_requests", {}).values()) / max(p["ops"], 1)
+    s = "%s %.0f/s" % (p["phase"], p["ops_per_s"])
+    if cpu:
+        s += " meta %.0fus mount %.0fus req/op %.2f" % (meta, cpu.get("mount", 0), req)
+    out.append(s)
+print(" | ".join(out))'
+}
+for round in $(seq "$ROUNDS"); do
+  for b in "$OLD" "$NEW"; do
+    rm -rf "$W/fs"
+    "$b" up --dir "$W/fs" --mount "$W/mnt" --meta "$META" >/dev/null
+    echo "round $round $(basename "$b") mount:  $(md "$b" "$W/mnt" | show)"
+    echo "round $round $(basename "$b") native: $(md "$b" "$W/mnt" --native | show)"
+    "$b" down --dir "$W/fs" >/dev/null
+  done
+  echo "round $round bindfs: $(md "$NEW" "$W/bmnt" | show)"
+done

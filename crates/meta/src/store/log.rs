@@ -1,0 +1,234 @@
+//! Committing batches: the journal append, then the memory layers; and
+//! the background checkpoints that move the memory layers into the store.
+//!
+//! Owns the order that makes a batch durable before it is visible and a
+//! checkpoint durable before journal segments go. It must not be used by
+//! anything but the writer (and the offline edits of a stopped node).
+
+use super::journal::{self, AppendError, Journal};
+use super::mem::{encode_changes, Map, Maps, Mem, NT};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use tracing::{debug, error, info};
+
+/// Default journal size at which a checkpoint starts.
+pub const DEFAULT_CHECKPOINT_BYTES: u64 = 16 << 20;
+
+/// Test hook (`HIVEFS_CRASH_AT`, as for the cross-node steps): aborts the
+/// process at `journal:appended` (a batch is in the journal, not yet
+/// visible or answered), `checkpoint:commit` (a checkpoint's pages are
+/// written, the store not yet committed) or `checkpoint:committed` (the
+/// store has it, journal segments not yet deleted).
+fn crash_point(point: &str) {
+    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let at = AT.get_or_init(|| std::env::var(crate::cross::CRASH_ENV).ok().filter(|s| !s.is_empty()));
+    if at.as_deref() == Some(point) {
+        error!("{}={point}: aborting", crate::cross::CRASH_ENV);
+        std::process::abort();
+    }
+}
+
+/// A checkpoint to run: the frozen layer, the last batch in it, and the
+/// first journal segment not in it.
+struct Job {
+    frozen: Arc<Maps>,
+    seq: u64,
+    next_segment: u64,
+}
+
+/// State shared with the checkpoint thread.
+struct Shared {
+    mem: Arc<Mem>,
+    dir: PathBuf,
+    running: AtomicBool,
+    /// Bytes of the store's file in use after the last checkpoint.
+    used: AtomicU64,
+    /// Set when a checkpoint failed: the store cannot take more (see `Log::failed`).
+    failed: AtomicBool,
+    checkpoints: AtomicU64,
+}
+
+/// The writer's way to commit: journal and memory layers, and checkpoints.
+pub struct Log {
+    pub mem: Arc<Mem>,
+    journal: Journal,
+    body: Vec<u8>,
+    shared: Arc<Shared>,
+    /// `None`: checkpoints run in the committing thread (simulations, tests).
+    thread: Option<(std::sync::mpsc::Sender<Job>, std::thread::JoinHandle<()>)>,
+    /// Journal bytes at which a checkpoint starts.
+    pub checkpoint_bytes: u64,
+    /// Whether the crash hooks fire (from the writer's start on: the
+    /// batches of opening the store never abort).
+    armed: bool,
+}
+
+impl Log {
+    pub(super) fn new(mem: Arc<Mem>, journal: Journal) -> Log {
+        let shared = Arc::new(Shared {
+            mem: mem.clone(),
+            dir: journal.dir().to_path_buf(),
+            running: AtomicBool::new(false),
+            used: AtomicU64::new(u64::MAX),
+            failed: AtomicBool::new(false),
+            checkpoints: AtomicU64::new(0),
+        });
+        Log {
+            mem,
+            journal,
+            body: Vec::new(),
+            shared,
+            thread: None,
+            checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
+            armed: false,
+        }
+    }
+
+    /// Runs checkpoints on a thread of their own from now on, and arms the
+    /// crash hooks.
+    pub fn spawn_checkpointer(&mut self) -> std::io::Result<()> {
+        self.armed = true;
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let shared = self.shared.clone();
+        let h = std::thread::Builder::new().name("meta-checkpoint".into()).spawn(move || {
+            while let Ok(job) = rx.recv() {
+                run(&shared, job);
+            }
+        })?;
+        self.thread = Some((tx, h));
+        Ok(())
+    }
+
+    /// Appends the changes as one journal record and then makes them
+    /// visible. Nothing changed: nothing is written.
+    pub fn commit(&mut self, changes: [Map; NT]) -> Result<(), AppendError> {
+        if changes.iter().all(Map::is_empty) {
+            return Ok(());
+        }
+        self.body.clear();
+        encode_changes(&changes, &mut self.body);
+        self.journal.append(&self.body)?;
+        if self.armed {
+            crash_point("journal:appended");
+        }
+        self.mem.apply(changes);
+        Ok(())
+    }
+
+    /// Starts a checkpoint when the journal has grown to `checkpoint_bytes`
+    /// or to `limit` (less: the disk is filling up), unless one is running.
+    pub fn maybe_checkpoint(&mut self, limit: u64) {
+        let pending = self.journal.pending_bytes();
+        if pending < self.checkpoint_bytes.min(limit).max(1 << 16) || self.shared.running.load(Ordering::Acquire) {
+            return;
+        }
+        self.checkpoint_now();
+    }
+
+    /// Starts a checkpoint of everything journaled so far (waits for it
+    /// without a checkpoint thread). False if one is running or it could
+    /// not start.
+    pub fn checkpoint_now(&mut self) -> bool {
+        if self.shared.failed.load(Ordering::Acquire) || self.shared.running.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        // Rotate first: if that fails, nothing was frozen and the records
+        // stay in `live`.
+        let next_segment = match self.journal.rotate() {
+            Ok(n) => n,
+            Err(e) => {
+                error!("metadata journal: cannot start a new segment for a checkpoint: {e}");
+                self.shared.running.store(false, Ordering::Release);
+                return false;
+            }
+        };
+        let Some(frozen) = self.mem.freeze() else {
+            self.shared.running.store(false, Ordering::Release);
+            return false;
+        };
+        let job = Job { frozen, seq: self.journal.last_seq(), next_segment };
+        match &self.thread {
+            Some((tx, _)) => {
+                if let Err(std::sync::mpsc::SendError(job)) = tx.send(job) {
+                    run(&self.shared, job);
+                }
+            }
+            None => run(&self.shared, job),
+        }
+        true
+    }
+
+    /// Bytes of the store's file in use after the last checkpoint (`None`
+    /// before the first).
+    pub fn store_used(&self) -> Option<u64> {
+        Some(self.shared.used.load(Ordering::Relaxed)).filter(|u| *u != u64::MAX)
+    }
+
+    /// A checkpoint failed: the store must be opened again (the journal
+    /// still holds everything), so the service should stop.
+    pub fn failed(&self) -> bool {
+        self.shared.failed.load(Ordering::Acquire)
+    }
+
+    pub fn checkpoints(&self) -> u64 {
+        self.shared.checkpoints.load(Ordering::Relaxed)
+    }
+
+    /// Waits until no checkpoint runs.
+    pub fn wait_checkpoint(&self) {
+        while self.shared.running.load(Ordering::Acquire) && !self.failed() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    pub fn journal(&self) -> &Journal {
+        &self.journal
+    }
+}
+
+impl Drop for Log {
+    fn drop(&mut self) {
+        if let Some((tx, h)) = self.thread.take() {
+            drop(tx);
+            // Finishes a running checkpoint (the journal has its records
+            // anyway; this only saves replaying them).
+            let _ = h.join();
+        }
+    }
+}
+
+fn run(s: &Shared, job: Job) {
+    let t0 = std::time::Instant::now();
+    let records = job.frozen.records;
+    match s.mem.write_checkpoint(&job.frozen, job.seq, &|| crash_point("checkpoint:commit")) {
+        Ok(used) => {
+            crash_point("checkpoint:committed");
+            s.mem.unfreeze();
+            s.used.store(used, Ordering::Relaxed);
+            s.checkpoints.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = journal::remove_before(&s.dir, job.next_segment) {
+                // Harmless: replay skips batches the store already holds.
+                error!("metadata journal {}: deleting checkpointed segments: {e}", s.dir.display());
+            }
+            let ms = t0.elapsed().as_millis();
+            if ms > 1000 {
+                info!(records, batch = job.seq, ms, "metadata checkpoint written");
+            } else {
+                debug!(records, batch = job.seq, ms, "metadata checkpoint written");
+            }
+            s.running.store(false, Ordering::Release);
+        }
+        Err(e) => {
+            // The frozen layer stays (reads remain right) and the journal
+            // keeps every record; the store refuses further commits until
+            // it is opened again.
+            error!(
+                "metadata store failure: checkpoint of {records} records up to journal batch {} failed: {e}; \
+                 the journal keeps them, restart the service",
+                job.seq
+            );
+            s.failed.store(true, Ordering::Release);
+        }
+    }
+}
