@@ -91,6 +91,9 @@ pub struct WriterState {
     pub space_reserve: Option<(std::path::PathBuf, u64)>,
     /// The last "too little space" finding (free bytes) and until when it stands.
     pub low_space: Option<(std::time::Instant, u64)>,
+    /// The data dir's free bytes and when they were asked (asked again
+    /// after [`DISK_FREE_TTL`], not for every batch).
+    pub disk_free: Option<(std::time::Instant, u64)>,
     /// Raised when a commit failed in a way that needs the store reopened.
     pub failed: Arc<StoreFailure>,
     /// Where the last client operation's confirmed retry records were
@@ -138,7 +141,24 @@ fn failure_code(e: &std::io::Error) -> hivefs_types::ErrorCode {
     }
 }
 
+/// How long a statvfs of the data dir stands.
+const DISK_FREE_TTL: std::time::Duration = std::time::Duration::from_millis(100);
+
 impl WriterState {
+    /// Free bytes of the data dir's file system (`None` without a reserve
+    /// or when statvfs fails).
+    fn disk_free(&mut self) -> Option<u64> {
+        let (dir, _) = self.space_reserve.as_ref()?;
+        match self.disk_free {
+            Some((at, free)) if at.elapsed() < DISK_FREE_TTL => Some(free),
+            _ => {
+                let free = hivefs_cluster::capacity_of(dir).ok()?.free_bytes;
+                self.disk_free = Some((std::time::Instant::now(), free));
+                Some(free)
+            }
+        }
+    }
+
     /// Chooses a new file's targets: from the normal capacity pool, and from
     /// the low one only for the part of the stripe the normal pool cannot fill
     /// (emergency targets are never offered).
@@ -397,10 +417,9 @@ pub fn run_batch(log: &mut Log, st: &mut WriterState, muts: Vec<Queued>) -> Vec<
     }
     // A disk filling up checkpoints early: the store reuses the space of
     // removed records, and the checkpointed journal segments are deleted.
-    let limit = match (&st.space_reserve, st.low_space) {
-        (Some(_), Some(_)) => 0,
-        (Some((dir, _)), None) => hivefs_cluster::capacity_of(dir).map_or(u64::MAX, |c| c.free_bytes / 8),
-        (None, _) => u64::MAX,
+    let limit = match st.low_space {
+        Some(_) => 0,
+        None => st.disk_free().map_or(u64::MAX, |f| f / 8),
     };
     log.maybe_checkpoint(limit);
     results
@@ -425,17 +444,18 @@ fn apply_all(
     // store file never shrinks, but its free pages are reused by the next
     // checkpoint (which starts at once when space is low).
     // A finding of too little space stands for a second.
-    let free = match (&st.space_reserve, st.low_space) {
-        (Some((_, min)), Some((until, free))) if std::time::Instant::now() < until => Some((free, *min)),
-        (Some((dir, min)), _) => match hivefs_cluster::capacity_of(dir).map(|c| c.free_bytes) {
-            Ok(free) if free < *min => {
+    let free = match (st.space_reserve.as_ref().map(|(_, min)| *min), st.low_space) {
+        (Some(min), Some((until, free))) if std::time::Instant::now() < until => Some((free, min)),
+        (Some(min), _) => match st.disk_free() {
+            Some(free) if free < min => {
+                let dir = &st.space_reserve.as_ref().expect("a reserve").0;
                 // Only the part of the file that has disk blocks: the store
                 // grows its file sparsely, and writing into a hole takes
                 // space the file system's free count already includes.
                 let on_disk = std::fs::metadata(dir.join(crate::store::DB_FILE))
                     .map_or(0, |m| m.len().min(std::os::unix::fs::MetadataExt::blocks(&m) * 512));
                 let free = free + on_disk.saturating_sub(store_used.unwrap_or(u64::MAX));
-                (free < *min).then_some((free, *min))
+                (free < min).then_some((free, min))
             }
             _ => None,
         },

@@ -163,6 +163,7 @@ impl Namespace {
             space_reserve: (opts.min_free_bytes > 0).then(|| (opts.dir.clone(), opts.min_free_bytes)),
             failed: failed.clone(),
             low_space: None,
+            disk_free: None,
             reply_floor: Default::default(),
         };
         if let Some((Err(e), _)) = run_batch(&mut log, &mut state, vec![(Mutation::RecoverOrphans.into(), None)]).pop()
