@@ -2,7 +2,8 @@
 # Metadata journal A/B: bench md through the mount and with the native client, on a fresh
 # `hivefs up` per build and round (builds alternated), and through a bindfs passthrough of a
 # directory on the same disk in the same round. Per phase: ops/s, the metadata service's CPU
-# per operation (µs), the mount's CPU per operation, and metadata requests per operation.
+# per operation (µs), the mount's, the storage services' (summed), and metadata requests per
+# operation.
 # Needs bindfs; root.
 # Usage: bench/md-journal-ab.sh WORKDIR OLD_BINARY NEW_BINARY
 #        (env: ROUNDS=2 RANKS=8 FILES=2000 SIZE=0 SHARED=0 META=1)
@@ -26,10 +27,11 @@ out = []
 for p in r["phases"]:
     cpu = p.get("service_cpu_us_per_op", {})
     meta = sum(v for k, v in cpu.items() if k.startswith("meta"))
+    storage = sum(v for k, v in cpu.items() if k.startswith("storage"))
     req = sum(p.get("meta_requests", {}).values()) / max(p["ops"], 1)
     s = "%s %.0f/s" % (p["phase"], p["ops_per_s"])
     if cpu:
-        s += " meta %.0fus mount %.0fus req/op %.2f" % (meta, cpu.get("mount", 0), req)
+        s += " meta %.0fus mount %.0fus storage %.0fus req/op %.2f" % (meta, cpu.get("mount", 0), storage, req)
     out.append(s)
 print(" | ".join(out))'
 }

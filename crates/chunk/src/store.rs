@@ -8,9 +8,13 @@
 //! request can name a path outside the target.
 //!
 //! Files are created lazily on the first write (or a truncate to a non-zero
-//! length), with mode 0600; their sub-directory is created on demand with
-//! mode 0700 and `chunks/` is fsynced then, so the sub-directory survives a
-//! crash. A missing chunk file reads as empty and has length 0.
+//! length), with mode 0600. The 256 sub-directories are made (mode 0700) by
+//! [`ChunkStore::make_subdirs`] when the service starts, with one fsync of
+//! `chunks/`; one still missing is made on demand and `chunks/` fsynced then,
+//! so a sub-directory survives a crash before a file appears in it. (Made on
+//! demand only, they cost a fresh file system about 2 ms per sub-directory,
+//! 2,048 fsyncs over 8 targets, in the first few thousand small files.) A
+//! missing chunk file reads as empty and has length 0.
 //!
 //! I/O is positional (`pread`/`pwrite`) and blocking: callers run these
 //! methods on a blocking thread, or inline for small requests (see
@@ -89,6 +93,24 @@ impl ChunkStore {
             }
             Err(e) => Err(self.err(entry, &e)),
         }
+    }
+
+    /// Makes every missing sub-directory of `chunks/` (which must exist)
+    /// and, if it made any, fsyncs `chunks/` once. Returns how many it made.
+    pub fn make_subdirs(&self) -> std::io::Result<usize> {
+        let chunks = self.dir.join(CHUNKS_DIR);
+        let mut made = 0;
+        for hh in 0..=u8::MAX {
+            match std::fs::DirBuilder::new().mode(0o700).create(chunks.join(format!("{hh:02x}"))) {
+                Ok(()) => made += 1,
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if made > 0 {
+            File::open(&chunks)?.sync_all()?;
+        }
+        Ok(made)
     }
 
     fn make_subdir(&self, entry: EntryId) -> FsResult<()> {
@@ -478,6 +500,18 @@ mod tests {
     }
 
     const E: EntryId = EntryId { node: 1, epoch: 2, counter: 0xab };
+
+    #[test]
+    fn sub_directories_are_made_once_up_front() {
+        let (d, s) = store();
+        s.write(E, 0, b"before").unwrap(); // made on demand
+        assert_eq!(s.make_subdirs().unwrap(), 255);
+        assert_eq!(s.make_subdirs().unwrap(), 0);
+        assert_eq!(std::fs::read_dir(d.path().join(CHUNKS_DIR)).unwrap().count(), 256);
+        s.write(EntryId { counter: 7, ..E }, 0, b"after").unwrap();
+        assert_eq!(s.stat(E).unwrap(), 6);
+        assert_eq!(s.stat(EntryId { counter: 7, ..E }).unwrap(), 5);
+    }
 
     #[test]
     fn chunk_paths_are_derived_from_the_id_only() {

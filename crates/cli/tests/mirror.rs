@@ -87,10 +87,18 @@ fn buddy_groups_are_made_listed_and_switched_over_when_a_primary_dies() {
     let old_secondary = g1["secondary"]["id"].as_u64().unwrap();
     let victim = format!("storage{}", node_of(old_primary));
     fs.kill9(&victim);
-    wait_for("failover of group 1", Duration::from_secs(30), || {
-        let g = &groups(m)[0];
-        g["epoch"] == 1 && g["primary"]["id"] == old_secondary
-    });
+    // (Spelled out: a failure shows the group as last seen and mgmtd's log.)
+    let start = Instant::now();
+    let mut g = groups(m)[0].clone();
+    while !(g["epoch"] == 1 && g["primary"]["id"] == old_secondary) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "failover of group 1 not within 30 s; last seen: {g}\nmgmtd log:\n{}",
+            std::fs::read_to_string(fs.dir.join("mgmtd/mgmtd.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        g = groups(m)[0].clone();
+    }
     let g = &groups(m)[0];
     assert_eq!(g["secondary"]["id"], old_primary, "{g}");
     assert_eq!(g["secondary"]["state"], "needs-resync", "{g}");

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use hivefs_chunk::io::{chunk_io_code, read_at_cached_into, read_at_full_into};
 use hivefs_proto::{Reply, Request, FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
-use hivefs_types::ids::{EntryId, TargetId};
+use hivefs_types::ids::{EntryId, NodeId, NodeType, TargetId};
 use hivefs_types::pattern::{Pattern, Piece, StripeUnit};
 use std::os::unix::fs::FileExt;
 use tokio::task::JoinSet;
@@ -254,9 +254,14 @@ impl Client {
     }
 
     /// The file size the chunk files imply (the truth, as the brief says).
+    /// Chunk files held here are asked directly; the others with one
+    /// `StatChunks` per storage node (each stripe unit alone for a
+    /// mirrored file, whose groups answer through their primaries).
     pub async fn size_from_targets(&self, pattern: &Pattern, entry: EntryId) -> FsResult<u64> {
         let mut set = JoinSet::new();
         let mut lens = vec![0u64; pattern.targets().len()];
+        let mut by_node: std::collections::BTreeMap<NodeId, Vec<usize>> = Default::default();
+        let view = self.cluster.view();
         for (i, &target) in pattern.targets().iter().enumerate() {
             match self.local_file(pattern, i, entry, false).await {
                 Local::File(f) => {
@@ -266,21 +271,63 @@ impl Client {
                 Local::NoChunk => continue,
                 Local::Network => {}
             }
-            let unit = pattern.unit(i);
-            let call = self.unit_task(unit, Request::StatChunk { target, entry }, Bytes::new());
+            match (pattern.unit(i), view.targets.get(&target)) {
+                (StripeUnit::Target(_), Some(t)) => by_node.entry(t.node).or_default().push(i),
+                _ => {
+                    set.spawn(self.stat_one(pattern, i, entry));
+                }
+            }
+        }
+        for (node, idxs) in by_node {
+            if idxs.len() == 1 {
+                set.spawn(self.stat_one(pattern, idxs[0], entry));
+                continue;
+            }
+            let targets: Vec<TargetId> = idxs.iter().map(|&i| pattern.targets()[i]).collect();
+            let (cluster, one_by_one) = (self.cluster.clone(), idxs.iter().map(|&i| self.stat_one(pattern, i, entry)));
+            let one_by_one: Vec<_> = one_by_one.collect();
             set.spawn(async move {
-                match call.await {
-                    Ok((Reply::ChunkLen(l), _)) => Ok((i, l)),
-                    Ok((r, _)) => Err(FsError::new(ErrorCode::Protocol, format!("odd stat reply {r:?}"))),
-                    Err(e) => Err(target_err(unit, entry, e)),
+                let pool = cluster.node_pool(NodeType::Storage, node).await?;
+                let req = Request::StatChunks { entry, targets };
+                match pool.call_with(&Default::default(), &req, Bytes::new()).await {
+                    Ok((Reply::ChunkLens(l), _)) if l.len() == idxs.len() => Ok(idxs.into_iter().zip(l).collect()),
+                    Ok((r, _)) => Err(FsError::new(ErrorCode::Protocol, format!("odd StatChunks reply {r:?}"))),
+                    // A storage node of an older version: one request per target.
+                    Err(e) if matches!(e.code, ErrorCode::Protocol | ErrorCode::NotSupported) => {
+                        let mut out = Vec::with_capacity(one_by_one.len());
+                        for f in one_by_one {
+                            out.extend(f.await?);
+                        }
+                        Ok(out)
+                    }
+                    Err(e) => Err(FsError::new(e.code, format!("storage node {node}, file {entry}: {}", e.message))),
                 }
             });
         }
         while let Some(r) = set.join_next().await {
-            let (i, l) = r.map_err(|e| FsError::new(ErrorCode::Internal, e.to_string()))??;
-            lens[i] = l;
+            for (i, l) in r.map_err(|e| FsError::new(ErrorCode::Internal, e.to_string()))?? {
+                lens[i] = l;
+            }
         }
         Ok(pattern.size_from_chunk_lens(&lens))
+    }
+
+    /// The length of stripe `i`'s chunk file, asked over the network.
+    fn stat_one(
+        &self,
+        pattern: &Pattern,
+        i: usize,
+        entry: EntryId,
+    ) -> impl std::future::Future<Output = FsResult<Vec<(usize, u64)>>> + Send + 'static {
+        let (target, unit) = (pattern.targets()[i], pattern.unit(i));
+        let call = self.unit_task(unit, Request::StatChunk { target, entry }, Bytes::new());
+        async move {
+            match call.await {
+                Ok((Reply::ChunkLen(l), _)) => Ok(vec![(i, l)]),
+                Ok((r, _)) => Err(FsError::new(ErrorCode::Protocol, format!("odd stat reply {r:?}"))),
+                Err(e) => Err(target_err(unit, entry, e)),
+            }
+        }
     }
 
     /// Sends `req(stripe index, target)` to every target of the stripe that

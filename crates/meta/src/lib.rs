@@ -131,7 +131,19 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config, MetaError> {
         let s = std::fs::read_to_string(path)
             .map_err(|e| MetaError::Config { path: path.to_path_buf(), message: e.to_string() })?;
-        toml::from_str(&s).map_err(|e| MetaError::Config { path: path.to_path_buf(), message: e.to_string() })
+        let c: Config =
+            toml::from_str(&s).map_err(|e| MetaError::Config { path: path.to_path_buf(), message: e.to_string() })?;
+        if c.checkpoint_bytes < store::log::MIN_CHECKPOINT_BYTES {
+            return Err(MetaError::Config {
+                path: path.to_path_buf(),
+                message: format!(
+                    "checkpoint_bytes = {} is below the least allowed, {}",
+                    c.checkpoint_bytes,
+                    store::log::MIN_CHECKPOINT_BYTES
+                ),
+            });
+        }
+        Ok(c)
     }
 }
 

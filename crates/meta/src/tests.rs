@@ -1377,6 +1377,14 @@ mod service {
         assert_eq!((c.listen.as_str(), c.mgmtd.as_str(), c.sync), ("127.0.0.1:8005", "127.0.0.1:8008", false));
         assert_eq!((c.heartbeat_interval_ms, c.target_refresh_ms), (1000, 2000));
         assert!(toml::from_str::<Config>("lisen = \"x\"").is_err());
+        assert_eq!(c.checkpoint_bytes, 16 << 20);
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("meta.toml");
+        std::fs::write(&f, "checkpoint_bytes = 4096\n").unwrap();
+        let e = Config::load(&f).unwrap_err().to_string();
+        assert!(e.contains("checkpoint_bytes = 4096 is below the least allowed, 65536"), "{e}");
+        std::fs::write(&f, "checkpoint_bytes = 65536\n").unwrap();
+        assert_eq!(Config::load(&f).unwrap().checkpoint_bytes, 65536);
     }
 }
 

@@ -674,6 +674,14 @@ pub enum Request {
         done: u64,
         total: u64,
     },
+    /// The lengths of `entry`'s chunk files on several (unmirrored) targets
+    /// of this storage node, at most [`STAT_CHUNKS_MAX`]: one request where
+    /// a file's size needs every target of a server. Answer: `ChunkLens`, in
+    /// the order of `targets` (0 where there is no chunk file).
+    StatChunks {
+        entry: EntryId,
+        targets: Vec<TargetId>,
+    },
 }
 
 /// `len` bytes (at most `MAX_PAYLOAD_LEN`) from `src_offset` of
@@ -698,6 +706,9 @@ pub const FALLOC_ZERO_RANGE: u32 = 0x10;
 
 /// Most entries one `UnlinkChunks` request may carry.
 pub const UNLINK_CHUNKS_MAX: usize = 1024;
+
+/// Most targets one `StatChunks` request may name (a stripe's most targets).
+pub const STAT_CHUNKS_MAX: usize = 65_536;
 
 /// Most entries one `Reply::Revoked` carries (more wait for the next poll).
 pub const REVOKED_MAX: usize = 16384;
@@ -838,6 +849,7 @@ impl Request {
                 | Request::UnlinkChunk { .. }
                 | Request::UnlinkChunks { .. }
                 | Request::StatChunk { .. }
+                | Request::StatChunks { .. }
                 | Request::FsyncChunk { .. }
                 | Request::MoveTargetToPool { .. }
                 | Request::ListPools
@@ -991,6 +1003,8 @@ pub enum Reply {
     HeartbeatAck {
         lease_ms: u64,
     },
+    /// Answer to `StatChunks`.
+    ChunkLens(Vec<u64>),
 }
 
 /// How a new directory's owner (metadata node) is chosen; a per-directory
@@ -1150,7 +1164,7 @@ mod tests {
             let (m, _): (T, _) = postcard::take_from_bytes(&body).unwrap_or_else(|e| panic!("id {id}: {e}"));
             name_of(&m)
         }
-        const REQUESTS: [&str; 71] = [
+        const REQUESTS: [&str; 72] = [
             "Ping",
             "RegisterNode",
             "RegisterTarget",
@@ -1222,8 +1236,9 @@ mod tests {
             "ListGroups",
             "SetMemberState",
             "ResyncProgress",
+            "StatChunks",
         ];
-        const REPLIES: [&str; 38] = [
+        const REPLIES: [&str; 39] = [
             "Ok",
             "Pong",
             "NodeRegistered",
@@ -1262,6 +1277,7 @@ mod tests {
             "GroupCreated",
             "Groups",
             "HeartbeatAck",
+            "ChunkLens",
         ];
         for (id, want) in REQUESTS.iter().enumerate() {
             assert_eq!(decoded::<Request>(id), *want, "request id {id}");

@@ -39,6 +39,9 @@ impl DataTargets for OneTarget {
     }
 }
 
+/// Journal bytes after which a simulated node checkpoints.
+const CHECKPOINT_BYTES: u64 = 4096;
+
 /// Starts node `n` on its data dir: what `hivefs meta` does before and
 /// after it starts serving (pending intents are read first; their
 /// recovery runs as a task of the node).
@@ -65,7 +68,15 @@ pub fn start(world: &Arc<World>, n: NodeId) {
         min_free_bytes: 0,
         inline_writer: Some(latency),
     };
-    let ns = Arc::new(Namespace::open(opts, Arc::new(OneTarget)).expect("opening a simulated metadata store"));
+    let mut store = hivefs_meta::store::Store::open(&opts.dir.join(hivefs_meta::namespace::DB_FILE), false)
+        .expect("opening a simulated metadata store");
+    // Checkpoints every few batches (the service starts one at 16 MiB of
+    // journal), so that restarts replay a journal over a checkpoint, not
+    // the whole history. (They run inside a commit here: a crash lands
+    // between checkpoints, never inside one; the mount tests cover that.)
+    store.log.checkpoint_bytes = CHECKPOINT_BYTES;
+    let ns =
+        Arc::new(Namespace::from_store(store, opts, Arc::new(OneTarget)).expect("opening a simulated metadata store"));
     ns.set_peers(Arc::new(SimPeers { world: Arc::downgrade(world), me: n, all: world.node_ids() }));
     let pending = ns.load_pending().expect("reading pending intents");
     slot.boot += 1;

@@ -232,6 +232,26 @@ impl Ready {
             .ok_or_else(|| fs_err!(NotFound, "storage target {target} is not served by storage node {}", self.node))
     }
 
+    /// `Request::StatChunks`: every named target must be served here
+    /// (unmirrored); one blocking task stats them all.
+    async fn stat_chunks(&self, entry: EntryId, targets: Vec<TargetId>, mirrored: bool) -> FsResult<Reply> {
+        if mirrored {
+            return Err(fs_err!(Invalid, "StatChunks of file {entry} names buddy groups: ask each group's primary"));
+        }
+        if targets.len() > hivefs_proto::STAT_CHUNKS_MAX {
+            return Err(fs_err!(
+                Invalid,
+                "StatChunks of file {entry} names {} targets, more than {}",
+                targets.len(),
+                hivefs_proto::STAT_CHUNKS_MAX
+            ));
+        }
+        let stores = targets.iter().map(|t| self.store(*t)).collect::<FsResult<Vec<_>>>()?;
+        blocking(move || stores.iter().map(|s| s.stat(entry)).collect::<FsResult<Vec<u64>>>())
+            .await
+            .map(Reply::ChunkLens)
+    }
+
     /// `Request::CopyChunk`: within this node's disks, or reading the source
     /// from the node that serves it.
     async fn copy_chunk(&self, c: ChunkCopy) -> FsResult<u32> {
@@ -328,6 +348,7 @@ impl Ready {
                 Ok(s) => blocking(move || s.stat(entry)).await.map(Reply::ChunkLen),
                 Err(e) => Err(e),
             },
+            Request::StatChunks { entry, targets } => self.stat_chunks(entry, targets, mirrored).await,
             Request::FallocateChunk { target, entry, mode, offset, len } => match self.store_of(target, mirrored) {
                 Ok(s) => blocking(move || s.fallocate(entry, mode, offset, len)).await.map(|()| Reply::Ok),
                 Err(e) => Err(e),
@@ -498,6 +519,12 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
 
     let stores: HashMap<TargetId, Arc<ChunkStore>> =
         ids.iter().zip(&opened).map(|(&id, o)| (id, Arc::new(ChunkStore::new(id, &o.dir)))).collect();
+    for s in stores.values() {
+        // Otherwise made one by one, each with an fsync, under the first files.
+        if let Err(e) = s.make_subdirs() {
+            warn!(target = %s.target(), dir = %s.dir().display(), "making the chunk sub-directories: {e}; they are made as needed");
+        }
+    }
     let limits = match rate_limit {
         Some(r) => {
             info!(bytes_per_s = r, targets = ?ids, "target rate limit (target_rate_limit) in force");

@@ -85,6 +85,16 @@ async fn chunk_io_auth_and_restart() {
     // The same entry on the other target is another chunk file.
     let other = Request::StatChunk { target: TargetId(1), entry: e };
     assert_eq!(pool.rpc(&other).await.unwrap(), Reply::ChunkLen(0));
+    // Both in one request, in the order asked; a target of another node fails it.
+    let both = Request::StatChunks { entry: e, targets: vec![TargetId(2), TargetId(1), TargetId(2)] };
+    assert_eq!(pool.rpc(&both).await.unwrap(), Reply::ChunkLens(vec![4096 + (1 << 20), 0, 4096 + (1 << 20)]));
+    let m = expect_err(
+        &pool,
+        Request::StatChunks { entry: e, targets: vec![TargetId(1), TargetId(9)] },
+        ErrorCode::NotFound,
+    )
+    .await;
+    assert_eq!(m, "storage target 9 is not served by storage node 1");
 
     assert_eq!(pool.rpc(&Request::TruncateChunk { target: TargetId(2), entry: e, len: 10 }).await.unwrap(), Reply::Ok);
     assert_eq!(pool.rpc(&stat).await.unwrap(), Reply::ChunkLen(10));

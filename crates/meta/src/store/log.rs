@@ -14,6 +14,9 @@ use tracing::{debug, error, info};
 
 /// Default journal size at which a checkpoint starts.
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 16 << 20;
+/// The least `checkpoint_bytes` a service may be configured with (tests
+/// and simulations set less on the [`Log`] itself).
+pub const MIN_CHECKPOINT_BYTES: u64 = 64 << 10;
 
 /// Test hook (`HIVEFS_CRASH_AT`, as for the cross-node steps): aborts the
 /// process at `journal:appended` (a batch is in the journal, not yet
@@ -120,7 +123,9 @@ impl Log {
     /// or to `limit` (less: the disk is filling up), unless one is running.
     pub fn maybe_checkpoint(&mut self, limit: u64) {
         let pending = self.journal.pending_bytes();
-        if pending < self.checkpoint_bytes.min(limit).max(1 << 16) || self.shared.running.load(Ordering::Acquire) {
+        // A filling disk checkpoints early, but not after every batch.
+        let want = self.checkpoint_bytes.min(limit.max(MIN_CHECKPOINT_BYTES));
+        if pending < want || self.shared.running.load(Ordering::Acquire) {
             return;
         }
         self.checkpoint_now();
