@@ -22,7 +22,7 @@ use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, NodeId};
-use hivefs_types::pattern::{validate_chunk_size, DirPattern, Pattern};
+use hivefs_types::pattern::{DirPattern, Pattern};
 use hivefs_types::{NAME_MAX, PATH_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX};
 
 /// Largest page `ReadDir` returns, whatever the client asks for.
@@ -929,7 +929,7 @@ fn remove_xattr(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, name: &[u8])
 
 fn set_dir_pattern(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, p: DirPattern) -> OpResult<Reply> {
     let mut i = dir_inode(&t.inodes, id)?;
-    validate_chunk_size(u64::from(p.chunk_size)).map_err(|m| fs_err!(Invalid, "{m} (directory {id})"))?;
+    p.validate().map_err(|m| fs_err!(Invalid, "{m} (directory {id})"))?;
     i.dir_pattern = Some(p);
     i.ctime = ctx.now;
     t.put_inode(id, &i)?;

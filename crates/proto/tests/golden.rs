@@ -39,28 +39,34 @@ fn varint(mut v: u64, out: &mut Vec<u8>) {
 
 /// A value of variant `id` of `T`, from seeded bytes: mostly small numbers
 /// (short lengths, valid flags and enum indexes), sometimes letters and
-/// large ones.
+/// large ones. A variant none of those decode as (a `DirPattern`'s chunk
+/// size must be a power of two from 4 KiB) is tried again with 4096 (the
+/// varint `80 20`) among the bytes; variants found the first way keep
+/// their values.
 fn sample<T: Serialize + DeserializeOwned>(id: u64) -> Option<Vec<u8>> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ id.wrapping_mul(0x100_0000_01b3);
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    for _ in 0..200_000 {
-        let mut b = Vec::new();
-        varint(id, &mut b);
-        for _ in 0..96 {
-            let r = next();
-            b.push(match r % 8 {
-                0 => (r >> 8) as u8,
-                1 => b'a' + (r >> 8) as u8 % 26,
-                _ => (r >> 8) as u8 % 3,
-            });
-        }
-        if let Ok((v, _)) = postcard::take_from_bytes::<T>(&b) {
-            return Some(encode_body(&v));
+    for with_4k in [false, true] {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ id.wrapping_mul(0x100_0000_01b3);
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..200_000 {
+            let mut b = Vec::new();
+            varint(id, &mut b);
+            for _ in 0..96 {
+                let r = next();
+                match r % 8 {
+                    0 => b.push((r >> 8) as u8),
+                    1 => b.push(b'a' + (r >> 8) as u8 % 26),
+                    7 if with_4k => b.extend([0x80, 0x20]),
+                    _ => b.push((r >> 8) as u8 % 3),
+                }
+            }
+            if let Ok((v, _)) = postcard::take_from_bytes::<T>(&b) {
+                return Some(encode_body(&v));
+            }
         }
     }
     None

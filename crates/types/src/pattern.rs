@@ -133,7 +133,14 @@ impl fmt::Display for Chooser {
 
 /// Stripe settings of a directory, applied to files created in it and
 /// inherited by its new subdirectories.
+///
+/// Valid settings ([`DirPattern::validate`]): a chunk size that is a power
+/// of two from 4 KiB to 1 GiB, a stripe count of at most [`STRIPE_MAX`] (0:
+/// all targets of the pool). Decoding checks the same, so settings from the
+/// wire or the disk are valid; the fields stay public as plain settings,
+/// and code that builds one from user input calls [`DirPattern::new`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "DirPatternFields")]
 pub struct DirPattern {
     pub chunk_size: u32,
     /// 0 means "all targets of the pool".
@@ -143,6 +150,47 @@ pub struct DirPattern {
     /// New files stripe over the pool's storage buddy groups instead of its
     /// targets ([`PatternKind::BuddyMirror`]).
     pub mirror: bool,
+}
+
+/// [`DirPattern`] as encoded (the same fields in the same order), before its checks.
+#[derive(Deserialize)]
+struct DirPatternFields {
+    chunk_size: u32,
+    stripe_count: u32,
+    pool: PoolId,
+    chooser: Chooser,
+    mirror: bool,
+}
+
+impl TryFrom<DirPatternFields> for DirPattern {
+    type Error = String;
+    fn try_from(f: DirPatternFields) -> Result<DirPattern, String> {
+        DirPattern::new(f.chunk_size, f.stripe_count, f.pool, f.chooser, f.mirror)
+    }
+}
+
+impl DirPattern {
+    /// Directory settings, if they are valid (see [`DirPattern`]).
+    pub fn new(
+        chunk_size: u32,
+        stripe_count: u32,
+        pool: PoolId,
+        chooser: Chooser,
+        mirror: bool,
+    ) -> Result<DirPattern, String> {
+        let p = DirPattern { chunk_size, stripe_count, pool, chooser, mirror };
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// Checks the settings (see [`DirPattern`]).
+    pub fn validate(&self) -> Result<(), String> {
+        validate_chunk_size(u64::from(self.chunk_size))?;
+        if self.stripe_count as usize > STRIPE_MAX {
+            return Err(format!("a stripe count of {} is invalid: 0 (all targets) to {STRIPE_MAX}", self.stripe_count));
+        }
+        Ok(())
+    }
 }
 
 impl Default for DirPattern {
@@ -347,6 +395,25 @@ mod tests {
         let good = pat(4096, 3);
         let bytes = postcard::to_allocvec(&good).unwrap();
         assert_eq!(postcard::from_bytes::<Pattern>(&bytes).unwrap(), good);
+    }
+
+    #[test]
+    fn only_valid_directory_patterns_are_made_or_decoded() {
+        let p = |cs, n| DirPattern { chunk_size: cs, stripe_count: n, ..DirPattern::default() };
+        assert!(DirPattern::new(4096, 0, PoolId::DEFAULT, Chooser::Balanced, false).is_ok());
+        assert!(p(1 << 30, STRIPE_MAX as u32).validate().is_ok());
+        for (cs, n) in [(0, 1), (5000, 1), (2048, 0), (4096, STRIPE_MAX as u32 + 1)] {
+            let bad = p(cs, n);
+            assert!(bad.validate().is_err(), "{bad:?}");
+            assert!(DirPattern::new(cs, n, PoolId::DEFAULT, Chooser::Random, true).is_err());
+            // Encoding does not check; decoding does, as for a pattern off the wire or the disk.
+            let bytes = postcard::to_allocvec(&bad).unwrap();
+            let e = postcard::from_bytes::<DirPattern>(&bytes).unwrap_err();
+            assert!(!e.to_string().is_empty());
+        }
+        let good = p(1 << 20, 4);
+        let bytes = postcard::to_allocvec(&good).unwrap();
+        assert_eq!(postcard::from_bytes::<DirPattern>(&bytes).unwrap(), good);
     }
 
     proptest! {
