@@ -169,7 +169,7 @@ fn million_entry_directory_lists_once_in_bounded_memory() {
     // checkpoint and those of the checkpoint being written (two layers of
     // at most `checkpoint_bytes` = 16 MiB of journal each, about 1.5 bytes
     // of memory per journal byte: under 48 MiB), and the rest of the node.
-    // Measured 141-152 MiB (2026-11-26; 123-129 MiB before the journal,
+    // Measured up to 152 MiB (2026-11-26; 123-129 MiB before the journal,
     // when the store cache alone bounded it). The whole million entries in
     // memory would take about 450 MiB.
     assert!(meta_peak >> 20 < 176, "the metadata node's RSS reached {} MiB", meta_peak >> 20);
