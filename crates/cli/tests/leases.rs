@@ -93,18 +93,27 @@ fn a_frozen_mount_delays_a_change_only_until_its_lease_ends() {
     let (here, there) = (fs.path("f"), other.mnt.join("f"));
     std::fs::write(&here, b"x").unwrap();
     let pid = other.pid() as i32;
-    // SIGSTOP right after stats there that the lease answered: the mount
-    // cannot answer its revocation.
     assert!(stats_served_from_cache(&m, &there, 5), "the other mount got no lease");
+    // A change here revokes the lease there (acknowledged before the chmod
+    // returns), so the next stat there asks the node and gets a fresh
+    // lease, granted after `asked`; then the mount is stopped and cannot
+    // answer the next revocation.
+    std::fs::set_permissions(&here, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let asked = Instant::now();
+    assert_eq!(std::fs::metadata(&there).unwrap().mode() & 0o7777, 0o600);
     let proc = Pid::from_raw(pid).expect("positive pid");
     kill_process(proc, Signal::STOP).unwrap();
     let start = Instant::now();
     std::fs::set_permissions(&here, std::fs::Permissions::from_mode(0o640)).unwrap();
-    let took = start.elapsed();
+    let (took, since_grant) = (start.elapsed(), asked.elapsed());
     kill_process(proc, Signal::CONT).unwrap();
     eprintln!("chmod with a frozen lease holder took {took:?}");
-    // It waited for the lease (1.5 s from the stat, which came just before)...
-    assert!(took >= Duration::from_millis(500), "chmod did not wait for the frozen holder: {took:?}");
+    // It waited for the lease to end: 1.5 s after a grant that came after
+    // `asked` (however slow the machine was in between)...
+    assert!(
+        since_grant >= Duration::from_millis(1500),
+        "chmod did not wait for the frozen holder: done {since_grant:?} after the stat that leased, took {took:?}"
+    );
     // ...and not forever (the bound is loose for a loaded machine).
     assert!(took < Duration::from_secs(20), "chmod waited {took:?}");
     assert_eq!(std::fs::metadata(&there).unwrap().mode() & 0o7777, 0o640);
