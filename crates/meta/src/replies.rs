@@ -52,11 +52,8 @@ use hivefs_types::attr::{EntryAttr, FileKind, Timespec};
 use hivefs_types::error::{ErrorCode, FsError};
 use hivefs_types::ids::{EntryId, NodeId};
 use hivefs_types::pattern::{DirPattern, Pattern};
-use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
-
-pub(crate) const REPLIES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("replies");
 
 /// Records older than this are swept even if their client never confirmed
 /// them (a client retries for at most its I/O timeout, 30 s by default).

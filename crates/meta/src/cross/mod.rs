@@ -72,7 +72,7 @@ use tracing::{error, warn};
 /// `intent` (the intent is committed, nothing sent), `peer` (the peer committed its
 /// step and has not answered), `remote` (the coordinator has the peer's answer,
 /// nothing committed) or `commit` (committed, the client not answered).
-pub const CRASH_ENV: &str = "HIVEFS_CRASH_AT";
+pub use crate::store::CRASH_ENV;
 
 #[derive(Clone, Debug, Default)]
 pub enum CrashHook {

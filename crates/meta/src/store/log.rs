@@ -25,9 +25,9 @@ pub const MIN_CHECKPOINT_BYTES: u64 = 64 << 10;
 /// store has it, journal segments not yet deleted).
 fn crash_point(point: &str) {
     static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    let at = AT.get_or_init(|| std::env::var(crate::cross::CRASH_ENV).ok().filter(|s| !s.is_empty()));
+    let at = AT.get_or_init(|| std::env::var(super::CRASH_ENV).ok().filter(|s| !s.is_empty()));
     if at.as_deref() == Some(point) {
-        error!("{}={point}: aborting", crate::cross::CRASH_ENV);
+        error!("{}={point}: aborting", super::CRASH_ENV);
         std::process::abort();
     }
 }

@@ -22,9 +22,8 @@
 //! works, read through the store's bounded page cache and the kernel's.
 
 use super::{
-    LeaseKey, OpError, OpResult, DENTRIES, DIRX, DISPOSAL, INODES, INTENTS, LOCKED, PEER_DONE, SYSTEM, XATTRS,
+    LeaseKey, OpError, OpResult, DENTRIES, DIRX, DISPOSAL, INODES, INTENTS, LOCKED, PEER_DONE, REPLIES, SYSTEM, XATTRS,
 };
-use crate::replies::REPLIES;
 use redb::{ReadableDatabase, TableDefinition};
 use std::borrow::Cow;
 use std::cell::OnceCell;

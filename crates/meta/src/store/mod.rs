@@ -78,6 +78,13 @@ pub(crate) const LOCKED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("l
 pub(crate) const DIRX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("dir_extra");
 /// Destination halves of renames applied here: intent id → empty.
 pub(crate) const PEER_DONE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("peer_done");
+/// Answers of client operations that may be retried: client ++ seq → record (see `replies`).
+pub(crate) const REPLIES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("replies");
+
+/// Test hook: `HIVEFS_CRASH_AT=<op>:<step>` makes the metadata service abort
+/// (as `kill -9`) at a step of a cross-node protocol (`cross`) or of a
+/// commit or checkpoint (`log`).
+pub const CRASH_ENV: &str = "HIVEFS_CRASH_AT";
 
 /// File name of the store inside the data dir.
 pub const DB_FILE: &str = "meta.redb";
@@ -282,7 +289,7 @@ impl Store {
         let txn = db.begin_write().map_err(|e| db_err(&e))?;
         let checkpoint_seq = {
             // Opening every table here means readers never see a missing table.
-            for t in [DENTRIES, INODES, XATTRS, DISPOSAL, INTENTS, LOCKED, DIRX, PEER_DONE, crate::replies::REPLIES] {
+            for t in [DENTRIES, INODES, XATTRS, DISPOSAL, INTENTS, LOCKED, DIRX, PEER_DONE, REPLIES] {
                 txn.open_table(t).map_err(|e| db_err(&e))?;
             }
             let mut sys_t = txn.open_table(SYSTEM).map_err(|e| db_err(&e))?;
