@@ -466,6 +466,17 @@ mod tests {
         FsckDentry { parent, name: name.as_bytes().to_vec(), id: i, kind, owner: N }
     }
 
+    /// [`healthy`] with root/m (entry 7) of `size` bytes over buddy groups `groups`.
+    fn with_mirrored_file(groups: &[u32], size: u64) -> Checker {
+        let mut c = healthy();
+        let p = Pattern::new(PatternKind::BuddyMirror, 4096, groups.iter().map(|&g| TargetId(g)).collect()).unwrap();
+        let mut f = file(id(7), 1, size, &[1]);
+        f.pattern = Some(p);
+        c.add_inode(N, f);
+        c.add_dentry(N, dentry(EntryId::ROOT, "m", id(7), FileKind::File));
+        c
+    }
+
     /// root/{d/, d/f (2 targets, 5000 bytes), g (hard link of d/f)}
     fn healthy() -> Checker {
         let mut c = Checker::default();
@@ -494,42 +505,14 @@ mod tests {
     /// that group, removed through it.
     #[test]
     fn mirrored_files_are_checked_by_their_groups() {
-        let mut c = healthy();
         let g = |n| StripeUnit::Group(BuddyGroupId(n));
-        let p = Pattern::new(PatternKind::BuddyMirror, 4096, vec![TargetId(1), TargetId(2)]).unwrap();
-        c.add_inode(
-            N,
-            FsckInode {
-                id: id(7),
-                kind: FileKind::File,
-                nlink: 1,
-                size: 4097,
-                pattern: Some(p),
-                parent: None,
-                open: false,
-            },
-        );
-        c.add_dentry(N, dentry(EntryId::ROOT, "m", id(7), FileKind::File));
+        let mut c = with_mirrored_file(&[1, 2], 4097);
         c.add_chunk(g(1), id(7), 4096);
         c.add_chunk(g(2), id(7), 1);
         assert!(c.finish().is_empty(), "group chunk files make the size");
 
-        let mut c = healthy();
         // Target 1's plain chunk of the same id does not count for a mirrored file.
-        let p = Pattern::new(PatternKind::BuddyMirror, 4096, vec![TargetId(1)]).unwrap();
-        c.add_inode(
-            N,
-            FsckInode {
-                id: id(7),
-                kind: FileKind::File,
-                nlink: 1,
-                size: 10,
-                pattern: Some(p),
-                parent: None,
-                open: false,
-            },
-        );
-        c.add_dentry(N, dentry(EntryId::ROOT, "m", id(7), FileKind::File));
+        let mut c = with_mirrored_file(&[1], 10);
         c.add_chunk(TargetId(1), id(7), 10);
         c.add_chunk(g(3), id(9), 5);
         let ps = c.finish();
@@ -538,39 +521,11 @@ mod tests {
         assert!(ps.iter().any(|p| p.kind == Kind::SizeMismatch && p.entry == id(7).to_string()), "{ps:?}");
 
         // The secondary's copy against the primary's: equal is clean; a length or a file off is found.
-        let mut c = healthy();
-        let p = Pattern::new(PatternKind::BuddyMirror, 4096, vec![TargetId(1)]).unwrap();
-        c.add_inode(
-            N,
-            FsckInode {
-                id: id(7),
-                kind: FileKind::File,
-                nlink: 1,
-                size: 10,
-                pattern: Some(p),
-                parent: None,
-                open: false,
-            },
-        );
-        c.add_dentry(N, dentry(EntryId::ROOT, "m", id(7), FileKind::File));
+        let mut c = with_mirrored_file(&[1], 10);
         c.add_chunk(g(1), id(7), 10);
         c.add_secondary_chunk(BuddyGroupId(1), TargetId(4), id(7), 10);
         assert!(c.finish().is_empty());
-        let mut c = healthy();
-        let p = Pattern::new(PatternKind::BuddyMirror, 4096, vec![TargetId(1)]).unwrap();
-        c.add_inode(
-            N,
-            FsckInode {
-                id: id(7),
-                kind: FileKind::File,
-                nlink: 1,
-                size: 10,
-                pattern: Some(p),
-                parent: None,
-                open: false,
-            },
-        );
-        c.add_dentry(N, dentry(EntryId::ROOT, "m", id(7), FileKind::File));
+        let mut c = with_mirrored_file(&[1], 10);
         c.add_chunk(g(1), id(7), 10);
         c.add_secondary_chunk(BuddyGroupId(1), TargetId(4), id(7), 9);
         c.add_secondary_chunk(BuddyGroupId(1), TargetId(4), id(9), 1);
