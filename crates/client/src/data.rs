@@ -60,6 +60,27 @@ fn target_err(t: StripeUnit, entry: EntryId, e: FsError) -> FsError {
     }
 }
 
+/// Chunk lengths found by one task of [`Client::size_from_targets`], by stripe index.
+enum Lens {
+    One(usize, u64),
+    Many(Vec<usize>, Vec<u64>),
+}
+
+/// The length of `target`'s chunk file of `entry` (stripe unit `unit`), asked over the network.
+async fn stat_chunk(
+    cluster: std::sync::Arc<hivefs_cluster::Cluster>,
+    budget: std::time::Duration,
+    unit: StripeUnit,
+    target: TargetId,
+    entry: EntryId,
+) -> FsResult<u64> {
+    match cluster.call_unit(unit, Request::StatChunk { target, entry }, Bytes::new(), budget).await {
+        Ok((Reply::ChunkLen(l), _)) => Ok(l),
+        Ok((r, _)) => Err(FsError::new(ErrorCode::Protocol, format!("odd stat reply {r:?}"))),
+        Err(e) => Err(target_err(unit, entry, e)),
+    }
+}
+
 impl Client {
     /// A future that sends chunk request `req` to stripe unit `unit` (a
     /// target, or a buddy group's primary, retried across a failover:
@@ -273,61 +294,41 @@ impl Client {
             }
             match (pattern.unit(i), view.targets.get(&target)) {
                 (StripeUnit::Target(_), Some(t)) => by_node.entry(t.node).or_default().push(i),
-                _ => {
-                    set.spawn(self.stat_one(pattern, i, entry));
+                (unit, _) => {
+                    let call = stat_chunk(self.cluster.clone(), self.mirror_retry, unit, target, entry);
+                    set.spawn(async move { call.await.map(|l| Lens::One(i, l)) });
                 }
             }
         }
         for (node, idxs) in by_node {
-            if idxs.len() == 1 {
-                set.spawn(self.stat_one(pattern, idxs[0], entry));
-                continue;
-            }
             let targets: Vec<TargetId> = idxs.iter().map(|&i| pattern.targets()[i]).collect();
-            let (cluster, one_by_one) = (self.cluster.clone(), idxs.iter().map(|&i| self.stat_one(pattern, i, entry)));
-            let one_by_one: Vec<_> = one_by_one.collect();
+            let (cluster, budget) = (self.cluster.clone(), self.mirror_retry);
             set.spawn(async move {
                 let pool = cluster.node_pool(NodeType::Storage, node).await?;
                 let req = Request::StatChunks { entry, targets };
                 match pool.call_with(&Default::default(), &req, Bytes::new()).await {
-                    Ok((Reply::ChunkLens(l), _)) if l.len() == idxs.len() => Ok(idxs.into_iter().zip(l).collect()),
+                    Ok((Reply::ChunkLens(l), _)) if l.len() == idxs.len() => Ok(Lens::Many(idxs, l)),
                     Ok((r, _)) => Err(FsError::new(ErrorCode::Protocol, format!("odd StatChunks reply {r:?}"))),
                     // A storage node of an older version: one request per target.
                     Err(e) if matches!(e.code, ErrorCode::Protocol | ErrorCode::NotSupported) => {
-                        let mut out = Vec::with_capacity(one_by_one.len());
-                        for f in one_by_one {
-                            out.extend(f.await?);
+                        let Request::StatChunks { targets, .. } = req else { unreachable!("built above") };
+                        let mut lens = Vec::with_capacity(targets.len());
+                        for t in targets {
+                            lens.push(stat_chunk(cluster.clone(), budget, StripeUnit::Target(t), t, entry).await?);
                         }
-                        Ok(out)
+                        Ok(Lens::Many(idxs, lens))
                     }
                     Err(e) => Err(FsError::new(e.code, format!("storage node {node}, file {entry}: {}", e.message))),
                 }
             });
         }
         while let Some(r) = set.join_next().await {
-            for (i, l) in r.map_err(|e| FsError::new(ErrorCode::Internal, e.to_string()))?? {
-                lens[i] = l;
+            match r.map_err(|e| FsError::new(ErrorCode::Internal, e.to_string()))?? {
+                Lens::One(i, l) => lens[i] = l,
+                Lens::Many(idxs, ls) => idxs.into_iter().zip(ls).for_each(|(i, l)| lens[i] = l),
             }
         }
         Ok(pattern.size_from_chunk_lens(&lens))
-    }
-
-    /// The length of stripe `i`'s chunk file, asked over the network.
-    fn stat_one(
-        &self,
-        pattern: &Pattern,
-        i: usize,
-        entry: EntryId,
-    ) -> impl std::future::Future<Output = FsResult<Vec<(usize, u64)>>> + Send + 'static {
-        let (target, unit) = (pattern.targets()[i], pattern.unit(i));
-        let call = self.unit_task(unit, Request::StatChunk { target, entry }, Bytes::new());
-        async move {
-            match call.await {
-                Ok((Reply::ChunkLen(l), _)) => Ok(vec![(i, l)]),
-                Ok((r, _)) => Err(FsError::new(ErrorCode::Protocol, format!("odd stat reply {r:?}"))),
-                Err(e) => Err(target_err(unit, entry, e)),
-            }
-        }
     }
 
     /// Sends `req(stripe index, target)` to every target of the stripe that

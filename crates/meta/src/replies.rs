@@ -306,6 +306,8 @@ fn err(e: OpError) -> String {
 
 /// Clients whose removal floor is remembered before the map starts over.
 const FLOORS_MAX: usize = 100_000;
+/// Confirmed records removed one key at a time rather than by a range scan.
+const POINT_REMOVES_MAX: u64 = 64;
 
 /// Records the answer of `op` and forgets the client's confirmed ones
 /// (from `floors`' entry for the client on: below it they are gone).
@@ -327,8 +329,16 @@ pub(crate) fn put(
     let done = op.done_below.min(op.seq);
     let floor = floors.get(&op.client).copied().unwrap_or(0);
     if done > floor {
-        let (lo, hi) = (key(op.client, floor), key(op.client, done));
-        t.remove_range(lo.as_slice(), hi.as_slice()).map_err(err)?;
+        if done - floor <= POINT_REMOVES_MAX {
+            // The usual case (one op confirmed since the last): deletions
+            // by key, no scan (a key that is not there costs a tombstone).
+            for seq in floor..done {
+                t.remove(key(op.client, seq).as_slice()).map_err(err)?;
+            }
+        } else {
+            let (lo, hi) = (key(op.client, floor), key(op.client, done));
+            t.remove_range(lo.as_slice(), hi.as_slice()).map_err(err)?;
+        }
         if floors.len() >= FLOORS_MAX {
             floors.clear();
         }

@@ -265,18 +265,22 @@ impl Journal {
         self.seg
     }
 
-    /// Appends one batch body as the next record (`fdatasync` with `sync`)
-    /// and returns its sequence number. On failure the segment is cut back
-    /// to where it was, so no partial record stays in front of later ones;
-    /// if even that fails the error says so and the journal must not be
-    /// written again (the caller stops the service).
-    pub fn append(&mut self, body: &[u8]) -> Result<u64, AppendError> {
+    /// Appends one batch body, written into the record by `body`, as the
+    /// next record (`fdatasync` with `sync`) and returns its sequence
+    /// number. On failure the segment is cut back to where it was, so no
+    /// partial record stays in front of later ones; if even that fails the
+    /// error says so and the journal must not be written again (the caller
+    /// stops the service).
+    pub fn append(&mut self, body: impl FnOnce(&mut Vec<u8>)) -> Result<u64, AppendError> {
         let seq = self.last_seq + 1;
         self.buf.clear();
-        self.buf.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        self.buf.extend_from_slice(&crc(seq, body).to_le_bytes());
-        self.buf.extend_from_slice(&seq.to_le_bytes());
-        self.buf.extend_from_slice(body);
+        self.buf.resize(REC_HEADER, 0);
+        body(&mut self.buf);
+        let len = self.buf.len() - REC_HEADER;
+        let sum = crc(seq, &self.buf[REC_HEADER..]);
+        self.buf[..4].copy_from_slice(&(len as u32).to_le_bytes());
+        self.buf[4..8].copy_from_slice(&sum.to_le_bytes());
+        self.buf[8..16].copy_from_slice(&seq.to_le_bytes());
         let r = self.file.write_all(&self.buf).and_then(|_| if self.sync { self.file.sync_data() } else { Ok(()) });
         if let Err(e) = r {
             return Err(match self.file.set_len(self.len) {
@@ -363,10 +367,10 @@ mod tests {
         let (mut j, r, got) = replay(d.path(), 0);
         assert_eq!((r.records, got.len()), (0, 0));
         for i in 1..=3 {
-            assert_eq!(j.append(&body(i)).unwrap(), u64::from(i));
+            assert_eq!(j.append(|b| b.extend(body(i))).unwrap(), u64::from(i));
         }
         let next = j.rotate().unwrap();
-        j.append(&body(4)).unwrap();
+        j.append(|b| b.extend(body(4))).unwrap();
         drop(j);
         let (j, r, got) = replay(d.path(), 0);
         assert_eq!(got, (1..=4).map(|i| (u64::from(i), body(i))).collect::<Vec<_>>());
@@ -376,15 +380,15 @@ mod tests {
         remove_before(d.path(), next).unwrap();
         let (mut j, _, got) = replay(d.path(), 3);
         assert_eq!(got, vec![(4, body(4))]);
-        assert_eq!(j.append(&body(5)).unwrap(), 5);
+        assert_eq!(j.append(|b| b.extend(body(5))).unwrap(), 5);
     }
 
     #[test]
     fn a_torn_last_record_is_cut_off_and_later_segments_continue() {
         let d = tempfile::tempdir().unwrap();
         let (mut j, _, _) = replay(d.path(), 0);
-        j.append(&body(1)).unwrap();
-        j.append(&body(2)).unwrap();
+        j.append(|b| b.extend(body(1))).unwrap();
+        j.append(|b| b.extend(body(2))).unwrap();
         let seg = d.path().join(seg_name(j.segment()));
         drop(j);
         // Every cut inside the second record, and a flipped byte in it.
@@ -406,7 +410,7 @@ mod tests {
         std::fs::write(&seg, &bad).unwrap();
         let (mut j, r, got) = replay(d.path(), 0);
         assert_eq!((got.len(), r.torn.len()), (1, 1));
-        assert_eq!(j.append(&body(9)).unwrap(), 2);
+        assert_eq!(j.append(|b| b.extend(body(9))).unwrap(), 2);
         drop(j);
         let (_, _, got) = replay(d.path(), 0);
         assert_eq!(got, vec![(1, body(1)), (2, body(9))]);
@@ -416,10 +420,10 @@ mod tests {
     fn a_missing_batch_or_a_foreign_file_is_an_error() {
         let d = tempfile::tempdir().unwrap();
         let (mut j, _, _) = replay(d.path(), 0);
-        j.append(&body(1)).unwrap();
+        j.append(|b| b.extend(body(1))).unwrap();
         let first = j.segment();
         j.rotate().unwrap();
-        j.append(&body(2)).unwrap();
+        j.append(|b| b.extend(body(2))).unwrap();
         drop(j);
         std::fs::remove_file(d.path().join(seg_name(first))).unwrap();
         let e = Journal::open(d.path(), false, 0, |_, _| Ok(())).err().unwrap();

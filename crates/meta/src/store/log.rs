@@ -56,7 +56,6 @@ struct Shared {
 pub struct Log {
     pub mem: Arc<Mem>,
     journal: Journal,
-    body: Vec<u8>,
     shared: Arc<Shared>,
     /// `None`: checkpoints run in the committing thread (simulations, tests).
     thread: Option<(std::sync::mpsc::Sender<Job>, std::thread::JoinHandle<()>)>,
@@ -77,15 +76,7 @@ impl Log {
             failed: AtomicBool::new(false),
             checkpoints: AtomicU64::new(0),
         });
-        Log {
-            mem,
-            journal,
-            body: Vec::new(),
-            shared,
-            thread: None,
-            checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
-            armed: false,
-        }
+        Log { mem, journal, shared, thread: None, checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES, armed: false }
     }
 
     /// Runs checkpoints on a thread of their own from now on, and arms the
@@ -109,9 +100,7 @@ impl Log {
         if changes.iter().all(Map::is_empty) {
             return Ok(());
         }
-        self.body.clear();
-        encode_changes(&changes, &mut self.body);
-        self.journal.append(&self.body)?;
+        self.journal.append(|b| encode_changes(&changes, b))?;
         if self.armed {
             crash_point("journal:appended");
         }
