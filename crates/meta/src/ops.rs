@@ -217,7 +217,7 @@ pub fn load_dentry<T: Kv>(t: &T, parent: EntryId, name: &[u8]) -> OpResult<Optio
     match t.get(child_key(parent, name).as_slice())? {
         None => Ok(None),
         Some(v) => {
-            let d = decode("dentry", format_args!("{parent}/{}", q(name)), v.as_slice()).map_err(OpError::Fatal)?;
+            let d = decode("dentry", format_args!("{parent}/{}", q(name)), &v).map_err(OpError::Fatal)?;
             Ok(Some(d))
         }
     }
@@ -1048,7 +1048,7 @@ impl ReadTables<'_> {
         check_xattr_name(name)?;
         inode(&self.inodes, id)?;
         match self.xattrs.get(child_key(id, name).as_slice())? {
-            Some(v) => Ok(v),
+            Some(v) => Ok(v.to_vec()),
             None => Err(fs_err!(NoData, "extended attribute {} of {id} does not exist", q(name)).into()),
         }
     }

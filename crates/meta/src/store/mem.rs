@@ -240,6 +240,26 @@ pub(crate) fn u64_of(v: &[u8]) -> u64 {
 
 type RoTable = redb::ReadOnlyTable<&'static [u8], &'static [u8]>;
 
+/// A value read through the layers, not copied: borrowed from a memory
+/// layer, or the store's own guard of it.
+pub enum Val<'a> {
+    Mem(&'a [u8]),
+    Cold(redb::AccessGuard<'static, &'static [u8]>),
+    /// A `system` counter from the store (u64 LE).
+    Word([u8; 8]),
+}
+
+impl std::ops::Deref for Val<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Val::Mem(b) => b,
+            Val::Cold(g) => g.value(),
+            Val::Word(w) => w,
+        }
+    }
+}
+
 /// The layers below a batch: memory, then the store (its read transaction
 /// and tables opened on first use).
 pub struct Below<'a> {
@@ -285,10 +305,10 @@ impl<'a> Below<'a> {
         std::iter::once(self.live).chain(self.frozen)
     }
 
-    fn get(&self, tab: Tab, key: &[u8]) -> OpResult<Option<Vec<u8>>> {
+    fn get(&self, tab: Tab, key: &[u8]) -> OpResult<Option<Val<'_>>> {
         for m in self.memory() {
             if let Some(v) = m.t[tab as usize].get(key) {
-                return Ok(v.as_deref().map(<[u8]>::to_vec));
+                return Ok(v.as_deref().map(Val::Mem));
             }
         }
         if tab == Tab::System {
@@ -300,9 +320,9 @@ impl<'a> Below<'a> {
                 }
             };
             let name = std::str::from_utf8(key).map_err(|e| OpError::Fatal(e.to_string()))?;
-            return Ok(t.get(name)?.map(|v| v.value().to_le_bytes().to_vec()));
+            return Ok(t.get(name)?.map(|v| Val::Word(v.value().to_le_bytes())));
         }
-        Ok(self.cold_table(tab)?.get(key)?.map(|v| v.value().to_vec()))
+        Ok(self.cold_table(tab)?.get(key)?.map(Val::Cold))
     }
 
     /// Every layer's records of `tab` from `from` on, newest layer first
@@ -393,7 +413,7 @@ impl Iterator for Merge<'_> {
 
 /// Reading one table.
 pub trait Kv {
-    fn get(&self, key: &[u8]) -> OpResult<Option<Vec<u8>>>;
+    fn get(&self, key: &[u8]) -> OpResult<Option<Val<'_>>>;
     /// The pairs with keys from `from` on, in key order.
     fn range_from(&self, from: Bound<&[u8]>) -> OpResult<Pairs<'_>>;
     fn iter(&self) -> OpResult<Pairs<'_>> {
@@ -408,7 +428,7 @@ pub struct TableR<'b> {
 }
 
 impl Kv for TableR<'_> {
-    fn get(&self, key: &[u8]) -> OpResult<Option<Vec<u8>>> {
+    fn get(&self, key: &[u8]) -> OpResult<Option<Val<'_>>> {
         self.below.get(self.tab, key)
     }
     fn range_from(&self, from: Bound<&[u8]>) -> OpResult<Pairs<'_>> {
@@ -449,9 +469,9 @@ impl TableW<'_> {
 }
 
 impl Kv for TableW<'_> {
-    fn get(&self, key: &[u8]) -> OpResult<Option<Vec<u8>>> {
+    fn get(&self, key: &[u8]) -> OpResult<Option<Val<'_>>> {
         match self.set.get(key) {
-            Some(v) => Ok(v.as_deref().map(<[u8]>::to_vec)),
+            Some(v) => Ok(v.as_deref().map(Val::Mem)),
             None => self.below.get(self.tab, key),
         }
     }
@@ -612,14 +632,14 @@ mod tests {
             .batch(|t| {
                 t.dentries.insert(b"b", b"4")?;
                 t.dentries.remove(b"c")?;
-                let got = t.dentries.get(b"b")?;
+                let got = t.dentries.get(b"b")?.map(|v| v.to_vec());
                 let range: Vec<_> = t.dentries.iter()?.map(|r| r.unwrap().0).collect();
                 Ok((got, range))
             })
             .unwrap();
         assert_eq!(seen, (Some(b"4".to_vec()), vec![b"a".to_vec(), b"b".to_vec(), b"e".to_vec()]));
         // Not applied: nobody sees it.
-        assert_eq!(m.read(|t| t.dentries.get(b"b")).unwrap(), None);
+        assert!(m.read(|t| Ok(t.dentries.get(b"b")?.is_none())).unwrap());
         m.write_checkpoint(&f, 2, &|| ()).unwrap();
         m.unfreeze();
         assert_eq!(all(&m, Bound::Unbounded), pairs(&[("a", "3"), ("c", "1"), ("e", "3")]));
@@ -701,7 +721,8 @@ mod tests {
                 let want: Vec<(Vec<u8>, Vec<u8>)> = model.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
                 assert_eq!(got, want, "seed {seed} step {step}");
                 let k = [rng.gen_range(0..30u8)];
-                assert_eq!(m.read(|t| t.inodes.get(&k)).unwrap(), model.get(&k[..]).cloned(), "seed {seed}");
+                let got = m.read(|t| Ok(t.inodes.get(&k)?.map(|v| v.to_vec()))).unwrap();
+                assert_eq!(got, model.get(&k[..]).cloned(), "seed {seed}");
             }
         }
     }
