@@ -46,7 +46,7 @@
 //! fails to decode is a store failure (as any corrupt record).
 
 use crate::store::mem::TableW;
-use crate::store::{Kv, OpError};
+use crate::store::Kv;
 use hivefs_proto::{OpId, Reply, Response};
 use hivefs_types::attr::{EntryAttr, FileKind, Timespec};
 use hivefs_types::error::{ErrorCode, FsError};
@@ -291,17 +291,10 @@ fn decode_value(op: &OpId, v: &[u8]) -> Result<Response, String> {
 
 /// The recorded answer of `op`, if it was applied before.
 pub(crate) fn get(t: &impl Kv, op: &OpId) -> Result<Option<Response>, String> {
-    let Some(v) = t.get(key(op.client, op.seq).as_slice()).map_err(err)? else {
+    let Some(v) = t.get(key(op.client, op.seq).as_slice()).map_err(|e| e.to_string())? else {
         return Ok(None);
     };
     decode_value(op, &v).map(Some)
-}
-
-fn err(e: OpError) -> String {
-    match e {
-        OpError::Fatal(m) => m,
-        OpError::Fs(e) => e.to_string(),
-    }
 }
 
 /// Clients whose removal floor is remembered before the map starts over.
@@ -325,7 +318,7 @@ pub(crate) fn put(
             message: format!("the first answer to this operation could not be recorded: {why}"),
         }
     });
-    t.insert(key(op.client, op.seq).as_slice(), encode_value(now_ms, &answer).as_slice()).map_err(err)?;
+    t.insert(key(op.client, op.seq).as_slice(), encode_value(now_ms, &answer).as_slice()).map_err(|e| e.to_string())?;
     let done = op.done_below.min(op.seq);
     let floor = floors.get(&op.client).copied().unwrap_or(0);
     if done > floor {
@@ -333,11 +326,11 @@ pub(crate) fn put(
             // The usual case (one op confirmed since the last): deletions
             // by key, no scan (a key that is not there costs a tombstone).
             for seq in floor..done {
-                t.remove(key(op.client, seq).as_slice()).map_err(err)?;
+                t.remove(key(op.client, seq).as_slice()).map_err(|e| e.to_string())?;
             }
         } else {
             let (lo, hi) = (key(op.client, floor), key(op.client, done));
-            t.remove_range(lo.as_slice(), hi.as_slice()).map_err(err)?;
+            t.remove_range(lo.as_slice(), hi.as_slice()).map_err(|e| e.to_string())?;
         }
         if floors.len() >= FLOORS_MAX {
             floors.clear();
@@ -359,8 +352,10 @@ fn applied_at(v: &[u8]) -> u64 {
 pub(crate) fn sweep(t: &mut TableW<'_>, now_ms: u64, cursor: &mut Vec<u8>) -> Result<(), String> {
     let mut old = Vec::new();
     let mut next = None;
-    for (seen, item) in t.range_from(std::ops::Bound::Included(cursor.as_slice())).map_err(err)?.enumerate() {
-        let (k, v) = item.map_err(err)?;
+    for (seen, item) in
+        t.range_from(std::ops::Bound::Included(cursor.as_slice())).map_err(|e| e.to_string())?.enumerate()
+    {
+        let (k, v) = item.map_err(|e| e.to_string())?;
         if seen == SWEEP_MAX {
             next = Some(k);
             break;
@@ -370,7 +365,7 @@ pub(crate) fn sweep(t: &mut TableW<'_>, now_ms: u64, cursor: &mut Vec<u8>) -> Re
         }
     }
     for k in old {
-        t.remove(k.as_slice()).map_err(err)?;
+        t.remove(k.as_slice()).map_err(|e| e.to_string())?;
     }
     *cursor = next.unwrap_or_default();
     Ok(())

@@ -394,13 +394,9 @@ pub fn run_batch(log: &mut Log, st: &mut WriterState, muts: Vec<Queued>) -> Vec<
     }
     let used = log.store_used();
     let mut results = Vec::with_capacity(n);
-    let fatal = |e: OpError| match e {
-        OpError::Fatal(m) => m,
-        OpError::Fs(e) => e.to_string(),
-    };
     let (wake, changes) = match log.mem.batch(|t| apply_all(t, st, muts, &mut results, used).map_err(OpError::Fatal)) {
         Ok(r) => r,
-        Err(e) => return fail_all(hivefs_types::ErrorCode::Io, &fatal(e)),
+        Err(e) => return fail_all(hivefs_types::ErrorCode::Io, &e.to_string()),
     };
     if let Err(e) = log.commit(changes) {
         return match e {
@@ -432,10 +428,7 @@ fn apply_all(
     results: &mut Vec<Done>,
     store_used: Option<u64>,
 ) -> Result<bool, String> {
-    let fatal = |e: OpError| match e {
-        OpError::Fatal(m) => m,
-        OpError::Fs(e) => e.to_string(),
-    };
+    let fatal = |e: OpError| e.to_string();
     let now = (st.clock)();
     let now_ms = (now.sec.max(0) as u64).saturating_mul(1000) + u64::from(now.nsec / 1_000_000);
     let sweep_due = now_ms.saturating_sub(st.reply_sweep.1) >= REPLY_SWEEP_EVERY_MS;

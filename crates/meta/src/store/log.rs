@@ -49,7 +49,6 @@ struct Shared {
     used: AtomicU64,
     /// Set when a checkpoint failed: the store cannot take more (see `Log::failed`).
     failed: AtomicBool,
-    checkpoints: AtomicU64,
 }
 
 /// The writer's way to commit: journal and memory layers, and checkpoints.
@@ -74,7 +73,6 @@ impl Log {
             running: AtomicBool::new(false),
             used: AtomicU64::new(u64::MAX),
             failed: AtomicBool::new(false),
-            checkpoints: AtomicU64::new(0),
         });
         Log { mem, journal, shared, thread: None, checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES, armed: false }
     }
@@ -164,21 +162,6 @@ impl Log {
     pub fn failed(&self) -> bool {
         self.shared.failed.load(Ordering::Acquire)
     }
-
-    pub fn checkpoints(&self) -> u64 {
-        self.shared.checkpoints.load(Ordering::Relaxed)
-    }
-
-    /// Waits until no checkpoint runs.
-    pub fn wait_checkpoint(&self) {
-        while self.shared.running.load(Ordering::Acquire) && !self.failed() {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-    }
-
-    pub fn journal(&self) -> &Journal {
-        &self.journal
-    }
 }
 
 impl Drop for Log {
@@ -200,7 +183,6 @@ fn run(s: &Shared, job: Job) {
             crash_point("checkpoint:committed");
             s.mem.unfreeze();
             s.used.store(used, Ordering::Relaxed);
-            s.checkpoints.fetch_add(1, Ordering::Relaxed);
             if let Err(e) = journal::remove_before(&s.dir, job.next_segment) {
                 // Harmless: replay skips batches the store already holds.
                 error!("metadata journal {}: deleting checkpointed segments: {e}", s.dir.display());

@@ -165,11 +165,6 @@ impl Mem {
         self.hot_mut().live.absorb(changes);
     }
 
-    /// Changed records in `live`.
-    pub fn live_records(&self) -> usize {
-        self.hot().live.records
-    }
-
     /// Starts a checkpoint: `live` becomes `frozen` (`None` when one is
     /// still running or nothing changed).
     pub fn freeze(&self) -> Option<Arc<Maps>> {
@@ -646,7 +641,7 @@ mod tests {
         let f = m.freeze().unwrap();
         m.write_checkpoint(&f, 3, &|| ()).unwrap();
         m.unfreeze();
-        assert_eq!(m.live_records(), 0);
+        assert_eq!(m.hot().live.records, 0);
         assert_eq!(all(&m, Bound::Unbounded), pairs(&[("a", "3"), ("c", "1"), ("e", "3")]));
         let seq = m.read(|t| Ok(t.system.get(super::super::sys::JOURNAL_SEQ.as_bytes())?.map(|v| u64_of(&v)))).unwrap();
         assert_eq!(seq, Some(3));

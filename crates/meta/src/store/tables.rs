@@ -27,6 +27,16 @@ pub enum OpError {
     Fatal(String),
 }
 
+/// The refusal's message, or the store failure's.
+impl std::fmt::Display for OpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpError::Fs(e) => e.fmt(f),
+            OpError::Fatal(m) => f.write_str(m),
+        }
+    }
+}
+
 impl From<FsError> for OpError {
     fn from(e: FsError) -> Self {
         OpError::Fs(e)
