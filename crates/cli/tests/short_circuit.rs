@@ -5,27 +5,8 @@
 mod common;
 
 use common::*;
-use rustix::process::{kill_process, Pid, Signal};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::time::Duration;
-
-/// Sends SIGCONT to a stopped service when dropped (also when the test fails).
-struct Stopped(i32);
-
-impl Stopped {
-    fn new(pid: i32) -> Stopped {
-        // A service this test started.
-        let _ = kill_process(Pid::from_raw(pid).expect("positive pid"), Signal::STOP);
-        Stopped(pid)
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        // The service stopped above.
-        let _ = kill_process(Pid::from_raw(self.0).expect("positive pid"), Signal::CONT);
-    }
-}
 
 /// The data path of a file the mount holds open needs no storage request:
 /// with the storage service stopped (SIGSTOP), writes and reads through the

@@ -103,11 +103,26 @@ impl Session {
     }
 }
 
+/// One client's lease on one key.
+#[derive(Clone, Copy, Debug)]
+struct Holder {
+    client: u64,
+    end: Instant,
+    /// The inode, for an attribute lease.
+    item: Option<EntryId>,
+    /// A revocation of this copy was queued as this sequence number of the
+    /// client's session and is not known to be acknowledged: a later change
+    /// waits for the same acknowledgement ([`NO_SESSION`]: for the lease's end).
+    revoked: Option<u64>,
+}
+
+/// [`Holder::revoked`] of a holder without a session: only its end counts.
+const NO_SESSION: u64 = u64::MAX;
+
 #[derive(Default)]
 struct State {
-    /// Clients holding a lease on an inode, with the lease's end.
-    /// Per key hash: (client, end, the inode for an attribute lease).
-    holders: HashMap<u64, Vec<(u64, Instant, Option<EntryId>)>>,
+    /// Clients holding a lease on a key, per key hash.
+    holders: HashMap<u64, Vec<Holder>>,
     sessions: HashMap<u64, Session>,
     /// Recently changed inodes: (change sequence number, when, the
     /// changing request's [`Mark::token`], 0 for none).
@@ -307,9 +322,11 @@ impl Leases {
         }
         let end = now + d;
         let hs = st.holders.entry(h).or_default();
-        match hs.iter_mut().find(|(c, _, i)| *c == client && *i == item) {
-            Some(holder) => holder.1 = end,
-            None => hs.push((client, end, item)),
+        // A copy granted now is not covered by a revocation queued before:
+        // the next change queues another (acknowledged after the older one).
+        match hs.iter_mut().find(|x| x.client == client && x.item == item) {
+            Some(x) => *x = Holder { end: x.end.max(end), revoked: None, ..*x },
+            None => hs.push(Holder { client, end, item, revoked: None }),
         }
         d.as_millis() as u32
     }
@@ -341,28 +358,42 @@ impl Leases {
                 if note {
                     st.changed.insert(h, (seq, now, requester.map_or(0, |r| r.token)));
                 }
-                let Some(hs) = st.holders.remove(&h) else { continue };
-                let mut keep = Vec::new();
-                for (client, end, item) in hs {
-                    if end <= now {
-                        continue;
+                let Some(mut hs) = st.holders.remove(&h) else { continue };
+                hs.retain_mut(|x| {
+                    if x.end <= now {
+                        return false;
                     }
-                    if requester.is_some_and(|r| r.client == client) {
-                        keep.push((client, end, item));
-                        continue;
+                    if requester.is_some_and(|r| r.client == x.client) {
+                        return true;
                     }
-                    match st.sessions.get_mut(&client) {
-                        Some(s) => {
-                            s.queued += 1;
-                            s.pending.push_back((s.queued, item));
-                            s.wake.notify_one();
-                            waits.push((Some((s.acked.subscribe(), s.queued)), end));
+                    let session = st.sessions.get_mut(&x.client);
+                    let seq = match (x.revoked, session) {
+                        // Already being revoked: wait for the same answer,
+                        // unless it came (then the copy is gone).
+                        (Some(seq), Some(s)) if seq != NO_SESSION => {
+                            if *s.acked.borrow() >= seq {
+                                return false;
+                            }
+                            seq
                         }
-                        None => waits.push((None, end)),
-                    }
-                }
-                if !keep.is_empty() {
-                    st.holders.insert(h, keep);
+                        (None, Some(s)) => {
+                            s.queued += 1;
+                            s.pending.push_back((s.queued, x.item));
+                            s.wake.notify_one();
+                            s.queued
+                        }
+                        // No session (or none when first revoked): its end.
+                        _ => NO_SESSION,
+                    };
+                    x.revoked = Some(seq);
+                    let ack = (seq != NO_SESSION)
+                        .then(|| st.sessions.get(&x.client).map(|s| (s.acked.subscribe(), seq)))
+                        .flatten();
+                    waits.push((ack, x.end));
+                    true
+                });
+                if !hs.is_empty() {
+                    st.holders.insert(h, hs);
                 }
             }
         }
@@ -433,8 +464,13 @@ impl Leases {
             return;
         }
         st.last_sweep = Some(now);
-        st.holders.retain(|_, hs| {
-            hs.retain(|&(_, end, _)| end > now);
+        let State { holders, sessions, .. } = &mut *st;
+        holders.retain(|_, hs| {
+            hs.retain(|x| {
+                let acked =
+                    || x.revoked.is_some_and(|seq| sessions.get(&x.client).is_some_and(|s| *s.acked.borrow() >= seq));
+                x.end > now && !acked()
+            });
             !hs.is_empty()
         });
         st.changed.retain(|_, &mut (_, at, _)| now.saturating_duration_since(at) < CHANGE_MEMORY);
@@ -454,7 +490,7 @@ impl Leases {
         let now = Instant::now();
         (
             st.sessions.values().filter(|s| s.alive(now)).count(),
-            st.holders.values().filter(|hs| hs.iter().any(|&(_, end, _)| end > now)).count(),
+            st.holders.values().filter(|hs| hs.iter().any(|x| x.end > now)).count(),
         )
     }
 }
@@ -573,6 +609,34 @@ mod tests {
         l.revoke(&[id(1)], None).await;
         let took = t.elapsed();
         assert!(took >= Duration::from_millis(250), "{took:?}");
+    }
+
+    #[tokio::test]
+    async fn a_change_during_another_ones_revocation_waits_for_the_same_holder() {
+        let l = leases(Duration::from_millis(400));
+        l.wait(7, 0, Duration::ZERO).await;
+        assert!(l.grant(7, id(1), l.mark()) > 0);
+        // The first change queues the revocation and waits; client 7 is silent.
+        let (k1, k2) = ([id(1)], [id(2)]);
+        let mut first = std::pin::pin!(l.revoke(&k1, None));
+        assert!(tokio::time::timeout(Duration::from_millis(20), &mut first).await.is_err());
+        let t = Instant::now();
+        l.revoke(&[id(1)], None).await;
+        assert!(t.elapsed() >= Duration::from_millis(300), "the second change did not wait: {:?}", t.elapsed());
+        first.await;
+
+        // Once the holder answers, both changes end, and the next finds no holder.
+        assert!(l.grant(7, id(2), l.mark()) > 0);
+        let mut first = std::pin::pin!(l.revoke(&k2, None));
+        assert!(tokio::time::timeout(Duration::from_millis(20), &mut first).await.is_err());
+        ack(&l, 7, 2);
+        let t = Instant::now();
+        l.revoke(&[id(2)], None).await;
+        first.await;
+        l.revoke(&k2, None).await;
+        assert!(t.elapsed() < Duration::from_millis(300), "the answer was not taken: {:?}", t.elapsed());
+        let h = l.hasher.hash_one(id(2));
+        assert!(!l.state.lock().unwrap().holders.contains_key(&h), "an answered revocation stays");
     }
 
     #[tokio::test]

@@ -289,6 +289,40 @@ impl Drop for SecondMount {
     }
 }
 
+/// A process stopped with SIGSTOP, continued (SIGCONT) when dropped, also
+/// when the test fails.
+pub struct Stopped(i32);
+
+impl Stopped {
+    /// Stops `pid` and returns once every thread of it is stopped: the
+    /// kernel stops the other threads only when the first one runs, so on a
+    /// loaded machine some keep running after `kill` returned.
+    pub fn new(pid: i32) -> Stopped {
+        kill_process(Pid::from_raw(pid).expect("positive pid"), Signal::STOP).expect("SIGSTOP");
+        let stopped = Stopped(pid);
+        let tasks = format!("/proc/{pid}/task");
+        let all_stopped = || {
+            std::fs::read_dir(&tasks).expect("the process's threads").all(|t| {
+                let stat = t.map(|t| std::fs::read_to_string(t.path().join("stat")).unwrap_or_default());
+                // The state follows the command name in parentheses.
+                stat.is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with(['T', 't'])))
+            })
+        };
+        let start = Instant::now();
+        while !all_stopped() {
+            assert!(start.elapsed() < Duration::from_secs(10), "process {pid} did not stop");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        stopped
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = kill_process(Pid::from_raw(self.0).expect("positive pid"), Signal::CONT);
+    }
+}
+
 /// Detaches whatever is still mounted on `mnt` (lazily), saying so if it cannot.
 fn detach(mnt: &Path) {
     for tool in [["fusermount3", "-uz"], ["umount", "-l"]] {
