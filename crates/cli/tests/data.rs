@@ -101,6 +101,39 @@ fn sparse_writes_truncate_and_overwrite() {
     assert_eq!(std::fs::read(&p).unwrap(), b"new+more");
 }
 
+/// A file unlinked while open keeps its data for the open handle; its chunk
+/// files go after the close (the mount tells the metadata node in the
+/// background, batched with other closes).
+#[test]
+fn a_file_unlinked_while_open_keeps_its_data_until_the_close() {
+    use std::io::{Read, Seek, SeekFrom};
+    let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "2", "--chunk-size", "4k"]);
+    let p = fs.path("open");
+    let data = random_bytes(10, 50_000);
+    std::fs::write(&p, &data).unwrap();
+    let info = fs.entry_info("open");
+    let id = info["entry_id"].as_str().unwrap().to_string();
+    let targets: Vec<u64> = info["targets"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+    let mut f = std::fs::File::open(&p).unwrap();
+    // Other handles of it opened and closed meanwhile do not end it.
+    for _ in 0..20 {
+        drop(std::fs::File::open(&p).unwrap());
+    }
+    std::fs::remove_file(&p).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let mut back = Vec::new();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.read_to_end(&mut back).unwrap();
+    assert!(back == data, "the open handle reads what was written");
+    assert!(targets.iter().any(|t| fs.chunk_len(*t, &id) > 0), "chunk files went while the file was open");
+    drop(f);
+    let start = std::time::Instant::now();
+    while targets.iter().any(|t| fs.chunk_len(*t, &id) > 0) {
+        assert!(start.elapsed() < std::time::Duration::from_secs(20), "chunk files of {id} were not removed");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 #[test]
 fn unlink_removes_chunk_files() {
     let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "2", "--chunk-size", "4k"]);

@@ -265,3 +265,47 @@ fn a_directory_this_mount_changed_is_answered_from_the_change() {
         "metadata requests per unlink + stat of the directory: {seen:?} (without the answer's attributes: 3)"
     );
 }
+
+/// A directory this mount made: its names are leased to the mount, which
+/// answers the kernel's lookups of names it does not hold itself, so a
+/// create there is one metadata request; another mount's new name there is
+/// seen at once (the lease is revoked before that create is acknowledged).
+#[test]
+fn creates_in_a_directory_this_mount_made_need_no_lookup() {
+    use rustix::fs::{mknodat, FileType, Mode, CWD};
+    let fs = TestFs::up(&["--storage", "1"]);
+    let other = fs.second_mount();
+    let m = counts(&fs);
+    let mknod = |p: &Path| mknodat(CWD, p, FileType::RegularFile, Mode::from_raw_mode(0o644), 0).expect("mknod");
+    std::fs::create_dir(fs.path("d")).unwrap();
+    let before = total(&m);
+    for i in 0..20 {
+        mknod(&fs.path(&format!("d/f{i}")));
+    }
+    let sent = total(&m) - before;
+    // 40 with a lookup per create.
+    assert!(sent <= 22, "metadata requests for 20 creates in a directory this mount made: {sent}");
+
+    // This mount's own names are known: renamed, removed, made again.
+    std::fs::rename(fs.path("d/f0"), fs.path("d/g0")).unwrap();
+    assert!(std::fs::metadata(fs.path("d/g0")).is_ok());
+    assert_eq!(errno(std::fs::metadata(fs.path("d/f0"))), libc::ENOENT);
+    std::fs::remove_file(fs.path("d/f1")).unwrap();
+    assert_eq!(errno(std::fs::metadata(fs.path("d/f1"))), libc::ENOENT);
+    mknod(&fs.path("d/f1"));
+    assert!(std::fs::metadata(fs.path("d/f1")).is_ok());
+    assert_eq!(std::fs::read_dir(fs.path("d")).unwrap().count(), 20);
+
+    // Another mount's new names show here at once, however they were made.
+    std::fs::write(other.mnt.join("d/x"), b"x").unwrap();
+    assert_eq!(std::fs::metadata(fs.path("d/x")).map(|m| m.len()).ok(), Some(1), "a create elsewhere");
+    std::fs::rename(other.mnt.join("d/g0"), other.mnt.join("d/y")).unwrap();
+    assert!(std::fs::metadata(fs.path("d/y")).is_ok(), "a rename elsewhere");
+    std::fs::create_dir(other.mnt.join("e")).unwrap();
+    std::fs::write(other.mnt.join("e/z"), b"z").unwrap();
+    std::fs::hard_link(other.mnt.join("e/z"), other.mnt.join("d/z")).unwrap();
+    assert!(std::fs::metadata(fs.path("d/z")).is_ok(), "a link elsewhere");
+    // And the other way round: a directory the other mount made.
+    std::fs::write(fs.path("e/w"), b"w").unwrap();
+    assert!(std::fs::metadata(other.mnt.join("e/w")).is_ok(), "a create in a directory the other mount made");
+}

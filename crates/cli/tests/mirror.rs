@@ -23,6 +23,12 @@ fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
     }
 }
 
+/// Name of the storage service (`storageN`) whose data directory holds target `t`.
+fn service_of_target(fs: &TestFs, t: u64) -> String {
+    let dir = fs.target_dirs().remove(&t).unwrap_or_else(|| panic!("no directory of target {t}"));
+    dir.parent().unwrap().file_name().unwrap().to_string_lossy().into_owned()
+}
+
 #[test]
 fn buddy_groups_are_made_listed_and_switched_over_when_a_primary_dies() {
     let fs = TestFs::up_with(&["--storage", "2", "--targets-per-storage", "2"], |fs| {
@@ -85,7 +91,9 @@ fn buddy_groups_are_made_listed_and_switched_over_when_a_primary_dies() {
     let g1 = &list[0];
     let old_primary = g1["primary"]["id"].as_u64().unwrap();
     let old_secondary = g1["secondary"]["id"].as_u64().unwrap();
-    let victim = format!("storage{}", node_of(old_primary));
+    // The service whose directory holds the target (node ids follow the
+    // order in which the services registered, not their names).
+    let victim = service_of_target(&fs, old_primary);
     fs.kill9(&victim);
     // (Spelled out: a failure shows the group as last seen and mgmtd's log.)
     let start = Instant::now();
@@ -171,8 +179,7 @@ fn mirrored_files_survive_a_dead_primary_and_the_returning_buddy_is_resynced() {
 
     // The storage server of group 1's primary dies; writes go on after the failover.
     let list = groups(m);
-    let node_of = |t: u64| fs.target_dirs()[&t].parent().unwrap().file_name().unwrap().to_string_lossy().into_owned();
-    let victim = node_of(list[0]["primary"]["id"].as_u64().unwrap());
+    let victim = service_of_target(&fs, list[0]["primary"]["id"].as_u64().unwrap());
     fs.kill9(&victim);
     // Once mgmtd has switched group 1, every group has one member left (the other
     // group's secondary was on the same server): new files still go to them.
@@ -303,8 +310,7 @@ fn an_interrupted_resync_goes_on_after_the_next_return() {
     let m = fs.mnt_s();
     let g = &groups(m)[0];
     let secondary = g["secondary"]["id"].as_u64().unwrap();
-    let node_of = |t: u64| fs.target_dirs()[&t].parent().unwrap().file_name().unwrap().to_string_lossy().into_owned();
-    let victim = node_of(secondary);
+    let victim = service_of_target(&fs, secondary);
     std::fs::write(fs.path("before"), random_bytes(20, 1 << 20)).unwrap();
     fs.kill9(&victim);
     // Written while the secondary is away: the primary lists it as dirty.

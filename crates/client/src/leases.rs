@@ -11,6 +11,14 @@
 //! callback ([`Revocation`]; a revoked name drops every name lease) and
 //! acknowledges with its next poll.
 //!
+//! Directories' names: the client polls with `LeaseWaitDirs`, so the node
+//! leases it the set of names of a directory it made (empty) and renews the
+//! lease with each of its changes there (`Reply::DirNames`). While such a
+//! lease lasts the client knows every name that may exist there (its own
+//! creations added, anyone else's revoked first), and
+//! [`Client::known_absent`] answers a lookup of any other name without a
+//! request: a create through the mount then needs no negative lookup.
+//!
 //! The callback and [`Client::with_lease`] run under the same lock, so a
 //! program that answers its kernel inside `with_lease` never sends a copy
 //! after the revocation of that copy was handled: either the kernel gets
@@ -21,8 +29,9 @@
 use crate::{unexpected, Client};
 use hivefs_cluster::Cluster;
 use hivefs_proto::{Reply, Request};
+use hivefs_types::error::{ErrorCode, FsResult};
 use hivefs_types::ids::{EntryId, NodeId, NodeType};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{debug, warn};
@@ -55,6 +64,45 @@ struct Held {
     swept_ends: usize,
     swept_names: usize,
     swept_revoked: usize,
+    /// Directories whose set of names is leased: every name that may exist
+    /// there (at most [`DIR_NAMES_MAX`] over all of them).
+    dirs: HashMap<EntryId, DirSet>,
+    dir_names: usize,
+}
+
+struct DirSet {
+    end: Instant,
+    names: HashSet<Box<[u8]>>,
+}
+
+/// Most names the leased directories hold together (about 64 bytes each):
+/// a directory that would go beyond is dropped (its lookups ask the node).
+pub const DIR_NAMES_MAX: usize = 262_144;
+
+impl Held {
+    fn drop_dir(&mut self, dir: EntryId) {
+        if let Some(d) = self.dirs.remove(&dir) {
+            self.dir_names -= d.names.len();
+        }
+    }
+
+    /// `name` may exist in `dir` from now on.
+    fn add_name(&mut self, dir: EntryId, name: &[u8]) {
+        if !self.dirs.contains_key(&dir) {
+            return;
+        }
+        if self.dir_names >= DIR_NAMES_MAX {
+            return self.drop_dir(dir);
+        }
+        let added = self.dirs.get_mut(&dir).is_some_and(|d| d.names.insert(name.into()));
+        self.dir_names += usize::from(added);
+    }
+
+    fn remove_name(&mut self, dir: EntryId, name: &[u8]) {
+        if self.dirs.get_mut(&dir).is_some_and(|d| d.names.remove(name)) {
+            self.dir_names -= 1;
+        }
+    }
 }
 
 pub(crate) struct LeaseSession {
@@ -107,10 +155,63 @@ impl LeaseSession {
         }
     }
 
+    /// Leases on directories' names (`Reply::DirNames`) for a request sent
+    /// at `sent`; `made`: the directory the request made (granted empty).
+    fn granted_dirs(&self, grants: &[(EntryId, u32)], made: Option<EntryId>, sent: Instant) {
+        let mut h = self.held.lock().expect("leases");
+        for &(dir, ms) in grants {
+            if ms == 0 || h.revoked.get(&dir).is_some_and(|&at| at >= sent) {
+                continue;
+            }
+            let d = Duration::from_millis(ms.into());
+            h.longest = h.longest.max(d);
+            let end = sent + d;
+            if made == Some(dir) {
+                h.drop_dir(dir);
+                h.dirs.insert(dir, DirSet { end, names: HashSet::new() });
+            } else if let Some(set) = h.dirs.get_mut(&dir) {
+                set.end = set.end.max(end);
+            }
+        }
+        if h.dirs.len() > 64 {
+            let now = Instant::now();
+            let ended: Vec<EntryId> = h.dirs.iter().filter(|(_, d)| d.end <= now).map(|(id, _)| *id).collect();
+            for id in ended {
+                h.drop_dir(id);
+            }
+        }
+    }
+
+    /// Keeps the leased directories' names true after this client's request
+    /// `req`: a name it may have made may exist, whatever the outcome (a
+    /// name too many only costs a lookup); a name it removed does not.
+    fn note_names(&self, req: &Request, ok: bool) {
+        let mut h = self.held.lock().expect("leases");
+        if h.dirs.is_empty() {
+            return;
+        }
+        match req {
+            Request::Create { parent, name, .. }
+            | Request::CreateOpen { parent, name, .. }
+            | Request::Mkdir { parent, name, .. }
+            | Request::Symlink { parent, name, .. }
+            | Request::Link { new_parent: parent, new_name: name, .. } => h.add_name(*parent, name),
+            Request::Rename { parent, name, new_parent, new_name, .. } => {
+                h.add_name(*new_parent, new_name);
+                if ok && (parent, name) != (new_parent, new_name) {
+                    h.remove_name(*parent, name);
+                }
+            }
+            Request::Unlink { parent, name } | Request::Rmdir { parent, name } if ok => h.remove_name(*parent, name),
+            _ => {}
+        }
+    }
+
     fn revoke(&self, ids: &[EntryId], names: bool) {
         let mut h = self.held.lock().expect("leases");
         let now = Instant::now();
         for &id in ids {
+            h.drop_dir(id);
             h.ends.remove(&id);
             h.revoked.insert(id, now);
             (self.on_revoke)(Revocation::Attrs(id));
@@ -181,6 +282,38 @@ impl Client {
         }
     }
 
+    /// Whether `name` is known not to exist in `dir`: this client holds a
+    /// lease on the directory's names and has no such name in it.
+    pub fn known_absent(&self, dir: EntryId, name: &[u8]) -> bool {
+        let Some(s) = self.leases.get() else { return false };
+        let h = s.held.lock().expect("leases");
+        h.dirs.get(&dir).is_some_and(|d| d.end > Instant::now() && !d.names.contains(name))
+    }
+
+    /// After a metadata request of this client with leases on: takes the
+    /// leases on directories' names its answer grants and keeps the leased
+    /// directories' names true. Returns the answer inside.
+    pub(crate) fn dir_names_answer(&self, req: &Request, sent: Instant, r: FsResult<Reply>) -> FsResult<Reply> {
+        let Some(s) = self.leases.get() else { return r };
+        let r = match r {
+            Ok(Reply::DirNames { grants, reply }) => {
+                let made = match (req, reply.as_ref()) {
+                    (Request::Mkdir { .. }, Reply::WithParent { reply, .. }) => match reply.as_ref() {
+                        Reply::Entry(a) | Reply::Leased { attr: a, .. } => Some(a.id),
+                        _ => None,
+                    },
+                    (Request::Mkdir { .. }, Reply::Entry(a) | Reply::Leased { attr: a, .. }) => Some(a.id),
+                    _ => None,
+                };
+                s.granted_dirs(&grants, made, sent);
+                Ok(*reply)
+            }
+            r => r,
+        };
+        s.note_names(req, r.is_ok());
+        r
+    }
+
     /// Starts polling `node` for revocations (once per node).
     pub(crate) fn poll_leases(&self, session: &Arc<LeaseSession>, node: NodeId) {
         if !session.nodes.lock().expect("lease nodes").insert(node) {
@@ -195,8 +328,15 @@ impl Client {
 async fn poll(session: Arc<LeaseSession>, cluster: Arc<Cluster>, client: u64, node: NodeId, wait: Duration) {
     let mut acked = 0;
     let mut backoff = Duration::from_millis(50);
+    // Until the node turns out not to know `LeaseWaitDirs`.
+    let mut dirs = true;
     loop {
-        let req = Request::LeaseWait { client, acked, wait_ms: wait.as_millis() as u32 };
+        let wait_ms = wait.as_millis() as u32;
+        let req = if dirs {
+            Request::LeaseWaitDirs { client, acked, wait_ms }
+        } else {
+            Request::LeaseWait { client, acked, wait_ms }
+        };
         let r = match cluster.node_pool(NodeType::Meta, node).await {
             Ok(pool) => pool.rpc(&req).await,
             Err(e) => Err(e),
@@ -216,11 +356,77 @@ async fn poll(session: Arc<LeaseSession>, cluster: Arc<Cluster>, client: u64, no
                 continue;
             }
             Ok(r) => warn!("metadata node {node}: odd answer to a lease poll: {}", unexpected(r)),
+            Err(e) if dirs && e.code == ErrorCode::Protocol => {
+                debug!("metadata node {node} leases no directories' names ({e})");
+                dirs = false;
+                continue;
+            }
             // The node is away: it grants nothing to this client until the
             // next poll arrives, and its changes wait for the leases to end.
             Err(e) => debug!("lease poll of metadata node {node} failed: {e}"),
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn eid(n: u64) -> EntryId {
+        EntryId { node: 1, epoch: 1, counter: n }
+    }
+
+    fn absent(s: &LeaseSession, dir: EntryId, name: &[u8]) -> bool {
+        let h = s.held.lock().unwrap();
+        h.dirs.get(&dir).is_some_and(|d| d.end > Instant::now() && !d.names.contains(name))
+    }
+
+    fn create(parent: EntryId, name: &[u8]) -> Request {
+        Request::Symlink { parent, name: name.to_vec(), target: b"t".to_vec(), caller: Default::default() }
+    }
+
+    #[test]
+    fn a_made_directory_knows_its_names_until_revoked() {
+        let s = LeaseSession::new(Box::new(|_| {}));
+        let (d, sent) = (eid(1), Instant::now());
+        // A renewal of a directory not held, and a zero grant: nothing.
+        s.granted_dirs(&[(d, 5000)], None, sent);
+        s.granted_dirs(&[(eid(2), 0)], Some(eid(2)), sent);
+        assert!(!absent(&s, d, b"x") && !absent(&s, eid(2), b"x"));
+        s.granted_dirs(&[(d, 5000)], Some(d), sent);
+        assert!(absent(&s, d, b"x"), "a new directory is empty");
+        // Own names (also failed attempts) may exist; removed ones do not.
+        s.note_names(&create(d, b"x"), true);
+        s.note_names(&create(d, b"y"), false);
+        assert!(!absent(&s, d, b"x") && !absent(&s, d, b"y") && absent(&s, d, b"z"));
+        s.note_names(&Request::Unlink { parent: d, name: b"x".to_vec() }, true);
+        s.note_names(&Request::Unlink { parent: d, name: b"y".to_vec() }, false);
+        assert!(absent(&s, d, b"x") && !absent(&s, d, b"y"));
+        let rename =
+            Request::Rename { parent: d, name: b"y".to_vec(), new_parent: d, new_name: b"w".to_vec(), flags: 0 };
+        s.note_names(&rename, true);
+        assert!(absent(&s, d, b"y") && !absent(&s, d, b"w"));
+        // Revoked: nothing is known; a grant sent before the revocation is stale.
+        s.revoke(&[d], false);
+        assert!(!absent(&s, d, b"z"));
+        s.granted_dirs(&[(d, 5000)], Some(d), sent);
+        assert!(!absent(&s, d, b"z"), "a grant older than the revocation");
+        assert_eq!(s.held.lock().unwrap().dir_names, 0);
+    }
+
+    #[test]
+    fn the_names_held_are_bounded() {
+        let s = LeaseSession::new(Box::new(|_| {}));
+        let d = eid(1);
+        s.granted_dirs(&[(d, 60_000)], Some(d), Instant::now());
+        for i in 0..DIR_NAMES_MAX {
+            s.held.lock().unwrap().add_name(d, format!("{i}").as_bytes());
+        }
+        assert!(absent(&s, d, b"x"));
+        s.note_names(&create(d, b"one more"), true);
+        assert!(!absent(&s, d, b"x"), "a directory beyond the bound is dropped");
+        assert_eq!(s.held.lock().unwrap().dir_names, 0);
     }
 }

@@ -16,6 +16,7 @@ mod dirattrs;
 mod leases;
 mod local;
 mod locks;
+mod releases;
 
 use hivefs_cluster::Cluster;
 use hivefs_net::{ClientConfig, Pools, Secret};
@@ -97,6 +98,8 @@ pub struct Client {
     dir_attrs: std::sync::OnceLock<dirattrs::DirAttrs>,
     /// Chunk files of storage services on this host (see `local`).
     local: local::LocalChunks,
+    /// Releases on their way (see `releases`).
+    releases: Arc<releases::Releases>,
 }
 
 /// Ids of this client's non-idempotent metadata operations, so that they
@@ -174,6 +177,7 @@ impl Client {
             leases: std::sync::OnceLock::new(),
             dir_attrs: std::sync::OnceLock::new(),
             local: local::LocalChunks::new(opts.short_circuit, opts.secret.clone()),
+            releases: Default::default(),
         }))
     }
 
@@ -223,7 +227,7 @@ impl Client {
         env.lease_client = Some(self.ops.client);
         let dirs = self.dir_attrs.get().map(|d| (d, d.begin(req)));
         let sent = std::time::Instant::now();
-        let r = pool.rpc_with(&env, req).await;
+        let r = self.dir_names_answer(req, sent, pool.rpc_with(&env, req).await);
         let (r, parent) = match r {
             Ok(Reply::WithParent { parent, reply }) => (Ok(*reply), Some(parent)),
             r => (r, None),
@@ -408,6 +412,10 @@ impl Client {
     pub async fn release(&self, e: Ent, write: bool) -> FsResult<()> {
         self.local.forget(e.id);
         ok(self.meta(e.owner, &Request::Release { id: e.id, write }).await?)
+    }
+
+    async fn release_now(&self, id: EntryId, owner: NodeId) -> FsResult<()> {
+        ok(self.meta(owner, &Request::Release { id, write: false }).await?)
     }
 
     /// Tells the metadata node this client read `e` at `at` (access times:

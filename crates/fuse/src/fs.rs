@@ -664,6 +664,14 @@ impl Filesystem for HiveFs {
             };
             // "." is the directory itself, and no name to cache.
             let dot = name == b".";
+            // A name this mount knows does not exist (it holds the lease on
+            // the directory's names): no request, as for a create's lookup.
+            if !dot && name != b".." && inner.client.known_absent(p.id, &name) {
+                return Err(FsError::new(
+                    ErrorCode::NotFound,
+                    format!("no entry {} in directory {}", String::from_utf8_lossy(&name), p.id),
+                ));
+            }
             let a = if dot { inner.client.getattr(p).await? } else { inner.client.lookup(p, &name).await? };
             Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a, (!dot).then_some((p.id, name.as_slice()))))
         })
@@ -1009,9 +1017,8 @@ impl Filesystem for HiveFs {
                 if f.write {
                     inner.drop_writer(f.ent.id);
                 }
-                if let Err(e) = inner.client.release(f.ent, f.write).await {
-                    warn!("release of {} failed: {e}", f.ent.id);
-                }
+                // Told to the metadata node in the background (batched with others).
+                inner.client.release_later(f.ent.id, f.ent.owner);
                 r?;
             }
             Ok(move |reply: ReplyEmpty| reply.ok())

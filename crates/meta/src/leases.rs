@@ -86,6 +86,8 @@ struct Session {
     poll_wait: Duration,
     /// Its first poll.
     since: Instant,
+    /// It polls with `LeaseWaitDirs`: leases on directories' names.
+    dirs: bool,
 }
 
 impl Session {
@@ -286,6 +288,24 @@ impl Leases {
     /// client does not poll, when `id` changed since, or when the request
     /// took so long that such a change may be forgotten.
     pub fn grant(&self, client: u64, key: LeaseKey, since: Mark) -> u32 {
+        self.grant_as(client, key, since, false)
+    }
+
+    /// Grants `client` a lease on the set of names in `dir` (a directory
+    /// whose entries this node stores), for a request that began at
+    /// `since`: only to a client that polls with `LeaseWaitDirs`, and
+    /// unless `fresh` (the directory was just made, empty) only as a
+    /// renewal of a lease the client holds and that was not revoked.
+    pub fn grant_names(&self, client: u64, dir: EntryId, since: Mark, fresh: bool) -> u32 {
+        self.grant_as(client, LeaseKey::Names(dir), since, !fresh)
+    }
+
+    /// Whether `client` polls with `LeaseWaitDirs` (see [`Leases::grant_names`]).
+    pub fn takes_dir_names(&self, client: u64) -> bool {
+        self.state.lock().expect("leases").sessions.get(&client).is_some_and(|s| s.dirs)
+    }
+
+    fn grant_as(&self, client: u64, key: LeaseKey, since: Mark, renewal: bool) -> u32 {
         let d = self.duration();
         let now = Instant::now();
         if d.is_zero() || now.saturating_duration_since(since.at) >= CHANGE_MEMORY / 2 {
@@ -305,13 +325,18 @@ impl Leases {
             }
         }
         let h = self.hasher.hash_one(&key);
-        let item = match key {
-            LeaseKey::Attr(id) => Some(id),
-            LeaseKey::Name(..) => None,
+        let (item, dirs) = match key {
+            LeaseKey::Attr(id) => (Some(id), false),
+            LeaseKey::Name(..) => (None, false),
+            LeaseKey::Names(dir) => (Some(dir), true),
         };
         let mut st = self.state.lock().expect("leases");
         // Changes made before its first poll were not noted.
-        if !st.sessions.get(&client).is_some_and(|s| s.alive(now) && s.since <= since.at) {
+        if !st.sessions.get(&client).is_some_and(|s| s.alive(now) && s.since <= since.at && (s.dirs || !dirs)) {
+            return 0;
+        }
+        let held = |hs: &Vec<Holder>| hs.iter().any(|x| x.client == client && x.item == item && x.revoked.is_none());
+        if renewal && !st.holders.get(&h).is_some_and(held) {
             return 0;
         }
         if st.changed.get(&h).is_some_and(|&(seq, _, by)| seq > since.seq && by != since.token) {
@@ -410,7 +435,8 @@ impl Leases {
 
     /// One `LeaseWait` of `client`: records its acknowledgement, then answers
     /// with the revocations queued for it, waiting up to `wait` for some.
-    pub async fn wait(&self, client: u64, acked: u64, wait: Duration) -> Reply {
+    /// `dirs`: the client polls with `LeaseWaitDirs` (see [`Leases::grant_names`]).
+    pub async fn wait(&self, client: u64, acked: u64, wait: Duration, dirs: bool) -> Reply {
         let wait = wait.min(MAX_WAIT);
         let wake = {
             let mut st = self.state.lock().expect("leases");
@@ -423,9 +449,11 @@ impl Leases {
                 last_poll: now,
                 since: now,
                 poll_wait: wait,
+                dirs,
             });
             s.last_poll = now;
             s.poll_wait = wait;
+            s.dirs = dirs;
             let queued = s.queued;
             s.acked.send_if_modified(|a| {
                 let newer = acked > *a && acked <= queued;
@@ -510,7 +538,7 @@ mod tests {
     /// Answers `client`'s revocations up to `upto` with its next poll, in the background.
     fn ack(l: &Arc<Leases>, client: u64, upto: u64) {
         let l = l.clone();
-        tokio::spawn(async move { l.wait(client, upto, Duration::from_secs(5)).await });
+        tokio::spawn(async move { l.wait(client, upto, Duration::from_secs(5), false).await });
     }
 
     fn leases(d: Duration) -> Arc<Leases> {
@@ -525,14 +553,14 @@ mod tests {
         let l = leases(Duration::from_secs(1));
         assert_eq!(l.grant(7, id(1), l.mark()), 0, "client 7 never polled");
         let off = leases(Duration::ZERO);
-        off.wait(7, 0, Duration::ZERO).await;
+        off.wait(7, 0, Duration::ZERO, false).await;
         assert_eq!(off.grant(7, id(1), off.mark()), 0);
     }
 
     #[tokio::test]
     async fn a_change_waits_for_the_holder_and_tells_it() {
         let l = leases(Duration::from_secs(5));
-        assert_eq!(l.wait(7, 0, Duration::ZERO).await, Reply::Revoked { ids: vec![], names: false, upto: 0 });
+        assert_eq!(l.wait(7, 0, Duration::ZERO, false).await, Reply::Revoked { ids: vec![], names: false, upto: 0 });
         assert_eq!(l.grant(7, id(1), l.mark()), 5000);
         let l2 = l.clone();
         let change = tokio::spawn(async move {
@@ -540,7 +568,7 @@ mod tests {
             l2.revoke(&[id(1)], Some(Requester { client: 8, token: 1 })).await;
             t.elapsed()
         });
-        let Reply::Revoked { ids, names, upto } = l.wait(7, 0, Duration::from_secs(5)).await else { panic!() };
+        let Reply::Revoked { ids, names, upto } = l.wait(7, 0, Duration::from_secs(5), false).await else { panic!() };
         assert_eq!((ids, names), (vec![eid(1)], false));
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!change.is_finished(), "the change must wait for the acknowledgement");
@@ -555,7 +583,7 @@ mod tests {
     #[tokio::test]
     async fn revocations_go_out_in_bounded_batches_acknowledged_in_order() {
         let l = leases(Duration::from_secs(5));
-        l.wait(7, 0, Duration::ZERO).await;
+        l.wait(7, 0, Duration::ZERO, false).await;
         let n = REVOKED_MAX as u64 + 10;
         for i in 0..n {
             assert!(l.grant(7, id(i), l.mark()) > 0);
@@ -564,12 +592,12 @@ mod tests {
         let l2 = l.clone();
         let change = tokio::spawn(async move { l2.revoke(&ids, None).await });
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let Reply::Revoked { ids, upto, .. } = l.wait(7, 0, Duration::from_secs(1)).await else { panic!() };
+        let Reply::Revoked { ids, upto, .. } = l.wait(7, 0, Duration::from_secs(1), false).await else { panic!() };
         assert_eq!((ids.len(), upto), (REVOKED_MAX, REVOKED_MAX as u64));
-        let Reply::Revoked { ids, upto, .. } = l.wait(7, upto, Duration::from_secs(1)).await else { panic!() };
+        let Reply::Revoked { ids, upto, .. } = l.wait(7, upto, Duration::from_secs(1), false).await else { panic!() };
         assert_eq!((ids.len(), upto), (10, n));
         // That answer was lost: a poll without its acknowledgement gets it again.
-        let again = l.wait(7, REVOKED_MAX as u64, Duration::from_secs(1)).await;
+        let again = l.wait(7, REVOKED_MAX as u64, Duration::from_secs(1), false).await;
         assert_eq!(again, Reply::Revoked { ids, names: false, upto });
         assert!(!change.is_finished(), "the last batch is not acknowledged yet");
         ack(&l, 7, n);
@@ -579,21 +607,46 @@ mod tests {
     #[tokio::test]
     async fn a_changed_name_tells_its_holders_to_drop_names() {
         let l = leases(Duration::from_secs(5));
-        l.wait(7, 0, Duration::ZERO).await;
+        l.wait(7, 0, Duration::ZERO, false).await;
         let name = LeaseKey::Name(eid(1), b"f".as_slice().into());
         assert!(l.grant(7, name.clone(), l.mark()) > 0);
         let l2 = l.clone();
         let change = tokio::spawn(async move { l2.revoke(&[name, id(9)], None).await });
-        let Reply::Revoked { ids, names, upto } = l.wait(7, 0, Duration::from_secs(5)).await else { panic!() };
+        let Reply::Revoked { ids, names, upto } = l.wait(7, 0, Duration::from_secs(5), false).await else { panic!() };
         assert_eq!((ids, names), (vec![], true));
         ack(&l, 7, upto);
         tokio::time::timeout(Duration::from_secs(3), change).await.unwrap().unwrap();
     }
 
     #[tokio::test]
+    async fn directory_names_are_leased_to_clients_that_ask_renewed_and_revoked_by_others() {
+        let l = leases(Duration::from_secs(5));
+        l.wait(7, 0, Duration::ZERO, false).await;
+        assert_eq!(l.grant_names(7, eid(1), l.mark(), true), 0, "client 7 polls without LeaseWaitDirs");
+        l.wait(7, 0, Duration::ZERO, true).await;
+        assert_eq!(l.grant_names(7, eid(1), l.mark(), false), 0, "a renewal of a lease not held");
+        assert!(l.grant_names(7, eid(1), l.mark(), true) > 0, "the directory it made");
+        assert!(l.grant_names(7, eid(1), l.mark(), false) > 0, "a renewal");
+        // The holder's own new name keeps its lease; another's revokes it.
+        let own = l.mark();
+        let me = Requester { client: 7, token: own.token };
+        l.revoke(&[LeaseKey::Names(eid(1))], Some(me)).await;
+        assert!(l.grant_names(7, eid(1), own, false) > 0, "renewed after its own change");
+        let l2 = l.clone();
+        let change = tokio::spawn(async move { l2.revoke(&[LeaseKey::Names(eid(1))], None).await });
+        let Reply::Revoked { ids, names, upto } = l.wait(7, 0, Duration::from_secs(5), true).await else { panic!() };
+        assert_eq!((ids, names), (vec![eid(1)], false), "the directory is named");
+        // Revoked and not yet answered: no renewal.
+        assert_eq!(l.grant_names(7, eid(1), l.mark(), false), 0);
+        ack(&l, 7, upto);
+        tokio::time::timeout(Duration::from_secs(3), change).await.unwrap().unwrap();
+        assert_eq!(l.grant_names(7, eid(1), l.mark(), false), 0, "a revoked lease is not renewed");
+    }
+
+    #[tokio::test]
     async fn the_requesters_own_lease_is_kept_and_not_waited_for() {
         let l = leases(Duration::from_secs(5));
-        l.wait(7, 0, Duration::ZERO).await;
+        l.wait(7, 0, Duration::ZERO, false).await;
         assert!(l.grant(7, id(1), l.mark()) > 0);
         let me = Requester { client: 7, token: l.mark().token };
         tokio::time::timeout(Duration::from_secs(1), l.revoke(&[id(1)], Some(me))).await.unwrap();
@@ -603,7 +656,7 @@ mod tests {
     #[tokio::test]
     async fn a_silent_holder_is_waited_for_until_its_lease_ends() {
         let l = leases(Duration::from_millis(300));
-        l.wait(7, 0, Duration::ZERO).await;
+        l.wait(7, 0, Duration::ZERO, false).await;
         assert!(l.grant(7, id(1), l.mark()) > 0);
         let t = Instant::now();
         l.revoke(&[id(1)], None).await;
@@ -614,7 +667,7 @@ mod tests {
     #[tokio::test]
     async fn a_change_during_another_ones_revocation_waits_for_the_same_holder() {
         let l = leases(Duration::from_millis(400));
-        l.wait(7, 0, Duration::ZERO).await;
+        l.wait(7, 0, Duration::ZERO, false).await;
         assert!(l.grant(7, id(1), l.mark()) > 0);
         // The first change queues the revocation and waits; client 7 is silent.
         let (k1, k2) = ([id(1)], [id(2)]);
@@ -642,7 +695,7 @@ mod tests {
     #[tokio::test]
     async fn a_grant_of_attributes_read_before_a_change_is_refused() {
         let l = leases(Duration::from_secs(1));
-        l.wait(7, 0, Duration::ZERO).await;
+        l.wait(7, 0, Duration::ZERO, false).await;
         let before = l.mark();
         l.revoke(&[id(1)], None).await;
         assert_eq!(l.grant(7, id(1), before), 0);
@@ -663,7 +716,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let l = Leases::default();
         l.start_recorded(dir.path(), Duration::from_millis(300));
-        l.wait(7, 0, Duration::ZERO).await;
+        l.wait(7, 0, Duration::ZERO, false).await;
         assert_eq!(l.grant(7, id(1), l.mark()), 300);
         // A grant beyond the recorded end is refused until the end moves.
         l.until_ms.store(unix_ms() + 100, Ordering::Release);
@@ -685,7 +738,7 @@ mod tests {
     #[tokio::test]
     async fn ended_leases_are_swept_and_the_table_is_bounded() {
         let l = leases(Duration::from_millis(50));
-        l.wait(7, 0, Duration::ZERO).await;
+        l.wait(7, 0, Duration::ZERO, false).await;
         for n in 0..1000 {
             assert!(l.grant(7, id(n), l.mark()) > 0);
         }

@@ -202,7 +202,7 @@ impl Handler for MetaHandler {
             return (r, Vec::new());
         }
         // Lease polls are the mounts' background traffic, not operations.
-        if !matches!(req, Request::LeaseWait { .. }) {
+        if !matches!(req, Request::LeaseWait { .. } | Request::LeaseWaitDirs { .. }) {
             self.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         let r = match ns {

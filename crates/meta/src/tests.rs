@@ -1018,6 +1018,26 @@ async fn open_unlinked_file_keeps_its_chunks_until_the_last_release() {
     assert!(!h.ns().opens.is_open(f.id), "a failed open is not counted");
 }
 
+/// `ReleaseMany` is one `Release` per handle: an unlinked file goes at its
+/// last one, unknown and repeated ids are skipped, too many are refused.
+#[tokio::test]
+async fn released_in_a_batch_an_unlinked_file_goes_at_its_last_handle() {
+    let h = H::new().await;
+    let (f, g) = (h.create(ROOT, "f").await, h.create(ROOT, "g").await);
+    for _ in 0..2 {
+        h.ok(Request::Open { id: f.id, write: true }).await;
+    }
+    h.ok(Request::Open { id: g.id, write: false }).await;
+    h.ok(unlink(ROOT, "f")).await;
+    h.ok(Request::ReleaseMany { ids: vec![f.id, g.id, EntryId { node: 9, epoch: 9, counter: 9 }] }).await;
+    assert_eq!(h.disposal(f.id), Some(DisposalState::OpenUnlinked), "one handle left");
+    assert!(!h.ns().opens.is_open(g.id));
+    h.ok(Request::ReleaseMany { ids: vec![f.id, f.id] }).await;
+    assert_eq!(h.disposal(f.id), Some(DisposalState::DeleteChunks));
+    let many = vec![g.id; hivefs_proto::RELEASE_MANY_MAX + 1];
+    assert_eq!(h.code(Request::ReleaseMany { ids: many }).await, ErrorCode::Invalid);
+}
+
 #[tokio::test]
 async fn open_unlinked_entries_are_finished_at_restart() {
     let mut h = H::new().await;

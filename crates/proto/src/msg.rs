@@ -682,6 +682,20 @@ pub enum Request {
         entry: EntryId,
         targets: Vec<TargetId>,
     },
+    /// `LeaseWait` of a client that also takes leases on the names of whole
+    /// directories: the node may wrap its answers in `Reply::DirNames`.
+    /// An older node answers `Protocol`; the client then polls with `LeaseWait`.
+    LeaseWaitDirs {
+        client: u64,
+        acked: u64,
+        wait_ms: u32,
+    },
+    /// `Release` of several handles at once (at most [`RELEASE_MANY_MAX`]),
+    /// sent by a client in the background. Answer: `Ok` (a handle the node
+    /// does not count is skipped, as `Release` would).
+    ReleaseMany {
+        ids: Vec<EntryId>,
+    },
 }
 
 /// `len` bytes (at most `MAX_PAYLOAD_LEN`) from `src_offset` of
@@ -706,6 +720,9 @@ pub const FALLOC_ZERO_RANGE: u32 = 0x10;
 
 /// Most entries one `UnlinkChunks` request may carry.
 pub const UNLINK_CHUNKS_MAX: usize = 1024;
+
+/// Most handles one `ReleaseMany` request may release.
+pub const RELEASE_MANY_MAX: usize = 4096;
 
 /// Most targets one `StatChunks` request may name (a stripe's most targets).
 pub const STAT_CHUNKS_MAX: usize = 65_536;
@@ -863,6 +880,7 @@ impl Request {
                 | Request::MetaOpCount
                 | Request::MetaPeer { .. }
                 | Request::LeaseWait { .. }
+                | Request::LeaseWaitDirs { .. }
                 | Request::GetMetaChooser { .. }
                 | Request::FsckIntents
                 | Request::FallocateChunk { .. }
@@ -1005,6 +1023,17 @@ pub enum Reply {
     },
     /// Answer to `StatChunks`.
     ChunkLens(Vec<u64>),
+    /// Answer to a request of a client that polls with `LeaseWaitDirs`:
+    /// the answer, and leases on the set of names of directories (`(dir,
+    /// ms)`, from when the client sent the request): until one ends, the
+    /// node revokes it (as `Revoked::ids` naming the directory) before it
+    /// acknowledges anyone else's new name in that directory. The
+    /// directory a `Mkdir` made is granted empty; others are renewals of a
+    /// lease the client holds.
+    DirNames {
+        grants: Vec<(EntryId, u32)>,
+        reply: Box<Reply>,
+    },
 }
 
 /// How a new directory's owner (metadata node) is chosen; a per-directory
@@ -1172,7 +1201,7 @@ mod tests {
             let (m, _): (T, _) = postcard::take_from_bytes(&body).unwrap_or_else(|e| panic!("id {id}: {e}"));
             name_of(&m)
         }
-        const REQUESTS: [&str; 72] = [
+        const REQUESTS: [&str; 74] = [
             "Ping",
             "RegisterNode",
             "RegisterTarget",
@@ -1245,8 +1274,10 @@ mod tests {
             "SetMemberState",
             "ResyncProgress",
             "StatChunks",
+            "LeaseWaitDirs",
+            "ReleaseMany",
         ];
-        const REPLIES: [&str; 39] = [
+        const REPLIES: [&str; 40] = [
             "Ok",
             "Pong",
             "NodeRegistered",
@@ -1286,6 +1317,7 @@ mod tests {
             "Groups",
             "HeartbeatAck",
             "ChunkLens",
+            "DirNames",
         ];
         for (id, want) in REQUESTS.iter().enumerate() {
             assert_eq!(decoded::<Request>(id), *want, "request id {id}");
@@ -1324,6 +1356,17 @@ mod tests {
         assert!(b.len() <= crate::MAX_BODY_LEN as usize, "{} bytes", b.len());
         assert_eq!(decode_body::<Request>(&b).unwrap(), r);
         assert!(r.is_idempotent());
+    }
+
+    #[test]
+    fn a_full_release_batch_fits_in_one_body_and_is_sent_once() {
+        let worst = EntryId { node: u32::MAX, epoch: u32::MAX, counter: u64::MAX };
+        let r = Request::ReleaseMany { ids: vec![worst; RELEASE_MANY_MAX] };
+        let b = encode_body(&r);
+        assert!(b.len() <= crate::MAX_BODY_LEN as usize, "{} bytes", b.len());
+        assert_eq!(decode_body::<Request>(&b).unwrap(), r);
+        // Open counts in memory: a repeat would release twice.
+        assert!(!Envelope::default().may_repeat(&r));
     }
 
     #[test]

@@ -156,7 +156,13 @@ pub fn mount(
             }
         }
     });
-    session.run()
+    let r = session.run();
+    // Handles released at the end are told before the process exits.
+    let flush = tokio::time::timeout(std::time::Duration::from_secs(10), inner.client.flush_releases());
+    if rt_handle.block_on(flush).is_err() {
+        warn!("releases of open handles were not all answered within 10 s of unmounting {}", mnt.display());
+    }
+    r
 }
 
 /// `/dev/fuse` descriptors open in this process.

@@ -12,7 +12,7 @@ use hivefs_proto::{Envelope, OpId, Reply, Request, Response};
 use hivefs_types::attr::{EntryAttr, FileKind};
 use hivefs_types::error::FsResult;
 use hivefs_types::fs_err;
-use hivefs_types::ids::NodeType;
+use hivefs_types::ids::{EntryId, NodeType};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
@@ -32,7 +32,27 @@ impl Namespace {
     pub async fn handle_env(&self, env: Envelope, req: Request) -> Response {
         match req {
             Request::LeaseWait { client, acked, wait_ms } => {
-                Ok(self.leases.wait(client, acked, Duration::from_millis(wait_ms.into())).await)
+                Ok(self.leases.wait(client, acked, Duration::from_millis(wait_ms.into()), false).await)
+            }
+            Request::LeaseWaitDirs { client, acked, wait_ms } => {
+                Ok(self.leases.wait(client, acked, Duration::from_millis(wait_ms.into()), true).await)
+            }
+            Request::ReleaseMany { ids } => {
+                if ids.len() > hivefs_proto::RELEASE_MANY_MAX {
+                    return Err(fs_err!(
+                        Invalid,
+                        "ReleaseMany of {} handles, more than {}",
+                        ids.len(),
+                        hivefs_proto::RELEASE_MANY_MAX
+                    ));
+                }
+                // Each as its own `Release` (one of a moved file goes to its new owner).
+                for id in ids {
+                    if let Err(e) = self.handle_unleased(None, Request::Release { id, write: false }).await {
+                        debug!("release of {id} on metadata node {}: {e}", self.node);
+                    }
+                }
+                Ok(Reply::Ok)
             }
             Request::RetiredRetryable | Request::RetiredLeasing => {
                 Err(fs_err!(NotSupported, "{} is a retired message (the envelope replaced it)", req.name()))
@@ -69,18 +89,45 @@ impl Namespace {
         };
         let name = req.names().map(|(p, n)| LeaseKey::Name(p, n.into()));
         let changed_dir = req.changed_dir();
+        let mkdir = matches!(req, Request::Mkdir { .. });
         let me = crate::leases::Requester { client, token: since.token };
         let r = self.leased(client, fresh, name, since, REQUESTER.scope(me, self.handle_unleased(op, req)).await?);
+        let reply = r?;
+        let grants = self.dir_names(client, since, changed_dir, mkdir.then_some(&reply));
         // The client keeps a changed directory's attributes for as long as
         // it would cache them anyway (client crate's `dirattrs`): read after
         // the change, so they include it.
-        let reply = r?;
-        match changed_dir.map(|d| self.getattr(d)) {
-            Some(Ok(parent)) if parent.kind == FileKind::Dir => {
-                Ok(Reply::WithParent { parent, reply: Box::new(reply) })
-            }
-            _ => Ok(reply),
+        let reply = match changed_dir.map(|d| self.getattr(d)) {
+            Some(Ok(parent)) if parent.kind == FileKind::Dir => Reply::WithParent { parent, reply: Box::new(reply) },
+            _ => reply,
+        };
+        Ok(if grants.is_empty() { reply } else { Reply::DirNames { grants, reply: Box::new(reply) } })
+    }
+
+    /// Leases on directories' names for a client that takes them: the
+    /// directory a mkdir (answered `made`) made here, empty; and a renewal
+    /// of the lease on the directory the request changed.
+    fn dir_names(
+        &self,
+        client: u64,
+        since: crate::leases::Mark,
+        changed: Option<EntryId>,
+        made: Option<&Reply>,
+    ) -> Vec<(EntryId, u32)> {
+        if !self.leases.takes_dir_names(client) {
+            return Vec::new();
         }
+        let made = match made {
+            Some(Reply::Entry(a) | Reply::Leased { attr: a, .. })
+                if a.kind == FileKind::Dir && a.owner == self.node =>
+            {
+                Some(a.id)
+            }
+            _ => None,
+        };
+        let fresh = made.map(|d| (d, self.leases.grant_names(client, d, since, true)));
+        let renewed = changed.map(|d| (d, self.leases.grant_names(client, d, since, false)));
+        fresh.into_iter().chain(renewed).filter(|&(_, ms)| ms > 0).collect()
     }
 
     /// Leases what a leasing request's answer `r` carries (see `handle_leasing`).

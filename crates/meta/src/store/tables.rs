@@ -16,6 +16,8 @@ pub enum LeaseKey {
     Attr(EntryId),
     /// The name `name` in directory `parent` (which entry it names).
     Name(EntryId, Box<[u8]>),
+    /// The set of names in a directory (a name added).
+    Names(EntryId),
 }
 
 /// Why an operation failed.
@@ -67,6 +69,7 @@ impl Tables<'_> {
 
     pub(crate) fn put_dentry(&mut self, parent: EntryId, name: &[u8], d: &Dentry) -> OpResult<()> {
         self.touched.push(LeaseKey::Name(parent, name.into()));
+        self.touched.push(LeaseKey::Names(parent));
         self.dentries.insert(child_key(parent, name).as_slice(), encode(d).as_slice())?;
         Ok(())
     }

@@ -1,0 +1,123 @@
+//! Handles released in the background: [`Client::release_later`] queues a
+//! release per metadata node and one task sends them, as one `ReleaseMany`
+//! per node and round, while the program goes on. Releases queued while a
+//! round is on its way go together in the next, so a busy client sends few
+//! requests for many closes and an idle one sends each at once.
+//!
+//! A release only lowers the node's count of open handles (an unlinked
+//! file's chunks are deleted at the last one): sent later, the chunks of a
+//! file unlinked while open go later, nothing else changes. Before the
+//! program exits it calls [`Client::flush_releases`]. This module must not
+//! release anything itself (the program decides what is closed).
+
+use crate::Client;
+use hivefs_proto::{Reply, Request, RELEASE_MANY_MAX};
+use hivefs_types::error::ErrorCode;
+use hivefs_types::ids::{EntryId, NodeId, NodeType};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::Notify;
+use tracing::{debug, warn};
+
+#[derive(Default)]
+pub(crate) struct Releases {
+    /// Per metadata node, handles to release, and whether a round is on its way.
+    queued: Mutex<(HashMap<NodeId, Vec<EntryId>>, bool)>,
+    wake: Notify,
+    /// Rung when a round ends with nothing queued.
+    drained: Notify,
+    started: AtomicBool,
+    /// Nodes that answered `ReleaseMany` with `Protocol` (older): one
+    /// `Release` per handle.
+    single: Mutex<Vec<NodeId>>,
+}
+
+impl Client {
+    /// Releases the handle of `id` (stored on `owner`) in the background.
+    /// Call it inside the tokio runtime (the first call starts the task).
+    pub fn release_later(self: &Arc<Self>, id: EntryId, owner: NodeId) {
+        self.local.forget(id);
+        let r = &self.releases;
+        r.queued.lock().expect("releases").0.entry(owner).or_default().push(id);
+        if !r.started.swap(true, Ordering::AcqRel) {
+            tokio::spawn(run(Arc::downgrade(self), r.clone()));
+        }
+        r.wake.notify_one();
+    }
+
+    /// Waits until every release queued so far was sent and answered (or failed).
+    pub async fn flush_releases(&self) {
+        let r = &self.releases;
+        loop {
+            let drained = r.drained.notified();
+            {
+                let q = r.queued.lock().expect("releases");
+                if q.0.is_empty() && !q.1 {
+                    return;
+                }
+            }
+            drained.await;
+        }
+    }
+
+    /// One round: every queued release, one request per node (more for
+    /// more than [`RELEASE_MANY_MAX`]), the nodes at once.
+    async fn release_round(self: &Arc<Self>, batch: HashMap<NodeId, Vec<EntryId>>) {
+        let mut sends = tokio::task::JoinSet::new();
+        for (node, ids) in batch {
+            let c = self.clone();
+            sends.spawn(async move {
+                for part in ids.chunks(RELEASE_MANY_MAX) {
+                    c.release_on(node, part).await;
+                }
+            });
+        }
+        while sends.join_next().await.is_some() {}
+    }
+
+    async fn release_on(&self, node: NodeId, ids: &[EntryId]) {
+        let single = self.releases.single.lock().expect("releases").contains(&node);
+        if !single {
+            let r = match self.cluster.node_pool(NodeType::Meta, node).await {
+                Ok(pool) => pool.rpc(&Request::ReleaseMany { ids: ids.to_vec() }).await,
+                Err(e) => Err(e),
+            };
+            match r {
+                Ok(Reply::Ok) => return,
+                Err(e) if e.code == ErrorCode::Protocol => {
+                    debug!("metadata node {node} takes no ReleaseMany ({e}): one release per handle");
+                    self.releases.single.lock().expect("releases").push(node);
+                }
+                Ok(r) => return warn!("metadata node {node}: odd answer to ReleaseMany: {}", crate::unexpected(r)),
+                Err(e) => return warn!("release of {} handles on metadata node {node} failed: {e}", ids.len()),
+            }
+        }
+        for &id in ids {
+            if let Err(e) = self.release_now(id, node).await {
+                warn!("release of {id} on metadata node {node} failed: {e}");
+            }
+        }
+    }
+}
+
+/// The sending task; it ends at its first wake after the client is gone.
+async fn run(client: std::sync::Weak<Client>, r: Arc<Releases>) {
+    loop {
+        let wake = r.wake.notified();
+        let batch = {
+            let mut q = r.queued.lock().expect("releases");
+            q.1 = !q.0.is_empty();
+            std::mem::take(&mut q.0)
+        };
+        if batch.is_empty() {
+            r.drained.notify_waiters();
+            wake.await;
+            continue;
+        }
+        let Some(c) = client.upgrade() else { return };
+        c.release_round(batch).await;
+        drop(c);
+        r.queued.lock().expect("releases").1 = false;
+    }
+}
