@@ -1,8 +1,8 @@
 //! Handles released in the background: [`Client::release_later`] queues a
 //! release per metadata node and one task sends them, as one `ReleaseMany`
-//! per node and round, while the program goes on. Releases queued while a
-//! round is on its way go together in the next, so a busy client sends few
-//! requests for many closes and an idle one sends each at once.
+//! per node and round, while the program goes on. A round gathers for
+//! [`GATHER`] (2 ms) and releases queued while a round is on its way go
+//! together in the next, so many closes share a request.
 //!
 //! A release only lowers the node's count of open handles (an unlinked
 //! file's chunks are deleted at the last one): sent later, the chunks of a
@@ -101,10 +101,20 @@ impl Client {
     }
 }
 
+/// How long the first release of a round waits for others to join it,
+/// unless [`GATHER_MAX`] are queued sooner: closes one at a time (creates
+/// in one directory, which the kernel serializes) then share a request.
+pub const GATHER: std::time::Duration = std::time::Duration::from_millis(2);
+const GATHER_MAX: usize = 256;
+
 /// The sending task; it ends at its first wake after the client is gone.
 async fn run(client: std::sync::Weak<Client>, r: Arc<Releases>) {
     loop {
         let wake = r.wake.notified();
+        let queued = r.queued.lock().expect("releases").0.values().map(Vec::len).sum::<usize>();
+        if queued > 0 && queued < GATHER_MAX {
+            tokio::time::sleep(GATHER).await;
+        }
         let batch = {
             let mut q = r.queued.lock().expect("releases");
             q.1 = !q.0.is_empty();
