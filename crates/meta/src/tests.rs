@@ -1551,3 +1551,38 @@ async fn a_repeated_operation_is_applied_once_also_across_a_restart() {
     assert_eq!(h.code(Request::RetiredRetryable).await, ErrorCode::NotSupported);
     assert_eq!(h.code(retryable(9, 6, 6, &Request::RetiredLeasing)).await, ErrorCode::NotSupported);
 }
+
+/// A client that polls with `LeaseWaitDirs` gets the names of a directory
+/// it made, empty; a repeat of that mkdir (its answer was lost, others may
+/// have added names since) does not; renewals come with its changes there,
+/// and a client polling with `LeaseWait` gets none.
+#[tokio::test]
+async fn a_made_directory_is_leased_empty_but_not_on_a_repeat() {
+    let h = H::new().await;
+    h.ns().leases.set_duration(std::time::Duration::from_millis(300));
+    h.ok(Request::LeaseWaitDirs { client: 9, acked: 0, wait_ms: 0 }).await;
+    h.ok(Request::LeaseWait { client: 11, acked: 0, wait_ms: 0 }).await;
+    let sent = |client: u64, seq: u64, r: Request| {
+        Sent(
+            Envelope {
+                op: Some(hivefs_proto::OpId { client, seq, done_below: seq }),
+                lease_client: Some(client),
+                mirror: None,
+            },
+            r,
+        )
+    };
+    let mkdir = |name: &str| Request::Mkdir { parent: ROOT, name: name.into(), mode: 0o755, caller: ME };
+    let grants = |r: Reply| match r {
+        Reply::DirNames { grants, .. } => grants,
+        _ => Vec::new(),
+    };
+    let first = h.ok(sent(9, 1, mkdir("d"))).await;
+    let d = h.lookup(ROOT, "d").await.unwrap();
+    let Reply::Entry(d) = d else { panic!("{d:?}") };
+    assert!(grants(first).iter().any(|&(dir, ms)| dir == d.id && ms > 0), "the new directory");
+    assert!(!grants(h.ok(sent(9, 1, mkdir("d"))).await).iter().any(|&(dir, _)| dir == d.id), "a repeat");
+    let g = grants(h.ok(sent(9, 2, create_req(d.id, "f", true))).await);
+    assert!(g.iter().any(|&(dir, ms)| dir == d.id && ms > 0), "renewed by a create there: {g:?}");
+    assert!(grants(h.ok(sent(11, 1, mkdir("e"))).await).is_empty(), "a client polling without dirs");
+}

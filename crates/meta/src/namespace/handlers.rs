@@ -93,7 +93,8 @@ impl Namespace {
         let me = crate::leases::Requester { client, token: since.token };
         let r = self.leased(client, fresh, name, since, REQUESTER.scope(me, self.handle_unleased(op, req)).await?);
         let reply = r?;
-        let grants = self.dir_names(client, since, changed_dir, mkdir.then_some(&reply));
+        // A repeat's directory may have got names since it was made.
+        let grants = self.dir_names(client, since, changed_dir, (mkdir && fresh).then_some(&reply));
         // The client keeps a changed directory's attributes for as long as
         // it would cache them anyway (client crate's `dirattrs`): read after
         // the change, so they include it.
