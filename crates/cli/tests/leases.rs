@@ -286,6 +286,9 @@ fn creates_in_a_directory_this_mount_made_need_no_lookup() {
     // 40 with a lookup per create.
     assert!(sent <= 22, "metadata requests for 20 creates in a directory this mount made: {sent}");
 
+    // A name too long for any directory gets its own error, not ENOENT.
+    assert_eq!(errno(std::fs::metadata(fs.path(&format!("d/{}", "n".repeat(256))))), libc::ENAMETOOLONG);
+
     // This mount's own names are known: renamed, removed, made again.
     std::fs::rename(fs.path("d/f0"), fs.path("d/g0")).unwrap();
     assert!(std::fs::metadata(fs.path("d/g0")).is_ok());

@@ -285,6 +285,10 @@ impl Client {
     /// Whether `name` is known not to exist in `dir`: this client holds a
     /// lease on the directory's names and has no such name in it.
     pub fn known_absent(&self, dir: EntryId, name: &[u8]) -> bool {
+        // A name no directory can hold gets the node's own error (ENAMETOOLONG).
+        if name.len() > hivefs_types::NAME_MAX {
+            return false;
+        }
         let Some(s) = self.leases.get() else { return false };
         let h = s.held.lock().expect("leases");
         h.dirs.get(&dir).is_some_and(|d| d.end > Instant::now() && !d.names.contains(name))
