@@ -28,7 +28,7 @@
 
 use crate::{unexpected, Client};
 use hivefs_cluster::Cluster;
-use hivefs_proto::{Reply, Request};
+use hivefs_proto::{Reply, Request, RENAME_NOREPLACE};
 use hivefs_types::error::{ErrorCode, FsResult};
 use hivefs_types::ids::{EntryId, NodeId, NodeType};
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -195,10 +195,14 @@ impl LeaseSession {
             | Request::CreateOpen { parent, name, .. }
             | Request::Mkdir { parent, name, .. }
             | Request::Symlink { parent, name, .. }
-            | Request::Link { new_parent: parent, new_name: name, .. } => h.add_name(*parent, name),
-            Request::Rename { parent, name, new_parent, new_name, .. } => {
+            | Request::Link { new_parent: parent, new_name: name, .. }
+            | Request::LinkTo { new_parent: parent, new_name: name, .. } => h.add_name(*parent, name),
+            Request::Rename { parent, name, new_parent, new_name, flags }
+            | Request::RenameTo { parent, name, new_parent, new_name, flags, .. } => {
                 h.add_name(*new_parent, new_name);
-                if ok && (parent, name) != (new_parent, new_name) {
+                // After an exchange (or a whiteout) the old name still exists.
+                let moved = *flags & !RENAME_NOREPLACE == 0;
+                if ok && moved && (parent, name) != (new_parent, new_name) {
                     h.remove_name(*parent, name);
                 }
             }
@@ -412,6 +416,11 @@ mod tests {
             Request::Rename { parent: d, name: b"y".to_vec(), new_parent: d, new_name: b"w".to_vec(), flags: 0 };
         s.note_names(&rename, true);
         assert!(absent(&s, d, b"y") && !absent(&s, d, b"w"));
+        // An exchange leaves both names.
+        let exchange =
+            Request::Rename { parent: d, name: b"w".to_vec(), new_parent: d, new_name: b"v".to_vec(), flags: 2 };
+        s.note_names(&exchange, true);
+        assert!(!absent(&s, d, b"w") && !absent(&s, d, b"v"));
         // Revoked: nothing is known; a grant sent before the revocation is stale.
         s.revoke(&[d], false);
         assert!(!absent(&s, d, b"z"));
