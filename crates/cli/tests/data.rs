@@ -134,6 +134,31 @@ fn a_file_unlinked_while_open_keeps_its_data_until_the_close() {
     }
 }
 
+/// A mount unmounted right after a close sends that release before it
+/// exits, and exits cleanly: the metadata node no longer counts the file
+/// open, so an unlink removes its chunk files.
+#[test]
+fn an_unmounted_mount_sends_its_last_releases_and_exits_cleanly() {
+    let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "2", "--chunk-size", "4k"]);
+    let other = fs.second_mount();
+    std::fs::write(fs.path("f"), random_bytes(11, 20_000)).unwrap();
+    let info = fs.entry_info("f");
+    let id = info["entry_id"].as_str().unwrap().to_string();
+    let targets: Vec<u64> = info["targets"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+    drop(std::fs::File::open(other.mnt.join("f")).unwrap());
+    let (status, log) = other.unmount();
+    assert!(status.success() && !log.contains("panicked"), "hivefs mount exited with {status}:\n{log}");
+    std::fs::remove_file(fs.path("f")).unwrap();
+    let start = std::time::Instant::now();
+    while targets.iter().any(|t| fs.chunk_len(*t, &id) > 0) {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "chunk files of {id} were kept: still counted open"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 #[test]
 fn unlink_removes_chunk_files() {
     let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "2", "--chunk-size", "4k"]);

@@ -214,7 +214,8 @@ impl TestFs {
             .stderr(log)
             .spawn()
             .unwrap();
-        let m = SecondMount { child, mnt };
+        let log = self.tmp.path().join(format!("{name}.log"));
+        let m = SecondMount { child: Some(child), mnt, log };
         wait_mounted(&m.mnt);
         m
     }
@@ -269,22 +270,45 @@ pub fn wait_mounted(mnt: &Path) {
 }
 
 pub struct SecondMount {
-    child: Child,
+    child: Option<Child>,
     pub mnt: PathBuf,
+    log: PathBuf,
 }
 
 impl SecondMount {
     /// Process id of its `hivefs mount`.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Unmounts it and waits (at most 30 s) for its `hivefs mount` to exit;
+    /// returns the exit status and the process's log.
+    pub fn unmount(mut self) -> (std::process::ExitStatus, String) {
+        let st = Command::new("fusermount3").arg("-u").arg(&self.mnt).status().expect("fusermount3");
+        assert!(st.success(), "fusermount3 -u {}", self.mnt.display());
+        let mut child = self.child.take().expect("running");
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("wait for hivefs mount") {
+                break s;
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                let _ = child.kill();
+                panic!("hivefs mount did not exit within 30 s of its unmount");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        (status, std::fs::read_to_string(&self.log).unwrap_or_default())
     }
 }
 
 impl Drop for SecondMount {
     fn drop(&mut self) {
-        let _ = Command::new("fusermount3").arg("-u").arg(&self.mnt).status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("fusermount3").arg("-u").arg(&self.mnt).status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
         detach(&self.mnt);
     }
 }

@@ -158,7 +158,8 @@ pub fn mount(
     });
     let r = session.run();
     // Handles released at the end are told before the process exits.
-    let flush = tokio::time::timeout(std::time::Duration::from_secs(10), inner.client.flush_releases());
+    // The timer is made inside the runtime.
+    let flush = async { tokio::time::timeout(std::time::Duration::from_secs(10), inner.client.flush_releases()).await };
     if rt_handle.block_on(flush).is_err() {
         warn!("releases of open handles were not all answered within 10 s of unmounting {}", mnt.display());
     }
