@@ -68,6 +68,7 @@ struct Held {
     /// there (at most [`DIR_NAMES_MAX`] over all of them).
     dirs: HashMap<EntryId, DirSet>,
     dir_names: usize,
+    swept_dirs: usize,
 }
 
 struct DirSet {
@@ -173,12 +174,11 @@ impl LeaseSession {
                 set.end = set.end.max(end);
             }
         }
-        if h.dirs.len() > 64 {
+        if h.dirs.len() > 2 * h.swept_dirs + 64 {
             let now = Instant::now();
-            let ended: Vec<EntryId> = h.dirs.iter().filter(|(_, d)| d.end <= now).map(|(id, _)| *id).collect();
-            for id in ended {
-                h.drop_dir(id);
-            }
+            h.dirs.retain(|_, d| d.end > now);
+            h.dir_names = h.dirs.values().map(|d| d.names.len()).sum();
+            h.swept_dirs = h.dirs.len();
         }
     }
 
@@ -186,27 +186,35 @@ impl LeaseSession {
     /// `req`: a name it may have made may exist, whatever the outcome (a
     /// name too many only costs a lookup); a name it removed does not.
     fn note_names(&self, req: &Request, ok: bool) {
-        let mut h = self.held.lock().expect("leases");
-        if h.dirs.is_empty() {
-            return;
-        }
+        // Locked only for requests that change names, and while some directory is leased.
+        let held = || Some(self.held.lock().expect("leases")).filter(|h| !h.dirs.is_empty());
         match req {
             Request::Create { parent, name, .. }
             | Request::CreateOpen { parent, name, .. }
             | Request::Mkdir { parent, name, .. }
             | Request::Symlink { parent, name, .. }
             | Request::Link { new_parent: parent, new_name: name, .. }
-            | Request::LinkTo { new_parent: parent, new_name: name, .. } => h.add_name(*parent, name),
+            | Request::LinkTo { new_parent: parent, new_name: name, .. } => {
+                if let Some(mut h) = held() {
+                    h.add_name(*parent, name);
+                }
+            }
             Request::Rename { parent, name, new_parent, new_name, flags }
             | Request::RenameTo { parent, name, new_parent, new_name, flags, .. } => {
-                h.add_name(*new_parent, new_name);
-                // After an exchange (or a whiteout) the old name still exists.
-                let moved = *flags & !RENAME_NOREPLACE == 0;
-                if ok && moved && (parent, name) != (new_parent, new_name) {
+                if let Some(mut h) = held() {
+                    h.add_name(*new_parent, new_name);
+                    // After an exchange (or a whiteout) the old name still exists.
+                    let moved = *flags & !RENAME_NOREPLACE == 0;
+                    if ok && moved && (parent, name) != (new_parent, new_name) {
+                        h.remove_name(*parent, name);
+                    }
+                }
+            }
+            Request::Unlink { parent, name } | Request::Rmdir { parent, name } if ok => {
+                if let Some(mut h) = held() {
                     h.remove_name(*parent, name);
                 }
             }
-            Request::Unlink { parent, name } | Request::Rmdir { parent, name } if ok => h.remove_name(*parent, name),
             _ => {}
         }
     }

@@ -651,6 +651,12 @@ impl Filesystem for HiveFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        // A name this mount knows does not exist (it holds the lease on the
+        // directory's names): answered here, no request, as for a create's lookup.
+        let absent = |p: Ent| name != "." && name != ".." && self.inner.client.known_absent(p.id, name.as_bytes());
+        if self.inner.ent(parent).is_ok_and(absent) {
+            return reply.error(Errno::ENOENT);
+        }
         let name = name_bytes(name);
         run!(self, reply, |inner| {
             let p = match inner.ent(parent) {
@@ -664,14 +670,6 @@ impl Filesystem for HiveFs {
             };
             // "." is the directory itself, and no name to cache.
             let dot = name == b".";
-            // A name this mount knows does not exist (it holds the lease on
-            // the directory's names): no request, as for a create's lookup.
-            if !dot && name != b".." && inner.client.known_absent(p.id, &name) {
-                return Err(FsError::new(
-                    ErrorCode::NotFound,
-                    format!("no entry {} in directory {}", String::from_utf8_lossy(&name), p.id),
-                ));
-            }
             let a = if dot { inner.client.getattr(p).await? } else { inner.client.lookup(p, &name).await? };
             Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a, (!dot).then_some((p.id, name.as_slice()))))
         })

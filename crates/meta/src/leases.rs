@@ -391,29 +391,25 @@ impl Leases {
                     if requester.is_some_and(|r| r.client == x.client) {
                         return true;
                     }
-                    let session = st.sessions.get_mut(&x.client);
-                    let seq = match (x.revoked, session) {
+                    let (seq, ack) = match (x.revoked, st.sessions.get_mut(&x.client)) {
                         // Already being revoked: wait for the same answer,
                         // unless it came (then the copy is gone).
                         (Some(seq), Some(s)) if seq != NO_SESSION => {
                             if *s.acked.borrow() >= seq {
                                 return false;
                             }
-                            seq
+                            (seq, Some((s.acked.subscribe(), seq)))
                         }
                         (None, Some(s)) => {
                             s.queued += 1;
                             s.pending.push_back((s.queued, x.item));
                             s.wake.notify_one();
-                            s.queued
+                            (s.queued, Some((s.acked.subscribe(), s.queued)))
                         }
                         // No session (or none when first revoked): its end.
-                        _ => NO_SESSION,
+                        _ => (NO_SESSION, None),
                     };
                     x.revoked = Some(seq);
-                    let ack = (seq != NO_SESSION)
-                        .then(|| st.sessions.get(&x.client).map(|s| (s.acked.subscribe(), seq)))
-                        .flatten();
                     waits.push((ack, x.end));
                     true
                 });

@@ -794,6 +794,24 @@ impl Request {
     /// The name (parent, name) a successful answer to this request maps to
     /// the answered entry, and which the answering node stores: a lookup of
     /// a real name, or a name the request creates there.
+    /// Refuses a request whose list is longer than its message's bound
+    /// ([`STAT_CHUNKS_MAX`], [`RELEASE_MANY_MAX`]): checked by the service
+    /// before any work.
+    pub fn check_batch(&self) -> Result<(), FsError> {
+        let (what, len, max) = match self {
+            Request::StatChunks { targets, .. } => ("targets", targets.len(), STAT_CHUNKS_MAX),
+            Request::ReleaseMany { ids } => ("handles", ids.len(), RELEASE_MANY_MAX),
+            _ => return Ok(()),
+        };
+        if len > max {
+            return Err(FsError::new(
+                hivefs_types::error::ErrorCode::Invalid,
+                format!("{} names {len} {what}, more than {max}", self.name()),
+            ));
+        }
+        Ok(())
+    }
+
     pub fn names(&self) -> Option<(EntryId, &[u8])> {
         match self {
             Request::Lookup { parent, name } if name != b"." && name != b".." => Some((*parent, name)),

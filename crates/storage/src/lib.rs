@@ -232,19 +232,12 @@ impl Ready {
             .ok_or_else(|| fs_err!(NotFound, "storage target {target} is not served by storage node {}", self.node))
     }
 
-    /// `Request::StatChunks`: every named target must be served here
-    /// (unmirrored); one blocking task stats them all.
+    /// `Request::StatChunks` (its length checked by `Request::check_batch`):
+    /// every named target must be served here (unmirrored); one blocking
+    /// task stats them all.
     async fn stat_chunks(&self, entry: EntryId, targets: Vec<TargetId>, mirrored: bool) -> FsResult<Reply> {
         if mirrored {
             return Err(fs_err!(Invalid, "StatChunks of file {entry} names buddy groups: ask each group's primary"));
-        }
-        if targets.len() > hivefs_proto::STAT_CHUNKS_MAX {
-            return Err(fs_err!(
-                Invalid,
-                "StatChunks of file {entry} names {} targets, more than {}",
-                targets.len(),
-                hivefs_proto::STAT_CHUNKS_MAX
-            ));
         }
         let stores = targets.iter().map(|t| self.store(*t)).collect::<FsResult<Vec<_>>>()?;
         blocking(move || stores.iter().map(|s| s.stat(entry)).collect::<FsResult<Vec<u64>>>())
@@ -303,6 +296,9 @@ impl Ready {
     /// files, or the mirrored ones (`mirrored`) once `mirror` has decided
     /// this node may.
     async fn apply(&self, req: Request, payload: Bytes, mirrored: bool) -> (Response, Vec<u8>) {
+        if let Err(e) = req.check_batch() {
+            return (Err(e), Vec::new());
+        }
         let r = match req {
             Request::Ping => Ok(Reply::Pong { node_type: NodeType::Storage, node: self.node }),
             Request::WriteChunk { target, entry, offset } => match self.store_of(target, mirrored) {

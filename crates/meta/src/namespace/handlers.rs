@@ -30,6 +30,7 @@ impl Namespace {
     /// mutation apply once, the lease client takes leases on what the answer
     /// carries.
     pub async fn handle_env(&self, env: Envelope, req: Request) -> Response {
+        req.check_batch()?;
         match req {
             Request::LeaseWait { client, acked, wait_ms } => {
                 Ok(self.leases.wait(client, acked, Duration::from_millis(wait_ms.into()), false).await)
@@ -38,14 +39,6 @@ impl Namespace {
                 Ok(self.leases.wait(client, acked, Duration::from_millis(wait_ms.into()), true).await)
             }
             Request::ReleaseMany { ids } => {
-                if ids.len() > hivefs_proto::RELEASE_MANY_MAX {
-                    return Err(fs_err!(
-                        Invalid,
-                        "ReleaseMany of {} handles, more than {}",
-                        ids.len(),
-                        hivefs_proto::RELEASE_MANY_MAX
-                    ));
-                }
                 // Each as its own `Release` (one of a moved file goes to its new owner).
                 for id in ids {
                     if let Err(e) = self.handle_unleased(None, Request::Release { id, write: false }).await {
@@ -115,7 +108,7 @@ impl Namespace {
         changed: Option<EntryId>,
         made: Option<&Reply>,
     ) -> Vec<(EntryId, u32)> {
-        if !self.leases.takes_dir_names(client) {
+        if (changed.is_none() && made.is_none()) || !self.leases.takes_dir_names(client) {
             return Vec::new();
         }
         let made = match made {
