@@ -14,6 +14,10 @@ pub enum MirrorCmd {
     /// Make buddy groups: one of --primary/--secondary, or pairs of all
     /// ungrouped members with --auto. Members of a storage group are two
     /// targets in one storage pool, on different storage nodes unless --force.
+    /// A metadata group mirrors the namespace of its primary (the entries it
+    /// owns) onto the secondary, which gets a full copy first; --auto mirrors
+    /// every metadata node's namespace onto the next node, so that the whole
+    /// namespace, root included, is mirrored.
     Create {
         /// What the group mirrors: storage targets or metadata nodes.
         #[arg(long = "type", value_enum)]
@@ -25,11 +29,12 @@ pub enum MirrorCmd {
         #[arg(long, requires = "primary")]
         secondary: Option<u32>,
         /// Pair every member not yet in a group, each with one on another
-        /// server (storage: per storage pool).
+        /// server (storage: per storage pool; meta: every namespace not yet
+        /// mirrored, onto the next metadata node).
         #[arg(long)]
         auto: bool,
-        /// Allow a storage group whose two targets are on one storage node
-        /// (it survives a failed disk, not a failed server).
+        /// Allow a group whose two members are on one server (it survives a
+        /// failed disk or process, not a failed server).
         #[arg(long)]
         force: bool,
         #[command(flatten)]
@@ -155,8 +160,9 @@ pub fn mirror(cmd: MirrorCmd) -> Result<()> {
             };
             let state = if full { Consistency::Bad } else { Consistency::NeedsResync };
             m.call(Request::SetMemberState { group: g.id, epoch: None, member: g.secondary, state })?;
+            let member = if g.kind == GroupKind::Meta { "metadata node" } else { "target" };
             eprintln!(
-                "buddy group {group}: {} resync of target {} from target {} requested",
+                "buddy group {group}: {} resync of {member} {} from {member} {} requested",
                 if full { "full" } else { "a" },
                 g.secondary,
                 g.primary
@@ -272,15 +278,21 @@ fn auto_pairs(m: &Mgmt, kind: GroupKind) -> Result<Vec<(u32, u32)>> {
             }
         }
         GroupKind::Meta => {
-            let members: Vec<(u32, u32)> = m
-                .nodes()?
-                .iter()
-                .filter(|n| n.node_type == NodeType::Meta && !grouped.contains(&n.id.0))
-                .map(|n| (n.id.0, n.id.0))
-                .collect();
-            let (p, l) = pair_up(&members);
-            pairs = p;
-            left = l;
+            // A ring: each namespace not yet mirrored gets the next metadata
+            // node as its secondary (a node may keep several copies).
+            let served: HashSet<u32> = groups(m, Some(kind))?.iter().filter_map(|g| g.serves.map(|n| n.0)).collect();
+            let mut ids: Vec<u32> =
+                m.nodes()?.iter().filter(|n| n.node_type == NodeType::Meta).map(|n| n.id.0).collect();
+            ids.sort_unstable();
+            if ids.len() < 2 {
+                left = ids;
+            } else {
+                for (i, id) in ids.iter().enumerate() {
+                    if !served.contains(id) {
+                        pairs.push((*id, ids[(i + 1) % ids.len()]));
+                    }
+                }
+            }
         }
     }
     if pairs.is_empty() {

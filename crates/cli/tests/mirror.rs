@@ -6,21 +6,10 @@ mod common;
 use common::*;
 use std::time::{Duration, Instant};
 
-/// Short timeouts so that a failover happens within seconds.
-const FAST_FAILOVER: &str = "probably_offline_after_ms = 2500\noffline_after_ms = 4000\nfailover_after_ms = 4000\n";
-
 fn groups(m: &str) -> Vec<serde_json::Value> {
     let v: serde_json::Value =
         serde_json::from_str(&hivefs_ok(&["mirror", "list", "--json", "--mount", m])).expect("mirror list --json");
     v.as_array().unwrap().clone()
-}
-
-fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !ok() {
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 /// Name of the storage service (`storageN`) whose data directory holds target `t`.

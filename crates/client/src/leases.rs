@@ -30,7 +30,7 @@ use crate::{unexpected, Client};
 use hivefs_cluster::Cluster;
 use hivefs_proto::{Reply, Request, RENAME_NOREPLACE};
 use hivefs_types::error::{ErrorCode, FsResult};
-use hivefs_types::ids::{EntryId, NodeId, NodeType};
+use hivefs_types::ids::{EntryId, NodeId};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -353,10 +353,7 @@ async fn poll(session: Arc<LeaseSession>, cluster: Arc<Cluster>, client: u64, no
         } else {
             Request::LeaseWait { client, acked, wait_ms }
         };
-        let r = match cluster.node_pool(NodeType::Meta, node).await {
-            Ok(pool) => pool.rpc(&req).await,
-            Err(e) => Err(e),
-        };
+        let r = cluster.meta_rpc(node, &req).await;
         match r {
             Ok(Reply::Revoked { ids, names, upto }) => {
                 if !ids.is_empty() || names {

@@ -216,18 +216,18 @@ impl Client {
     /// With leases on, the envelope names this client's lease session, and a
     /// granted lease is remembered (the answer is then an ordinary `Entry`).
     async fn meta(&self, owner: NodeId, req: &Request) -> FsResult<Reply> {
-        let pool = self.cluster.node_pool(NodeType::Meta, owner).await?;
         let plain = req.is_idempotent() || matches!(req, Request::Open { .. } | Request::Release { .. });
         let op = (!plain).then(|| self.ops.begin());
         let mut env = Envelope { op: op.as_ref().map(|o| o.op), lease_client: None, mirror: None };
+        let budget = self.mirror_retry;
         let Some(session) = self.leases.get() else {
-            return pool.rpc_with(&env, req).await;
+            return self.cluster.call_meta(owner, &env, req, budget).await;
         };
         self.poll_leases(session, owner);
         env.lease_client = Some(self.ops.client);
         let dirs = self.dir_attrs.get().map(|d| (d, d.begin(req)));
         let sent = std::time::Instant::now();
-        let r = self.dir_names_answer(req, sent, pool.rpc_with(&env, req).await);
+        let r = self.dir_names_answer(req, sent, self.cluster.call_meta(owner, &env, req, budget).await);
         let (r, parent) = match r {
             Ok(Reply::WithParent { parent, reply }) => (Ok(*reply), Some(parent)),
             r => (r, None),

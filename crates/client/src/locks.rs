@@ -10,7 +10,7 @@
 use crate::{unexpected, Client, Ent};
 use hivefs_proto::{FileLock, LockKind, Reply, Request};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
-use hivefs_types::ids::{NodeId, NodeType};
+use hivefs_types::ids::NodeId;
 use hivefs_types::pattern::Pattern;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,8 +38,7 @@ impl Client {
     }
 
     async fn lock_rpc(&self, owner: NodeId, req: &Request) -> FsResult<Reply> {
-        let pool = self.cluster.node_pool(NodeType::Meta, owner).await?;
-        pool.rpc(req).await
+        self.cluster.call_meta(owner, &Default::default(), req, self.mirror_retry).await
     }
 
     /// Starts keep-alives to `node` (once per node).
@@ -54,10 +53,7 @@ impl Client {
             loop {
                 let nodes: Vec<NodeId> = session.nodes.lock().expect("lock nodes").iter().copied().collect();
                 for node in nodes {
-                    let r = match cluster.node_pool(NodeType::Meta, node).await {
-                        Ok(pool) => pool.rpc(&Request::LockKeepAlive { client }).await,
-                        Err(e) => Err(e),
-                    };
+                    let r = cluster.meta_rpc(node, &Request::LockKeepAlive { client }).await;
                     match r {
                         Ok(Reply::LockLease { lease_ms, known }) => {
                             every = (Duration::from_millis(lease_ms) / 3)

@@ -13,7 +13,7 @@
 use crate::Client;
 use hivefs_proto::{Reply, Request, RELEASE_MANY_MAX};
 use hivefs_types::error::ErrorCode;
-use hivefs_types::ids::{EntryId, NodeId, NodeType};
+use hivefs_types::ids::{EntryId, NodeId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -79,10 +79,7 @@ impl Client {
     async fn release_on(&self, node: NodeId, ids: &[EntryId]) {
         let single = self.releases.single.lock().expect("releases").contains(&node);
         if !single {
-            let r = match self.cluster.node_pool(NodeType::Meta, node).await {
-                Ok(pool) => pool.rpc(&Request::ReleaseMany { ids: ids.to_vec() }).await,
-                Err(e) => Err(e),
-            };
+            let r = self.cluster.meta_rpc(node, &Request::ReleaseMany { ids: ids.to_vec() }).await;
             match r {
                 Ok(Reply::Ok) => return,
                 Err(e) if e.code == ErrorCode::Protocol => {

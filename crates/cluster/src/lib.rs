@@ -365,6 +365,113 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// The metadata buddy group mirroring the namespace of metadata node
+    /// `owner`, in the current view.
+    pub fn meta_group(&self, owner: NodeId) -> Option<GroupInfo> {
+        self.view().groups.values().find(|g| g.kind == GroupKind::Meta && g.serves == Some(owner)).cloned()
+    }
+
+    /// Where requests for the namespace of metadata node `owner` go: that
+    /// node, or the current primary of the group mirroring it, with the
+    /// mirroring header (`docs/design-mirror.md`, "Metadata groups").
+    pub async fn meta_route(&self, owner: NodeId) -> Result<(Arc<dyn Call>, Option<MirrorHdr>), FsError> {
+        match self.meta_group(owner) {
+            None => Ok((self.node_pool(NodeType::Meta, owner).await?, None)),
+            Some(g) => {
+                let addr = self.node_addr(NodeType::Meta, NodeId(g.primary)).await?;
+                let hdr = MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Client };
+                Ok((self.group_pools.get(&addr), Some(hdr)))
+            }
+        }
+    }
+
+    /// The way to metadata node `node` for a group's forwards and resyncs:
+    /// no retries inside a call (a failure goes back to the caller at once).
+    pub async fn meta_peer_pool(&self, node: NodeId) -> Result<Arc<dyn Call>, FsError> {
+        Ok(self.group_pools.get(&self.node_addr(NodeType::Meta, node).await?))
+    }
+
+    /// One attempt of a request for the namespace of metadata node `owner`
+    /// (background traffic that repeats anyway: lease polls, keep-alives).
+    pub async fn meta_rpc(&self, owner: NodeId, req: &Request) -> Result<Reply, FsError> {
+        self.call_meta(owner, &Envelope::default(), req, Duration::ZERO).await
+    }
+
+    /// Sends a request for the namespace of metadata node `owner`.
+    ///
+    /// For a mirrored namespace, a failure a failover cures is retried
+    /// against the group's current primary (view refreshed before each
+    /// retry) until `budget` has passed, if the request may be repeated or
+    /// surely was not applied; the envelope's operation id makes a change
+    /// happen once however often it is sent (the record of its answer is
+    /// mirrored with it).
+    ///
+    /// An unmirrored namespace gets one attempt without retries first: if
+    /// the node cannot be reached, the view is refreshed, and a namespace
+    /// mirrored since is asked at its group's primary; otherwise the
+    /// ordinary way (retries up to the deadline) rides out a restart.
+    pub async fn call_meta(
+        &self,
+        owner: NodeId,
+        env: &Envelope,
+        req: &Request,
+        budget: Duration,
+    ) -> Result<Reply, FsError> {
+        let start = tokio::time::Instant::now();
+        let mut wait = Duration::from_millis(100);
+        let mut refreshed = false;
+        let again = |e: &FsError| retry_on_failover(e) && (env.may_repeat(req) || surely_not_applied(e));
+        loop {
+            let Some(g) = self.meta_group(owner) else {
+                let addr = self.node_addr(NodeType::Meta, owner).await?;
+                match self.group_pools.get(&addr).rpc_with(env, req).await {
+                    Err(e) if again(&e) && !refreshed => {
+                        refreshed = true;
+                        if self.refresh().await.is_ok() && self.meta_group(owner).is_some() {
+                            debug!("namespace of metadata node {owner} is mirrored now: asking its group ({e})");
+                            continue;
+                        }
+                        return self.pools.get(&addr).rpc_with(env, req).await;
+                    }
+                    r => return r,
+                }
+            };
+            let addr = self.node_addr(NodeType::Meta, NodeId(g.primary)).await?;
+            let mut env = *env;
+            env.mirror = Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Client });
+            let e = match self.group_pools.get(&addr).rpc_with(&env, req).await {
+                Err(e) if again(&e) => e,
+                r => return r,
+            };
+            if start.elapsed() + wait > budget {
+                if !budget.is_zero() {
+                    warn!("namespace of metadata node {owner}: no primary answered within {budget:?}: {e}");
+                }
+                return Err(e);
+            }
+            debug!("namespace of metadata node {owner}: {e}; asking mgmtd for its primary again in {wait:?}");
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(1));
+            if let Err(re) = self.refresh().await {
+                debug!("cluster view refresh failed: {re}");
+            }
+        }
+    }
+}
+
+/// Whether a failed request surely did not reach (or was refused by) its
+/// node, so that even a request that must not be repeated may be sent
+/// again: no connection, or an answer of a node that does not serve what
+/// it names. A connection lost in flight may have delivered it.
+pub fn surely_not_applied(e: &FsError) -> bool {
+    match e.code {
+        ErrorCode::Unavailable => !e.message.contains("connection lost"),
+        ErrorCode::TimedOut => e.message.contains("connect timed out") || e.message.contains("handshake timed out"),
+        _ => false,
+    }
+}
+
 /// Errors of a mirrored request that a switch-over or a returning primary cures.
 pub fn retry_on_failover(e: &FsError) -> bool {
     matches!(e.code, ErrorCode::Unavailable | ErrorCode::TimedOut)

@@ -13,10 +13,23 @@ use std::collections::{HashMap, HashSet};
 /// Records asked for per page.
 const PAGE: u32 = 1024;
 
-/// Every metadata node and storage target of a file system, each with a
-/// connection pool: what a check walks and where repairs go.
+/// The way to a namespace: the node serving it, with the mirroring header
+/// when a metadata buddy group mirrors it (its primary may be another node).
+pub(crate) struct MetaWay {
+    pool: Pool,
+    env: Envelope,
+}
+
+impl MetaWay {
+    pub(crate) async fn rpc(&self, req: &Request) -> std::result::Result<Reply, hivefs_types::error::FsError> {
+        self.pool.rpc_with(&self.env, req).await
+    }
+}
+
+/// Every namespace (metadata node id) and storage target of a file system,
+/// each with a way to reach it: what a check walks and where repairs go.
 pub struct Nodes {
-    pub(crate) metas: Vec<(NodeId, Pool)>,
+    pub(crate) metas: Vec<(NodeId, MetaWay)>,
     pub(crate) targets: Vec<(TargetId, Pool)>,
     /// Storage buddy groups: the mirroring header and the way to the primary.
     pub(crate) groups: Vec<(BuddyGroupId, Envelope, TargetId, Pool)>,
@@ -51,21 +64,54 @@ impl Nodes {
         else {
             return Err(FsckError::Reply(format!("mgmtd {mgmtd}: unexpected reply to ListTargets")));
         };
+        let Reply::Groups(meta_groups) = call_once(mgmtd, cfg, &Request::ListGroups { kind: Some(GroupKind::Meta) })
+            .await
+            .map_err(|e| FsckError::call(format!("mgmtd {mgmtd}"), e))?
+        else {
+            return Err(FsckError::Reply(format!("mgmtd {mgmtd}: unexpected reply to ListGroups")));
+        };
         let mut metas = Vec::new();
         let mut storage = HashMap::new();
+        let online = |id: NodeId| {
+            nodes
+                .iter()
+                .find(|n| n.node_type == NodeType::Meta && n.id == id && n.reachability != Reachability::Offline)
+        };
         for n in &nodes {
+            if n.node_type == NodeType::Meta {
+                // A mirrored namespace is served by its group's primary,
+                // whichever node that is now.
+                let way = match meta_groups.iter().find(|g| g.serves == Some(n.id)) {
+                    Some(g) => online(NodeId(g.primary)).map(|p| MetaWay {
+                        pool: Pool::new(p.addr.clone(), cfg.clone()),
+                        env: Envelope {
+                            mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Client }),
+                            ..Envelope::default()
+                        },
+                    }),
+                    None => online(n.id)
+                        .map(|p| MetaWay { pool: Pool::new(p.addr.clone(), cfg.clone()), env: Envelope::default() }),
+                };
+                match way {
+                    Some(w) => metas.push((n.id, w)),
+                    None => {
+                        return Err(FsckError::Cluster(format!(
+                            "the namespace of metadata node {} ({}) is served by no online node: a check needs \
+                             every namespace",
+                            n.id, n.addr
+                        )))
+                    }
+                }
+                continue;
+            }
             if n.reachability == Reachability::Offline {
                 return Err(FsckError::Cluster(format!(
                     "{} node {} at {} is offline: a check needs every node",
                     n.node_type, n.id, n.addr
                 )));
             }
-            match n.node_type {
-                NodeType::Meta => metas.push((n.id, Pool::new(n.addr.clone(), cfg.clone()))),
-                NodeType::Storage => {
-                    storage.insert(n.id, n.addr.clone());
-                }
-                _ => {}
+            if n.node_type == NodeType::Storage {
+                storage.insert(n.id, n.addr.clone());
             }
         }
         metas.sort_by_key(|m| m.0);

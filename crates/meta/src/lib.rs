@@ -21,7 +21,8 @@
 //! `locks` (client state in memory) → `writer` (group commit of `ops`,
 //! `cross` and `fsck` changes) → `namespace` (reads, submitting changes,
 //! running cross-node operations, request dispatch) → `gc` (chunk disposal)
-//! → this file (configuration, mgmtd, serving). `chooser` and `targets` (the
+//! → `mirror` (the namespaces this node serves or keeps copies of, buddy
+//! mirroring) → this file (configuration, mgmtd, serving). `chooser` and `targets` (the
 //! storage targets' view) stand apart.
 
 #![forbid(unsafe_code)]
@@ -32,6 +33,7 @@ pub mod fsck;
 pub mod gc;
 pub mod leases;
 pub mod locks;
+pub mod mirror;
 pub mod namespace;
 pub mod ops;
 mod replies;
@@ -170,9 +172,9 @@ pub enum MetaError {
     Root { path: PathBuf, source: FsError },
 }
 
-/// The request handler: the namespace once registration is done.
+/// The request handler: the namespaces once registration is done.
 struct MetaHandler {
-    ns: RwLock<Option<Arc<Namespace>>>,
+    mirrors: RwLock<Option<Arc<mirror::Mirrors>>>,
     /// Refreshed on mgmtd's request even while the namespace is not ready,
     /// so no change notification is lost during start-up.
     cluster: Arc<Cluster>,
@@ -182,32 +184,40 @@ struct MetaHandler {
 }
 
 impl MetaHandler {
-    fn set(&self, ns: Option<Arc<Namespace>>) -> Option<Arc<Namespace>> {
-        std::mem::replace(&mut *self.ns.write().expect("handler lock"), ns)
+    fn mirrors(&self) -> Option<Arc<mirror::Mirrors>> {
+        self.mirrors.read().expect("handler lock").clone()
     }
 }
 
 impl Handler for MetaHandler {
-    async fn handle(&self, env: Envelope, req: Request, _payload: Vec<u8>, _peer: &Peer) -> (Response, Vec<u8>) {
+    async fn handle(&self, env: Envelope, req: Request, payload: Vec<u8>, _peer: &Peer) -> (Response, Vec<u8>) {
         if req == Request::RefreshView {
-            return (self.cluster.refresh().await.map(|_| Reply::Ok), Vec::new());
+            let r = self.cluster.refresh().await.map(|_| Reply::Ok);
+            // A group made or switched over: take the new role now.
+            if let Some(m) = self.mirrors() {
+                tokio::spawn(async move { m.follow_roles().await });
+            }
+            return (r, Vec::new());
         }
-        let ns = self.ns.read().expect("handler lock").clone();
+        let Some(m) = self.mirrors() else { return (Err(mirror::not_ready()), Vec::new()) };
         if req == Request::MetaOpCount {
             let requests = self.requests.load(std::sync::atomic::Ordering::Relaxed);
-            let r = match ns {
-                Some(ns) => Ok(Reply::MetaOpCount { node: ns.node(), requests }),
-                None => Err(fs_err!(Unavailable, "metadata service is starting or stopping")),
-            };
-            return (r, Vec::new());
+            return (Ok(Reply::MetaOpCount { node: m.me, requests }), Vec::new());
+        }
+        if req == Request::Ping {
+            // Served whether or not this node serves a namespace now.
+            return (Ok(Reply::Pong { node_type: NodeType::Meta, node: m.me }), Vec::new());
+        }
+        if let Request::MetaMirror { step } = req {
+            return (m.step(&env, step, payload).await, Vec::new());
         }
         // Lease polls are the mounts' background traffic, not operations.
         if !matches!(req, Request::LeaseWait { .. } | Request::LeaseWaitDirs { .. }) {
             self.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        let r = match ns {
-            Some(ns) => ns.handle_env(env, req).await,
-            None => Err(fs_err!(Unavailable, "metadata service is starting or stopping")),
+        let r = match m.serving(env.mirror.as_ref()) {
+            Ok(ns) => ns.handle_env(env, req).await,
+            Err(e) => Err(e),
         };
         (r, Vec::new())
     }
@@ -223,9 +233,9 @@ pub struct MetaService {
 }
 
 impl MetaService {
-    /// The namespace being served (for in-process tools and tests).
+    /// This node's own namespace, when it serves it (for in-process tools and tests).
     pub fn namespace(&self) -> Option<Arc<Namespace>> {
-        self.handler.ns.read().expect("handler lock").clone()
+        self.handler.mirrors()?.own()
     }
 
     /// Resolves when the store failed and needs reopening (see
@@ -238,30 +248,16 @@ impl MetaService {
         }
     }
 
-    /// Stops serving, waits for requests in progress, and closes the store
-    /// (its file lock is released when this returns).
+    /// Stops serving, waits for requests in progress, and closes the stores
+    /// (their file locks are released when this returns).
     pub async fn stop(mut self) {
         self.server.abort();
         for t in self.tasks.drain(..) {
             t.abort();
             let _ = t.await;
         }
-        let Some(ns) = self.handler.set(None) else { return };
-        // Requests in flight hold the namespace; they finish within their timeouts.
-        let mut ns = ns;
-        for _ in 0..1000 {
-            match Arc::try_unwrap(ns) {
-                Ok(n) => {
-                    let _ = tokio::task::spawn_blocking(move || n.close()).await;
-                    return;
-                }
-                Err(still_shared) => {
-                    ns = still_shared;
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            }
-        }
-        warn!("metadata namespace still in use 10 s after stop; it closes when the last request ends");
+        let Some(m) = self.handler.mirrors.write().expect("handler lock").take() else { return };
+        m.close_all().await;
     }
 }
 
@@ -271,7 +267,13 @@ impl Drop for MetaService {
         for t in &self.tasks {
             t.abort();
         }
-        self.handler.set(None);
+        if let Some(m) = self.handler.mirrors.write().expect("handler lock").take() {
+            for (_, s) in m.slots.lock().expect("slots").drain() {
+                if let mirror::Slot::Serving { ns, .. } = s {
+                    ns.stop_tasks();
+                }
+            }
+        }
     }
 }
 
@@ -309,9 +311,77 @@ async fn root_owner(cluster: &Cluster, mgmtd: &str) -> Result<NodeId, MetaError>
     }
 }
 
+/// Serves namespace `node` from an opened store in `dir`: starts its
+/// writer, creates the root directory if the namespace owns it, and starts
+/// its background work (chunk disposal, counts, lease and lock expiry, the
+/// cross-node operations it left pending). `grace`: another node served it
+/// until now, and clients may hold leases it granted for this much longer.
+async fn serve_namespace(
+    cluster: Arc<Cluster>,
+    cfg: Config,
+    store: store::Store,
+    node: NodeId,
+    dir: PathBuf,
+    grace: Option<Duration>,
+) -> Result<Arc<Namespace>, FsError> {
+    let opts = NamespaceOptions {
+        dir: dir.clone(),
+        sync: cfg.sync,
+        node,
+        seed: None,
+        clock: None,
+        min_free_bytes: cfg.min_free_bytes,
+        inline_writer: None,
+    };
+    let targets = Arc::new(targets::ClusterTargets { cluster: cluster.clone() });
+    // Blocking: the batches of opening go through the mirroring hook.
+    let ns = tokio::task::spawn_blocking(move || Namespace::from_store(store, opts, targets))
+        .await
+        .map_err(|e| fs_err!(Internal, "{e}"))?
+        .map_err(|e| fs_err!(Io, "{e}"))?;
+    let ns = Arc::new(ns);
+    let root = root_owner(&cluster, &cfg.mgmtd).await.map_err(|e| fs_err!(Unavailable, "{e}"))?;
+    if root == node {
+        ns.ensure_root().await?;
+        info!("namespace {node} holds the root directory");
+    }
+    ns.add_task(gc::spawn_disposal(ns.clone()));
+    ns.set_peers(Arc::new(cross::ClusterPeers { cluster: cluster.clone() }));
+    ns.set_crash_hook(cross::CrashHook::from_env());
+    // Read before serving: a client retrying one of these waits for it.
+    let pending = ns.load_pending()?;
+    {
+        let ns2 = ns.clone();
+        let every = Duration::from_millis(cfg.target_refresh_ms.max(10));
+        ns.add_task(tokio::spawn(async move {
+            loop {
+                ns2.refresh_counts().await;
+                tokio::time::sleep(every).await;
+            }
+        }));
+    }
+    ns.locks.set_lease(Duration::from_millis(cfg.lock_lease_ms.max(1)));
+    if let Some(grace) = grace {
+        let until = leases::unix_ms() + grace.min(leases::MAX_DURATION).as_millis() as u64;
+        if let Err(e) = hivefs_cluster::write_atomic(&dir.join(leases::UNTIL_FILE), until.to_string().as_bytes()) {
+            warn!("{}: {e}", dir.join(leases::UNTIL_FILE).display());
+        }
+    }
+    ns.leases.start_recorded(&dir, Duration::from_millis(cfg.attr_lease_ms));
+    ns.add_task(namespace::spawn_lease_recorder(ns.clone()));
+    ns.add_task(namespace::spawn_lock_expiry(ns.clone()));
+    if !pending.is_empty() {
+        info!("{} cross-node operations of namespace {node} were pending; finishing them", pending.len());
+    }
+    ns.add_task(tokio::spawn(ns.clone().recover_intents(pending)));
+    Ok(ns)
+}
+
 /// Starts a metadata service: opens the store, binds, registers with mgmtd,
-/// creates the root directory if this node owns it, starts heartbeats, the
-/// cluster view refresh and chunk disposal. Returns once serving.
+/// serves its namespace (or keeps it as a copy when its buddy group made
+/// this node the secondary), starts heartbeats (which bring the lease for
+/// mirrored namespaces), the cluster view refresh and following the roles
+/// of its buddy groups. Returns once serving.
 pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
     let dir = cfg.dir.clone();
     std::fs::create_dir_all(&dir).map_err(|source| MetaError::DataDir { path: dir.clone(), source })?;
@@ -321,44 +391,56 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
     };
     let mut identity =
         NodeIdentity::load_or_create(&dir).map_err(|source| MetaError::DataDir { path: dir.clone(), source })?;
-    // Opened before binding: a second service on the same data dir fails here.
-    let mut store = store::Store::open_with_cache(&dir.join(DB_FILE), cfg.sync, cfg.store_cache_bytes)?;
+    // Opened before binding: a second service on the same data dir fails
+    // here. No new boot epoch yet: a mirrored namespace's copy takes none.
+    let mut store = store::Store::open_replica(&dir.join(DB_FILE), cfg.sync, cfg.store_cache_bytes)?;
     store.log.checkpoint_bytes = cfg.checkpoint_bytes;
     let pools = Pools::new(ClientConfig::new(secret.clone()));
     let cluster = Cluster::new(&cfg.mgmtd, pools);
     let handler =
-        Arc::new(MetaHandler { ns: RwLock::new(None), cluster: cluster.clone(), requests: Default::default() });
+        Arc::new(MetaHandler { mirrors: RwLock::new(None), cluster: cluster.clone(), requests: Default::default() });
     let server = serve(&cfg.listen, ServerConfig::new(NodeType::Meta, secret.clone()), handler.clone())
         .await
         .map_err(|source| MetaError::Listen { addr: cfg.listen.clone(), source })?;
     let local_addr = server.local_addr;
     let advertise = cfg.advertise.clone().unwrap_or_else(|| default_advertise(local_addr));
+    let lease = Arc::new(mirror::Lease::default());
 
     let setup = async {
         let node = register_node(&*cluster.mgmt(), NodeType::Meta, &dir, &mut identity, &advertise, MGMTD_DEADLINE)
             .await
             .map_err(|source| MetaError::Register { mgmtd: cfg.mgmtd.clone(), dir: dir.clone(), source })?;
-        let opts = NamespaceOptions {
-            dir: dir.clone(),
-            sync: cfg.sync,
-            node,
-            seed: None,
-            clock: None,
-            min_free_bytes: cfg.min_free_bytes,
-            inline_writer: None,
-        };
-        let targets = Arc::new(targets::ClusterTargets { cluster: cluster.clone() });
-        let ns = Arc::new(Namespace::from_store(store, opts, targets)?);
         if let Err(e) = cluster.refresh().await {
             warn!("first cluster view refresh from mgmtd {} failed: {e}", cfg.mgmtd);
         }
-        if root_owner(&cluster, &cfg.mgmtd).await? == node {
-            ns.ensure_root().await.map_err(|source| MetaError::Root { path: dir.clone(), source })?;
-            info!("this metadata node {node} owns the root directory");
+        heartbeat(&cluster, node, &dir, &lease).await;
+        let serve_cfg = cfg.clone();
+        let serve_cluster = cluster.clone();
+        let mirrors = Arc::new(mirror::Mirrors {
+            me: node,
+            cluster: cluster.clone(),
+            lease: lease.clone(),
+            cfg: cfg.clone(),
+            slots: Default::default(),
+            following: Default::default(),
+            serve: Box::new(move |store, ns, dir, grace| {
+                Box::pin(serve_namespace(serve_cluster.clone(), serve_cfg.clone(), store, ns, dir, grace))
+            }),
+        });
+        let group = cluster.meta_group(node);
+        match &group {
+            Some(g) if g.secondary == node.0 => {
+                info!(group = %g.id, "this node's namespace is served by metadata node {} now: keeping a copy", g.primary);
+                mirrors.keep_copy(node, store);
+            }
+            g => mirrors
+                .start_serving(node, store, g.as_ref(), false)
+                .await
+                .map_err(|source| MetaError::Root { path: dir.clone(), source })?,
         }
-        Ok::<_, MetaError>((node, ns))
+        Ok::<_, MetaError>((node, mirrors))
     };
-    let (node, ns) = match setup.await {
+    let (node, mirrors) = match setup.await {
         Ok(x) => x,
         Err(e) => {
             server.abort();
@@ -368,28 +450,18 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
 
     let mut tasks = Vec::new();
     {
-        let mgmt = cluster.mgmt();
+        let (cluster, lease) = (cluster.clone(), lease.clone());
         let every = Duration::from_millis(cfg.heartbeat_interval_ms.max(10));
         let dir = dir.clone();
         tasks.push(tokio::spawn(async move {
             loop {
-                let meta = match hivefs_cluster::capacity_of(&dir) {
-                    Ok(c) => Some(c),
-                    Err(e) => {
-                        warn!("statvfs of {}: {e}", dir.display());
-                        None
-                    }
-                };
-                let hb = Request::Heartbeat { node_type: NodeType::Meta, node, targets: Vec::new(), meta };
-                if let Err(e) = mgmt.rpc(&hb).await {
-                    warn!("heartbeat to mgmtd {} failed: {e}", mgmt.addr());
-                }
                 tokio::time::sleep(every).await;
+                heartbeat(&cluster, node, &dir, &lease).await;
             }
         }));
     }
     {
-        let cluster = cluster.clone();
+        let (cluster, mirrors) = (cluster.clone(), mirrors.clone());
         let every = Duration::from_millis(cfg.target_refresh_ms.max(10));
         tasks.push(tokio::spawn(async move {
             loop {
@@ -397,33 +469,29 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
                 if let Err(e) = cluster.refresh().await {
                     debug!("cluster view refresh failed: {e}");
                 }
+                mirrors.follow_roles().await;
             }
         }));
     }
-    tasks.push(gc::spawn_disposal(ns.clone()));
-    ns.set_peers(Arc::new(cross::ClusterPeers { cluster: cluster.clone() }));
-    ns.set_crash_hook(cross::CrashHook::from_env());
-    // Read before serving: a client retrying one of these waits for it.
-    let pending = ns.load_pending().map_err(|source| MetaError::Root { path: dir.clone(), source })?;
-    {
-        let ns = ns.clone();
-        let every = Duration::from_millis(cfg.target_refresh_ms.max(10));
-        tasks.push(tokio::spawn(async move {
-            loop {
-                ns.refresh_counts().await;
-                tokio::time::sleep(every).await;
-            }
-        }));
-    }
-    ns.locks.set_lease(Duration::from_millis(cfg.lock_lease_ms.max(1)));
-    ns.leases.start_recorded(&dir, Duration::from_millis(cfg.attr_lease_ms));
-    tasks.push(namespace::spawn_lease_recorder(ns.clone()));
-    tasks.push(namespace::spawn_lock_expiry(ns.clone()));
-    handler.set(Some(ns.clone()));
-    if !pending.is_empty() {
-        info!("{} cross-node operations were pending at start; finishing them", pending.len());
-    }
-    tasks.push(tokio::spawn(ns.recover_intents(pending)));
+    *handler.mirrors.write().expect("handler lock") = Some(mirrors);
     info!(%local_addr, %node, %advertise, "metadata service ready");
     Ok(MetaService { local_addr, node_id: node, server, tasks, handler })
+}
+
+/// One heartbeat to mgmtd; its answer renews the lease for mirrored namespaces.
+async fn heartbeat(cluster: &Cluster, node: NodeId, dir: &Path, lease: &mirror::Lease) {
+    let meta = match hivefs_cluster::capacity_of(dir) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            warn!("statvfs of {}: {e}", dir.display());
+            None
+        }
+    };
+    let hb = Request::Heartbeat { node_type: NodeType::Meta, node, targets: Vec::new(), meta };
+    let sent = std::time::Instant::now();
+    match cluster.mgmt().rpc(&hb).await {
+        Ok(Reply::HeartbeatAck { lease_ms }) => lease.renew(sent, lease_ms),
+        Ok(_) => {}
+        Err(e) => warn!("heartbeat to mgmtd {} failed: {e}", cluster.mgmt().addr()),
+    }
 }

@@ -401,6 +401,12 @@ pub fn run_batch(log: &mut Log, st: &mut WriterState, muts: Vec<Queued>) -> Vec<
     if let Err(e) = log.commit(changes) {
         return match e {
             AppendError::Refused(e) => fail_all(failure_code(&e), &format!("journal write: {e}")),
+            AppendError::Unavailable(m) => {
+                tracing::warn!("batch of {n} operations not committed: {m}");
+                (0..n)
+                    .map(|_| (Err(FsError::new(hivefs_types::ErrorCode::Unavailable, m.clone())), Vec::new()))
+                    .collect()
+            }
             AppendError::Broken(m) => {
                 st.failed.raise();
                 fail_all(hivefs_types::ErrorCode::Io, &format!("journal write: {m}"))

@@ -181,28 +181,33 @@ struct MgmtHandler {
 const NOTIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl MgmtHandler {
-    /// Tells every online metadata node to reload its view (as BeeGFS's mgmtd
-    /// pushes target maps), and waits for them, bounded by [`NOTIFY_TIMEOUT`]:
-    /// a file created after a target registration is acknowledged can use it,
-    /// a directory created after a metadata node's registration may live there.
     async fn notify_metas(&self) {
-        let addrs: Vec<String> = lock(&self.state)
-            .list_nodes(Some(NodeType::Meta), Instant::now())
-            .into_iter()
-            .filter(|n| n.reachability == hivefs_proto::Reachability::Online)
-            .map(|n| n.addr)
-            .collect();
-        let mut set = tokio::task::JoinSet::new();
-        for addr in addrs {
-            let pool = self.pools.get(&addr);
-            set.spawn(async move {
-                if let Err(e) = pool.rpc(&Request::RefreshView).await {
-                    tracing::debug!("metadata node {addr} did not take the view refresh: {e}");
-                }
-            });
-        }
-        let _ = tokio::time::timeout(NOTIFY_TIMEOUT, async { while set.join_next().await.is_some() {} }).await;
+        notify_metas(&self.state, &self.pools).await
     }
+}
+
+/// Tells every online metadata node to reload its view (as BeeGFS's mgmtd
+/// pushes target maps), and waits for them, bounded by [`NOTIFY_TIMEOUT`]:
+/// a file created after a target registration is acknowledged can use it,
+/// a directory created after a metadata node's registration may live there,
+/// and a metadata group's new primary takes over at once.
+async fn notify_metas(state: &Mutex<Mgmt>, pools: &hivefs_net::Pools) {
+    let addrs: Vec<String> = lock(state)
+        .list_nodes(Some(NodeType::Meta), Instant::now())
+        .into_iter()
+        .filter(|n| n.reachability == hivefs_proto::Reachability::Online)
+        .map(|n| n.addr)
+        .collect();
+    let mut set = tokio::task::JoinSet::new();
+    for addr in addrs {
+        let pool = pools.get(&addr);
+        set.spawn(async move {
+            if let Err(e) = pool.rpc(&Request::RefreshView).await {
+                tracing::debug!("metadata node {addr} did not take the view refresh: {e}");
+            }
+        });
+    }
+    let _ = tokio::time::timeout(NOTIFY_TIMEOUT, async { while set.join_next().await.is_some() {} }).await;
 }
 
 impl Handler for MgmtHandler {
@@ -269,8 +274,9 @@ pub async fn start(cfg: Config) -> Result<MgmtService, MgmtError> {
     ccfg.retries = 0;
     ccfg.conns_per_peer = 1;
     let state = Arc::new(Mutex::new(mgmt));
-    let failover = tokio::spawn(failover_loop(state.clone()));
-    let handler = Arc::new(MgmtHandler { state, pools: hivefs_net::Pools::new(ccfg) });
+    let pools = hivefs_net::Pools::new(ccfg);
+    let failover = tokio::spawn(failover_loop(state.clone(), pools.clone()));
+    let handler = Arc::new(MgmtHandler { state, pools });
     let server = serve(&cfg.listen, ServerConfig::new(NodeType::Mgmt, secret), handler)
         .await
         .map_err(|source| MgmtError::Listen { addr: cfg.listen.clone(), source })?;
@@ -282,12 +288,14 @@ pub async fn start(cfg: Config) -> Result<MgmtService, MgmtError> {
 const FAILOVER_CHECK: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Switches buddy groups over when their primaries go silent
-/// ([`Mgmt::failover`]); a registry write failure is retried at the next check.
-async fn failover_loop(state: Arc<Mutex<Mgmt>>) {
+/// ([`Mgmt::failover`]) and tells the metadata nodes (a metadata group's new
+/// primary serves at once); a registry write failure is retried at the next check.
+async fn failover_loop(state: Arc<Mutex<Mgmt>>, pools: hivefs_net::Pools) {
     loop {
         tokio::time::sleep(FAILOVER_CHECK).await;
         let st = state.clone();
         match tokio::task::spawn_blocking(move || lock(&st).failover(Instant::now())).await {
+            Ok(Ok(switched)) if !switched.is_empty() => notify_metas(&state, &pools).await,
             Ok(Ok(_)) => {}
             Ok(Err(e)) => tracing::error!("buddy group failover not persisted, retried: {e}"),
             Err(e) => tracing::error!("failover check failed: {e}"),

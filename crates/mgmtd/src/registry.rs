@@ -145,6 +145,10 @@ pub struct GroupRecord {
     pub primary_state: Consistency,
     #[serde(default)]
     pub secondary_state: Consistency,
+    /// A metadata group: the namespace it mirrors (the metadata node id
+    /// its entries name as owner; its first primary).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serves: Option<NodeId>,
 }
 
 impl GroupRecord {
@@ -360,11 +364,19 @@ impl Registry {
                 kind.as_str()
             ));
         }
-        for m in [primary, secondary] {
-            if let Some(g) = self.groups.iter().find(|g| g.kind == kind && g.has(m)) {
-                return Err(fs_err!(Exists, "{} {m} is already a member of buddy group {}", member_name(kind), g.id));
+        if kind == GroupKind::Storage {
+            for m in [primary, secondary] {
+                if let Some(g) = self.groups.iter().find(|g| g.kind == kind && g.has(m)) {
+                    return Err(fs_err!(
+                        Exists,
+                        "{} {m} is already a member of buddy group {}",
+                        member_name(kind),
+                        g.id
+                    ));
+                }
             }
         }
+        let mut serves = None;
         match kind {
             GroupKind::Storage => {
                 let get = |m: u32| {
@@ -390,18 +402,32 @@ impl Registry {
                 }
             }
             GroupKind::Meta => {
-                // Groups are recorded and switched over like storage groups, but no
-                // metadata node replicates yet (it comes with the metadata journal):
-                // a group would promise what nothing keeps.
+                // A group mirrors the namespace of its primary (the node id
+                // its entries name as owner); a node may also hold copies of
+                // other nodes' namespaces as their secondary.
+                let mut hosts = Vec::new();
                 for m in [primary, secondary] {
-                    if self.node(NodeType::Meta, NodeId(m)).is_none() {
-                        return Err(fs_err!(NotFound, "metadata node {m} is not registered"));
+                    match self.node(NodeType::Meta, NodeId(m)) {
+                        Some(n) => hosts.push(n.hostname.clone()),
+                        None => return Err(fs_err!(NotFound, "metadata node {m} is not registered")),
                     }
                 }
-                return Err(fs_err!(
-                    NotSupported,
-                    "metadata buddy groups are not served yet: metadata nodes do not replicate (storage groups are)"
-                ));
+                if let Some(g) = self.groups.iter().find(|g| g.serves == Some(NodeId(primary))) {
+                    return Err(fs_err!(
+                        Exists,
+                        "the namespace of metadata node {primary} is already mirrored by buddy group {}",
+                        g.id
+                    ));
+                }
+                if hosts[0] == hosts[1] && !force {
+                    return Err(fs_err!(
+                        Invalid,
+                        "metadata nodes {primary} and {secondary} are both on host {}: such a group survives no \
+                         server failure (force it to make it anyway)",
+                        hosts[0]
+                    ));
+                }
+                serves = Some(NodeId(primary));
             }
         }
         if self.groups.len() >= GROUPS_MAX {
@@ -417,7 +443,9 @@ impl Registry {
             secondary,
             epoch: 0,
             primary_state: Consistency::Good,
-            secondary_state: Consistency::Good,
+            // A new metadata secondary holds nothing of the namespace yet.
+            secondary_state: if kind == GroupKind::Meta { Consistency::NeedsResync } else { Consistency::Good },
+            serves,
         });
         Ok(id)
     }
@@ -573,6 +601,7 @@ impl Registry {
             None => return Err(format!("the default storage pool {} is missing", PoolId::DEFAULT)),
         }
         let mut gids = HashSet::new();
+        let mut served = HashSet::new();
         let mut members = HashSet::new();
         for g in &self.groups {
             if g.id.0 == 0 || g.id.0 >= self.next_ids.group {
@@ -584,8 +613,16 @@ impl Registry {
             if g.primary == g.secondary {
                 return Err(format!("buddy group {} has {} twice", g.id, g.primary));
             }
+            if (g.kind == GroupKind::Meta) != g.serves.is_some() {
+                return Err(format!("buddy group {}: only a metadata group names the namespace it serves", g.id));
+            }
+            if let Some(n) = g.serves {
+                if !served.insert(n) {
+                    return Err(format!("the namespace of metadata node {n} is mirrored by two buddy groups"));
+                }
+            }
             for m in [g.primary, g.secondary] {
-                if !members.insert((g.kind, m)) {
+                if g.kind == GroupKind::Storage && !members.insert((g.kind, m)) {
                     return Err(format!("{} {m} is in two buddy groups", member_name(g.kind)));
                 }
                 let known = match g.kind {

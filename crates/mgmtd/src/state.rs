@@ -357,6 +357,7 @@ impl Mgmt {
                 primary_state: g.primary_state,
                 secondary_state: g.secondary_state,
                 resync: self.resync.get(&g.id).copied(),
+                serves: g.serves,
             })
             .collect();
         out.sort_by_key(|g| g.id);
@@ -559,16 +560,21 @@ mod tests {
         assert_eq!(m.handle(create(a, TargetId(99), false), t0).unwrap_err().code, ErrorCode::NotFound);
         let Reply::GroupCreated { group } = m.handle(create(a, b, false), t0).unwrap() else { panic!() };
         assert_eq!(m.handle(create(b, a2, true), t0).unwrap_err().code, ErrorCode::Exists);
-        // Metadata nodes do not replicate yet: a metadata group is refused.
-        let meta = |p: NodeId, s: NodeId| Request::CreateGroup {
+        // A metadata group mirrors its primary's namespace; a node may hold
+        // other namespaces' copies too, but a namespace has one group.
+        let meta = |p: NodeId, s: NodeId, force| Request::CreateGroup {
             kind: GroupKind::Meta,
             primary: p.0,
             secondary: s.0,
-            force: false,
+            force,
         };
-        assert_eq!(m.handle(meta(NodeId(1), NodeId(2)), t0).unwrap_err().code, ErrorCode::NotFound);
+        assert_eq!(m.handle(meta(NodeId(1), NodeId(2), false), t0).unwrap_err().code, ErrorCode::NotFound);
         let (m1, m2) = (reg_node(&mut m, NodeType::Meta, "m1", t0), reg_node(&mut m, NodeType::Meta, "m2", t0));
-        assert_eq!(m.handle(meta(m1, m2), t0).unwrap_err().code, ErrorCode::NotSupported);
+        let e = m.handle(meta(m1, m2, false), t0).unwrap_err();
+        assert!(e.message.contains("both on host"), "{e}");
+        let Reply::GroupCreated { group: mg } = m.handle(meta(m1, m2, true), t0).unwrap() else { panic!() };
+        assert_eq!(m.handle(meta(m1, m2, true), t0).unwrap_err().code, ErrorCode::Exists);
+        m.handle(meta(m2, m1, true), t0).unwrap();
         // Heartbeats grant half the failover time as a lease.
         assert_eq!(beat(&mut m, s1, &[a, a2], t0 + ms(1_000)), Reply::HeartbeatAck { lease_ms: 15_000 });
         beat(&mut m, s2, &[b], t0 + ms(1_000));
@@ -603,7 +609,10 @@ mod tests {
         assert_eq!(m.handle(primary, t0).unwrap_err().code, ErrorCode::Invalid);
         // An administrator may ask for a full resync.
         m.handle(set(None, Consistency::Bad), t0).unwrap();
-        assert!(m.list_groups(Some(GroupKind::Meta)).is_empty());
+        let metas = m.list_groups(Some(GroupKind::Meta));
+        let serves: Vec<_> = metas.iter().map(|g| (g.serves, g.primary, g.secondary_state)).collect();
+        assert_eq!(serves, [(Some(m1), m1.0, Consistency::NeedsResync), (Some(m2), m2.0, Consistency::NeedsResync)]);
+        assert_eq!(metas[0].id, mg);
 
         // All of it survives a restart of mgmtd.
         let before = m.list_groups(None);

@@ -233,6 +233,9 @@ pub struct GroupInfo {
     pub secondary_state: Consistency,
     /// The primary's last reported resync progress: (chunks done, chunks to do).
     pub resync: Option<(u64, u64)>,
+    /// A metadata group: the namespace it mirrors (the metadata node id its
+    /// entries name as owner, its first primary). `None` for storage groups.
+    pub serves: Option<NodeId>,
 }
 
 impl Envelope {
@@ -696,6 +699,33 @@ pub enum Request {
     ReleaseMany {
         ids: Vec<EntryId>,
     },
+    /// A step of metadata buddy mirroring, from a group's primary to its
+    /// secondary (`Envelope::mirror` names the group and the epoch;
+    /// `docs/design-mirror.md`, "Metadata groups"). The payload carries a
+    /// journal record body (`Record`) or a piece of a full copy (`Piece`).
+    MetaMirror {
+        step: MetaStep,
+    },
+}
+
+/// What a metadata group's primary asks of its secondary (`Request::MetaMirror`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MetaStep {
+    /// Journal batch `seq` (payload: its body), forwarded before the
+    /// primary's own append, or resent by a resync. Answer: `Ok`; `Invalid`
+    /// with `ReplicaAt` numbers in the message when it does not follow the
+    /// secondary's last batch.
+    Record { seq: u64 },
+    /// Which batch the secondary holds last. Answer: `ReplicaAt`.
+    Hello,
+    /// A full copy of the namespace as of batch `seq` begins: the
+    /// secondary closes its copy and starts a new one. Answer: `Ok`.
+    Begin { seq: u64 },
+    /// Records of the full copy (payload: a record body of puts). Answer: `Ok`.
+    Piece,
+    /// The full copy is complete: the secondary puts it in place of its
+    /// old copy and takes records after `seq` again. Answer: `ReplicaAt`.
+    Finish,
 }
 
 /// `len` bytes (at most `MAX_PAYLOAD_LEN`) from `src_offset` of
@@ -1052,6 +1082,13 @@ pub enum Reply {
         grants: Vec<(EntryId, u32)>,
         reply: Box<Reply>,
     },
+    /// Answer to `MetaMirror { Hello | Finish }`: the last journal batch the
+    /// secondary holds of the namespace, and its checksum when its journal
+    /// still has it (`None`: only a full copy can be trusted to follow).
+    ReplicaAt {
+        seq: u64,
+        crc: Option<u32>,
+    },
 }
 
 /// How a new directory's owner (metadata node) is chosen; a per-directory
@@ -1219,7 +1256,7 @@ mod tests {
             let (m, _): (T, _) = postcard::take_from_bytes(&body).unwrap_or_else(|e| panic!("id {id}: {e}"));
             name_of(&m)
         }
-        const REQUESTS: [&str; 74] = [
+        const REQUESTS: [&str; 75] = [
             "Ping",
             "RegisterNode",
             "RegisterTarget",
@@ -1294,8 +1331,9 @@ mod tests {
             "StatChunks",
             "LeaseWaitDirs",
             "ReleaseMany",
+            "MetaMirror",
         ];
-        const REPLIES: [&str; 40] = [
+        const REPLIES: [&str; 41] = [
             "Ok",
             "Pong",
             "NodeRegistered",
@@ -1336,6 +1374,7 @@ mod tests {
             "HeartbeatAck",
             "ChunkLens",
             "DirNames",
+            "ReplicaAt",
         ];
         for (id, want) in REQUESTS.iter().enumerate() {
             assert_eq!(decoded::<Request>(id), *want, "request id {id}");

@@ -7,6 +7,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// mgmtd timeouts short enough that a buddy group fails over within seconds.
+pub const FAST_FAILOVER: &str = "probably_offline_after_ms = 2500\noffline_after_ms = 4000\nfailover_after_ms = 4000\n";
+
+/// Polls `ok` every 200 ms until it holds; fails the test after `limit`.
+pub fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 pub fn hivefs_bin() -> &'static str {
     env!("CARGO_BIN_EXE_hivefs")
 }

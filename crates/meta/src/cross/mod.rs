@@ -165,7 +165,10 @@ impl Peers for ClusterPeers {
 
     fn call_with(&self, node: NodeId, env: Envelope, req: Request) -> BoxFut<FsResult<Reply>> {
         let cluster = self.cluster.clone();
-        Box::pin(async move { cluster.node_pool(NodeType::Meta, node).await?.rpc_with(&env, &req).await })
+        Box::pin(async move {
+            let (call, mirror) = cluster.meta_route(node).await?;
+            call.rpc_with(&Envelope { mirror, ..env }, &req).await
+        })
     }
 }
 

@@ -107,6 +107,8 @@ pub struct Namespace {
     pub(crate) multi: crate::cross::Multi,
     /// Clients' attribute leases (in memory; see `leases`).
     pub leases: crate::leases::Leases,
+    /// Background tasks serving this namespace (stopped before it closes).
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 tokio::task_local! {
@@ -188,6 +190,7 @@ impl Namespace {
             failed,
             multi,
             leases: Default::default(),
+            tasks: Mutex::default(),
         })
     }
 
@@ -209,6 +212,18 @@ impl Namespace {
 
     pub fn writer_stats(&self) -> &WriterStats {
         &self.writer.stats
+    }
+
+    /// Keeps a background task of this namespace, to stop with it.
+    pub fn add_task(&self, t: tokio::task::JoinHandle<()>) {
+        self.tasks.lock().expect("tasks lock").push(t);
+    }
+
+    /// Stops the background tasks (they hold the namespace).
+    pub fn stop_tasks(&self) {
+        for t in self.tasks.lock().expect("tasks lock").drain(..) {
+            t.abort();
+        }
     }
 
     /// Stops the writer after its current batch and closes the store.

@@ -140,6 +140,8 @@ pub struct Journal {
     /// Bytes in all segments since the last checkpoint's rotation.
     pending: u64,
     last_seq: u64,
+    /// Checksum of the record `last_seq` when the journal has it.
+    last_crc: Option<u32>,
     sync: bool,
     buf: Vec<u8>,
 }
@@ -157,6 +159,7 @@ impl Journal {
         let err = |p: &Path, e: io::Error| format!("journal {}: {e}", p.display());
         std::fs::create_dir_all(dir).map_err(|e| err(dir, e))?;
         let mut last_seq = checkpoint_seq;
+        let mut last_crc = None;
         let mut rep = Replayed::default();
         let segs = segments(dir).map_err(|e| err(dir, e))?;
         for &n in &segs {
@@ -179,31 +182,12 @@ impl Journal {
                     path.display()
                 ));
             }
-            let mut off = SEG_HEADER;
+            let (recs, torn) = parse_records(&data);
             let mut kept_any = false;
-            loop {
-                let rest = &data[off..];
-                if rest.is_empty() {
-                    break;
+            for &(seq, sum, start, end) in &recs {
+                if seq == checkpoint_seq {
+                    last_crc = Some(sum);
                 }
-                let whole = rest.len() >= REC_HEADER && {
-                    let len = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
-                    len <= BODY_MAX && rest.len() >= REC_HEADER + len
-                };
-                let rec = whole.then(|| {
-                    let len = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
-                    let sum = u32::from_le_bytes(rest[4..8].try_into().expect("4 bytes"));
-                    let seq = u64::from_le_bytes(rest[8..16].try_into().expect("8 bytes"));
-                    let body = &rest[REC_HEADER..REC_HEADER + len];
-                    (crc(seq, body) == sum).then_some((seq, body))
-                });
-                let Some(Some((seq, body))) = rec else {
-                    rep.torn.push((n, off as u64));
-                    let f = OpenOptions::new().write(true).open(&path).map_err(|e| err(&path, e))?;
-                    f.set_len(off as u64).and_then(|_| f.sync_all()).map_err(|e| err(&path, e))?;
-                    data.truncate(off);
-                    break;
-                };
                 if seq > checkpoint_seq {
                     if seq != last_seq + 1 {
                         return Err(format!(
@@ -213,12 +197,19 @@ impl Journal {
                             last_seq + 1
                         ));
                     }
+                    let body = &data[start..end];
                     apply(seq, body).map_err(|m| format!("journal segment {}, batch {seq}: {m}", path.display()))?;
                     last_seq = seq;
+                    last_crc = Some(sum);
                     rep.records += 1;
                     kept_any = true;
                 }
-                off += REC_HEADER + body.len();
+            }
+            if let Some(off) = torn {
+                rep.torn.push((n, off as u64));
+                let f = OpenOptions::new().write(true).open(&path).map_err(|e| err(&path, e))?;
+                f.set_len(off as u64).and_then(|_| f.sync_all()).map_err(|e| err(&path, e))?;
+                data.truncate(off);
             }
             if kept_any {
                 rep.bytes += data.len() as u64;
@@ -233,6 +224,7 @@ impl Journal {
             len,
             pending: rep.bytes + len,
             last_seq,
+            last_crc,
             sync,
             buf: Vec::with_capacity(64 << 10),
         };
@@ -254,6 +246,12 @@ impl Journal {
     /// Sequence number of the last batch appended (or replayed).
     pub fn last_seq(&self) -> u64 {
         self.last_seq
+    }
+
+    /// Checksum of the last batch, when it is still in the journal (not
+    /// only in the checkpoint): a mirror's check that two journals agree.
+    pub fn last_crc(&self) -> Option<u32> {
+        self.last_crc
     }
 
     /// Bytes appended since the last [`Journal::rotate`] before a checkpoint.
@@ -291,6 +289,7 @@ impl Journal {
         self.len += self.buf.len() as u64;
         self.pending += self.buf.len() as u64;
         self.last_seq = seq;
+        self.last_crc = Some(sum);
         Ok(seq)
     }
 
@@ -312,6 +311,80 @@ impl Journal {
     }
 }
 
+/// Where one record is in a segment's bytes: `(seq, crc, body start, body end)`.
+type RecAt = (u64, u32, usize, usize);
+
+/// The records of a segment's bytes in order, and the offset of a torn
+/// tail if there is one.
+fn parse_records(data: &[u8]) -> (Vec<RecAt>, Option<usize>) {
+    let mut out = Vec::new();
+    let mut off = SEG_HEADER;
+    while off < data.len() {
+        let rest = &data[off..];
+        if rest.len() < REC_HEADER {
+            return (out, Some(off));
+        }
+        let len = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
+        if len > BODY_MAX || rest.len() < REC_HEADER + len {
+            return (out, Some(off));
+        }
+        let sum = u32::from_le_bytes(rest[4..8].try_into().expect("4 bytes"));
+        let seq = u64::from_le_bytes(rest[8..16].try_into().expect("8 bytes"));
+        let (start, end) = (off + REC_HEADER, off + REC_HEADER + len);
+        if crc(seq, &data[start..end]) != sum {
+            return (out, Some(off));
+        }
+        out.push((seq, sum, start, end));
+        off = end;
+    }
+    (out, None)
+}
+
+/// One batch read back: its sequence number and body.
+pub type Batch = (u64, Vec<u8>);
+
+/// The checksum a record of `seq` with `body` carries.
+pub fn record_crc(seq: u64, body: &[u8]) -> u32 {
+    crc(seq, body)
+}
+
+/// Records still in the journal (not deleted by a checkpoint), read without
+/// changing anything (while the writer appends): the checksum of batch
+/// `after` and every batch after it, in order, up to the last whole one.
+/// `None` when batch `after` or one after it is not there any more (a
+/// checkpoint deleted it): a mirror must then copy the whole store.
+pub fn read_after(dir: &Path, after: u64) -> io::Result<Option<(u32, Vec<Batch>)>> {
+    let mut at = None;
+    let mut out: Vec<Batch> = Vec::new();
+    for n in segments(dir)? {
+        let data = match std::fs::read(dir.join(seg_name(n))) {
+            Ok(d) => d,
+            // Deleted by a checkpoint meanwhile: the records are gone from here.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if data.len() < SEG_HEADER || &data[..8] != MAGIC {
+            continue;
+        }
+        for (seq, sum, start, end) in parse_records(&data).0 {
+            if seq == after {
+                at = Some(sum);
+                out.clear();
+            } else if seq > after && at.is_some() {
+                let next = out.last().map_or(after + 1, |r| r.0 + 1);
+                if seq < next {
+                    // A torn tail's batch written again at the start of the next segment.
+                    out.truncate(out.len() - (next - seq) as usize);
+                } else if seq > next {
+                    return Ok(None);
+                }
+                out.push((seq, data[start..end].to_vec()));
+            }
+        }
+    }
+    Ok(at.map(|c| (c, out)))
+}
+
 /// Deletes the segments below `seg` (their records are in a checkpoint).
 pub fn remove_before(dir: &Path, seg: u64) -> io::Result<()> {
     for n in segments(dir)? {
@@ -329,6 +402,10 @@ pub enum AppendError {
     Refused(io::Error),
     /// A partial record may remain: nothing may be appended any more.
     Broken(String),
+    /// A mirrored namespace's secondary did not take it and the group could
+    /// not be degraded (mgmtd unreachable, or this node is no longer the
+    /// primary): nothing was written; the client retries elsewhere.
+    Unavailable(String),
 }
 
 #[cfg(test)]

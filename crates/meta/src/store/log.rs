@@ -32,6 +32,54 @@ fn crash_point(point: &str) {
     }
 }
 
+/// Where a mirrored namespace's records go before its own journal (buddy
+/// mirroring, `crate::mirror`): the hook sends the record to the secondary,
+/// or notes that the secondary misses it, and runs `local` (the journal
+/// append and the memory layers), holding whatever keeps a resync's
+/// snapshot apart from commits.
+pub trait Replicate: Send + Sync {
+    fn commit(
+        &self,
+        seq: u64,
+        body: &[u8],
+        local: &mut dyn FnMut() -> Result<u32, AppendError>,
+    ) -> Result<(), AppendError>;
+}
+
+/// The journal's last batch and the mirroring hook, shared with whoever
+/// installs the hook while the writer runs: every commit holds `hook`'s
+/// lock, so an installation happens between two commits and sees the last.
+#[derive(Default)]
+pub struct Tip {
+    hook: std::sync::Mutex<Option<std::sync::Arc<dyn Replicate>>>,
+    seq: AtomicU64,
+    /// Checksum of batch `seq` (u64::MAX: not known).
+    crc: AtomicU64,
+}
+
+impl Tip {
+    /// Installs the hook made by `make` from the last batch and its checksum.
+    pub fn install(&self, make: impl FnOnce((u64, Option<u32>)) -> std::sync::Arc<dyn Replicate>) {
+        let mut h = self.hook.lock().expect("tip lock");
+        *h = Some(make(self.last()));
+    }
+
+    /// Removes the hook (the namespace is served unmirrored again).
+    pub fn uninstall(&self) {
+        *self.hook.lock().expect("tip lock") = None;
+    }
+
+    pub fn last(&self) -> (u64, Option<u32>) {
+        let crc = self.crc.load(Ordering::Acquire);
+        (self.seq.load(Ordering::Acquire), (crc != u64::MAX).then_some(crc as u32))
+    }
+
+    fn set(&self, seq: u64, crc: Option<u32>) {
+        self.seq.store(seq, Ordering::Release);
+        self.crc.store(crc.map_or(u64::MAX, u64::from), Ordering::Release);
+    }
+}
+
 /// A checkpoint to run: the frozen layer, the last batch in it, and the
 /// first journal segment not in it.
 struct Job {
@@ -63,10 +111,14 @@ pub struct Log {
     /// Whether the crash hooks fire (from the writer's start on: the
     /// batches of opening the store never abort).
     armed: bool,
+    /// The last batch, and the hook of a mirrored namespace's primary.
+    tip: Arc<Tip>,
 }
 
 impl Log {
     pub(super) fn new(mem: Arc<Mem>, journal: Journal) -> Log {
+        let tip = Arc::new(Tip::default());
+        tip.set(journal.last_seq(), journal.last_crc());
         let shared = Arc::new(Shared {
             mem: mem.clone(),
             dir: journal.dir().to_path_buf(),
@@ -74,7 +126,7 @@ impl Log {
             used: AtomicU64::new(u64::MAX),
             failed: AtomicBool::new(false),
         });
-        Log { mem, journal, shared, thread: None, checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES, armed: false }
+        Log { mem, journal, shared, thread: None, checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES, armed: false, tip }
     }
 
     /// Runs checkpoints on a thread of their own from now on, and arms the
@@ -93,17 +145,73 @@ impl Log {
     }
 
     /// Appends the changes as one journal record and then makes them
-    /// visible. Nothing changed: nothing is written.
+    /// visible (on a mirrored primary: after the secondary has the record).
+    /// Nothing changed: nothing is written.
     pub fn commit(&mut self, changes: [Map; NT]) -> Result<(), AppendError> {
         if changes.iter().all(Map::is_empty) {
             return Ok(());
         }
-        self.journal.append(|b| encode_changes(&changes, b))?;
-        if self.armed {
-            crash_point("journal:appended");
+        let tip = self.tip.clone();
+        let hook = tip.hook.lock().expect("tip lock");
+        if let Some(r) = hook.as_ref() {
+            let mut body = Vec::new();
+            encode_changes(&changes, &mut body);
+            let seq = self.journal.last_seq() + 1;
+            let mut changes = Some(changes);
+            r.commit(seq, &body, &mut || {
+                self.journal.append(|b| b.extend_from_slice(&body))?;
+                if self.armed {
+                    crash_point("journal:appended");
+                }
+                if let Some(c) = changes.take() {
+                    self.mem.apply(c);
+                }
+                Ok(self.journal.last_crc().unwrap_or_default())
+            })?;
+        } else {
+            self.journal.append(|b| encode_changes(&changes, b))?;
+            if self.armed {
+                crash_point("journal:appended");
+            }
+            self.mem.apply(changes);
         }
-        self.mem.apply(changes);
+        tip.set(self.journal.last_seq(), self.journal.last_crc());
         Ok(())
+    }
+
+    /// A record from the primary (a mirrored namespace's secondary): appended
+    /// with the same sequence number and bytes, then applied. Err with the
+    /// last batch held when `seq` does not follow it; a batch already held
+    /// is not applied again.
+    pub fn commit_record(&mut self, seq: u64, body: &[u8]) -> Result<(), RecordError> {
+        let last = self.journal.last_seq();
+        if seq <= last {
+            return Ok(());
+        }
+        if seq != last + 1 {
+            return Err(RecordError::Gap { have: last });
+        }
+        let changes = super::mem::decode_changes(body).map_err(RecordError::Corrupt)?;
+        self.journal.append(|b| b.extend_from_slice(body)).map_err(RecordError::Append)?;
+        self.mem.apply(changes);
+        self.tip.set(self.journal.last_seq(), self.journal.last_crc());
+        Ok(())
+    }
+
+    /// The last batch and the mirroring hook (kept by whoever serves the
+    /// namespace after the writer took the log).
+    pub fn tip(&self) -> Arc<Tip> {
+        self.tip.clone()
+    }
+
+    /// The last batch committed, and its checksum while the journal has it.
+    pub fn last(&self) -> (u64, Option<u32>) {
+        (self.journal.last_seq(), self.journal.last_crc())
+    }
+
+    /// The journal's directory.
+    pub fn journal_dir(&self) -> &std::path::Path {
+        self.journal.dir()
     }
 
     /// Starts a checkpoint when the journal has grown to `checkpoint_bytes`
@@ -161,6 +269,27 @@ impl Log {
     /// still holds everything), so the service should stop.
     pub fn failed(&self) -> bool {
         self.shared.failed.load(Ordering::Acquire)
+    }
+}
+
+/// Why a record from the primary was not taken.
+#[derive(Debug)]
+pub enum RecordError {
+    /// It does not follow the last batch held (`have`): a resync is needed.
+    Gap {
+        have: u64,
+    },
+    Corrupt(String),
+    Append(AppendError),
+}
+
+impl std::fmt::Display for RecordError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecordError::Gap { have } => write!(f, "out of order: this buddy holds batches up to {have}"),
+            RecordError::Corrupt(m) => write!(f, "undecodable record: {m}"),
+            RecordError::Append(e) => write!(f, "journal write: {e:?}"),
+        }
     }
 }
 

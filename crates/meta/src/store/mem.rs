@@ -24,7 +24,7 @@
 use super::{
     LeaseKey, OpError, OpResult, DENTRIES, DIRX, DISPOSAL, INODES, INTENTS, LOCKED, PEER_DONE, REPLIES, SYSTEM, XATTRS,
 };
-use redb::{ReadableDatabase, TableDefinition};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use std::borrow::Cow;
 use std::cell::OnceCell;
 use std::collections::BTreeMap;
@@ -180,6 +180,52 @@ impl Mem {
     /// Ends a checkpoint whose records the store now holds.
     pub fn unfreeze(&self) {
         self.hot_mut().frozen = None;
+    }
+
+    /// Every record of every table, as journal record bodies of about
+    /// `piece` bytes each: a mirror's full copy. The memory layers stay
+    /// read-locked meanwhile (commits wait), so the copy is one point in
+    /// the sequence of batches.
+    pub fn dump(&self, piece: usize) -> OpResult<Vec<Vec<u8>>> {
+        let hot = self.hot();
+        let below = Below::new(&hot, &self.cold);
+        let mut out: Vec<Vec<u8>> = vec![Vec::new()];
+        let mut push = |t: Tab, k: &[u8], v: &[u8]| {
+            if out.last().is_some_and(|b| b.len() >= piece) {
+                out.push(Vec::new());
+            }
+            let last = out.last_mut().expect("one piece at least");
+            super::journal::put_change(last, t as u8, k, Some(v));
+        };
+        for tab in Tab::ALL {
+            if tab == Tab::System {
+                let mut sys: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
+                let txn = below.txn()?;
+                for r in txn.open_table(SYSTEM)?.iter()? {
+                    let (k, v) = r?;
+                    sys.insert(k.value().as_bytes().to_vec(), Some(v.value().to_le_bytes().to_vec()));
+                }
+                // Oldest layer first: newer versions replace older ones.
+                for m in below.frozen.into_iter().chain(std::iter::once(below.live)) {
+                    for (k, v) in &m.t[Tab::System as usize] {
+                        sys.insert(k.to_vec(), v.as_ref().map(|v| v.to_vec()));
+                    }
+                }
+                // The last checkpointed batch is the store's own bookkeeping.
+                sys.remove(super::sys::JOURNAL_SEQ.as_bytes());
+                for (k, v) in sys {
+                    if let Some(v) = v {
+                        push(tab, &k, &v);
+                    }
+                }
+                continue;
+            }
+            for r in below.range(tab, None, Bound::Unbounded)? {
+                let (k, v) = r?;
+                push(tab, &k, &v);
+            }
+        }
+        Ok(out)
     }
 
     /// Writes `frozen` into the store in one transaction, with `seq` as the

@@ -266,6 +266,15 @@ impl Store {
     /// [`Store::open`] with a page cache of at most `cache_bytes` (redb's own
     /// default, 1 GiB, would let a large namespace fill the node's memory).
     pub fn open_with_cache(path: &Path, sync: bool, cache_bytes: u64) -> Result<Store, StoreError> {
+        let mut s = Self::open_replica(path, sync, cache_bytes)?;
+        s.bump_epoch()?;
+        Ok(s)
+    }
+
+    /// Opens the store without a new boot epoch: nothing is written, so a
+    /// mirrored namespace's copy stays batch for batch what its primary
+    /// sent. [`Store::bump_epoch`] before minting ids.
+    pub fn open_replica(path: &Path, sync: bool, cache_bytes: u64) -> Result<Store, StoreError> {
         let p = path.to_path_buf();
         let db_err = |e: &dyn std::fmt::Display| StoreError::Db { path: p.clone(), message: e.to_string() };
         let file = OpenOptions::new()
@@ -328,16 +337,28 @@ impl Store {
         if replayed.records > 0 {
             tracing::info!(journal = %jdir.display(), batches = replayed.records, bytes = replayed.bytes, "metadata journal replayed");
         }
-        let mut log = log::Log::new(mem, journal);
-        let old = log.mem.read(|t| sys_get(&t.system, sys::EPOCH)).map_err(|e| db_err(&format!("{e:?}")))?;
+        let log = log::Log::new(mem, journal);
+        Ok(Store { log, epoch: 0, counter: 0, path: p })
+    }
+
+    /// Increments the boot epoch durably (one batch, through the mirror hook
+    /// if one is set), so EntryIds minted from now on cannot collide with
+    /// any earlier boot's.
+    pub fn bump_epoch(&mut self) -> Result<(), StoreError> {
+        let p = self.path.clone();
+        let db_err = |e: &dyn std::fmt::Display| StoreError::Db { path: p.clone(), message: e.to_string() };
+        let old = self.log.mem.read(|t| sys_get(&t.system, sys::EPOCH)).map_err(|e| db_err(&format!("{e:?}")))?;
         let epoch = old + 1;
         if epoch > u64::from(EntryId::MAX_EPOCH) {
             return Err(db_err(&format!("entry ids exhausted: epoch {epoch} is beyond {}", EntryId::MAX_EPOCH)));
         }
         let ((), changes) =
-            log.mem.batch(|t| sys_put(&mut t.system, sys::EPOCH, epoch)).map_err(|e| db_err(&format!("{e:?}")))?;
-        log.commit(changes).map_err(|e| db_err(&format!("journal {}: {e:?}", jdir.display())))?;
-        Ok(Store { log, epoch: epoch as u32, counter: 0, path: p })
+            self.log.mem.batch(|t| sys_put(&mut t.system, sys::EPOCH, epoch)).map_err(|e| db_err(&format!("{e:?}")))?;
+        let jdir = self.log.journal_dir().to_path_buf();
+        self.log.commit(changes).map_err(|e| db_err(&format!("journal {}: {e:?}", jdir.display())))?;
+        self.epoch = epoch as u32;
+        self.counter = 0;
+        Ok(())
     }
 
     /// Applies `f` as one batch outside the writer (a stopped node's offline
@@ -346,6 +367,67 @@ impl Store {
         let ((), changes) = self.log.mem.batch(f).map_err(|e| format!("{}: {e:?}", self.path.display()))?;
         self.log.commit(changes).map_err(|e| format!("{}: {e:?}", self.path.display()))?;
         self.log.checkpoint_now();
+        Ok(())
+    }
+}
+
+/// Directory, inside a store's directory, where a full copy from a
+/// mirror's primary is assembled before it replaces the store.
+pub const INCOMING_DIR: &str = "resync";
+
+/// A full copy of a mirrored namespace being received: a fresh store in
+/// [`INCOMING_DIR`], filled piece by piece, then put in place of the old
+/// store and journal at once ([`Incoming::finish`]).
+pub struct Incoming {
+    store: Store,
+    seq: u64,
+    dir: PathBuf,
+}
+
+impl Incoming {
+    /// Starts a copy of the primary's records as of batch `seq` for the
+    /// store at `path` (which must be closed by the time of `finish`).
+    pub fn begin(path: &Path, seq: u64) -> Result<Incoming, StoreError> {
+        let dir = path.parent().unwrap_or(Path::new(".")).join(INCOMING_DIR);
+        let io_err = |source| StoreError::Io { path: dir.clone(), source };
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(io_err)?;
+        }
+        std::fs::create_dir_all(&dir).map_err(io_err)?;
+        let store = Store::open_replica(&dir.join(DB_FILE), false, DEFAULT_CACHE_BYTES)?;
+        Ok(Incoming { store, seq, dir })
+    }
+
+    /// Writes one piece (a record body of puts) into the new store.
+    pub fn add(&mut self, piece: &[u8]) -> Result<(), String> {
+        let mut maps = mem::Maps::default();
+        maps.absorb(mem::decode_changes(piece)?);
+        self.store.log.mem.write_checkpoint(&maps, self.seq, &|| {})?;
+        Ok(())
+    }
+
+    /// Puts the new store in place of the one at `path` and the journal
+    /// beside it. A crash on the way leaves either store with no journal
+    /// records beyond it, or the new one: a consistent (older) copy either
+    /// way, which the next resync brings up to date.
+    pub fn finish(self, path: &Path) -> Result<(), StoreError> {
+        let Incoming { store, dir, .. } = self;
+        drop(store);
+        let parent = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let io_err = |source| StoreError::Io { path: parent.clone(), source };
+        let journal = parent.join(journal::JOURNAL_DIR);
+        let old = parent.join("journal.old");
+        if journal.exists() {
+            if old.exists() {
+                std::fs::remove_dir_all(&old).map_err(io_err)?;
+            }
+            std::fs::rename(&journal, &old).map_err(io_err)?;
+            std::fs::remove_dir_all(&old).map_err(io_err)?;
+        }
+        std::fs::rename(dir.join(DB_FILE), path).map_err(io_err)?;
+        std::fs::rename(dir.join(journal::JOURNAL_DIR), &journal).map_err(io_err)?;
+        std::fs::remove_dir_all(&dir).map_err(io_err)?;
+        std::fs::File::open(&parent).and_then(|d| d.sync_all()).map_err(io_err)?;
         Ok(())
     }
 }

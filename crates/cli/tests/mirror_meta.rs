@@ -1,0 +1,153 @@
+//! Metadata buddy mirroring against real services and a real mount
+//! (`docs/design-mirror.md`, "Metadata groups"): mirroring every namespace
+//! of a running file system, a metadata server killed with `kill -9` and its
+//! namespace served by its buddy without an error for the application, the
+//! returning server resynced, and then its buddy killed in turn.
+
+mod common;
+use common::*;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+fn groups(m: &str) -> Vec<serde_json::Value> {
+    let v: serde_json::Value =
+        serde_json::from_str(&hivefs_ok(&["mirror", "list", "--json", "--type", "meta", "--mount", m]))
+            .expect("mirror list --json");
+    v.as_array().unwrap().clone()
+}
+
+fn all_good(m: &str) -> bool {
+    groups(m).iter().all(|g| g["primary"]["state"] == "good" && g["secondary"]["state"] == "good")
+}
+
+/// The service (`metaN`) whose data directory holds metadata node `id`.
+fn service_of_node(fs: &TestFs, id: u64) -> String {
+    for e in std::fs::read_dir(&fs.dir).unwrap() {
+        let p: PathBuf = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.starts_with("meta") {
+            continue;
+        }
+        let toml = std::fs::read_to_string(p.join("node.toml")).unwrap_or_default();
+        if toml.lines().any(|l| l.replace(' ', "") == format!("node_id={id}")) {
+            return name;
+        }
+    }
+    panic!("no metadata service holds node {id}")
+}
+
+/// The last lines of every service's and the mount's log (for a failure message).
+fn logs(fs: &TestFs) -> String {
+    let mut out = String::new();
+    for e in std::fs::read_dir(&fs.dir).unwrap() {
+        let d = e.unwrap().path();
+        for f in std::fs::read_dir(&d).into_iter().flatten() {
+            let f = f.unwrap().path();
+            if f.extension().is_some_and(|x| x == "log") {
+                let text = std::fs::read_to_string(&f).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                out.push_str(&format!("--- {}\n", f.display()));
+                for l in &lines[lines.len().saturating_sub(25)..] {
+                    out.push_str(l);
+                    out.push('\n');
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every file `d{i}/f{j}` of the tree made by `make`, read back.
+fn check_tree(fs: &TestFs, dirs: usize, files: usize, tag: &str) {
+    for i in 0..dirs {
+        for j in 0..files {
+            let p = fs.path(&format!("{tag}{i}/f{j}"));
+            let got = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            assert_eq!(got, format!("{tag} {i} {j}").into_bytes(), "{}", p.display());
+        }
+        let n = std::fs::read_dir(fs.path(&format!("{tag}{i}")))
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with('f'))
+            .count();
+        assert_eq!(n, files, "files f* of {tag}{i}");
+    }
+}
+
+fn make_tree(fs: &TestFs, dirs: usize, files: usize, tag: &str) {
+    for i in 0..dirs {
+        std::fs::create_dir(fs.path(&format!("{tag}{i}"))).unwrap();
+        for j in 0..files {
+            std::fs::write(fs.path(&format!("{tag}{i}/f{j}")), format!("{tag} {i} {j}")).unwrap();
+        }
+    }
+}
+
+#[test]
+fn mirrored_namespaces_survive_a_dead_metadata_server_and_its_buddy_in_turn() {
+    let fs = TestFs::up_with(&["--meta", "2", "--storage", "1"], |fs| {
+        std::fs::create_dir_all(fs.dir.join("mgmtd")).unwrap();
+        std::fs::write(fs.dir.join("mgmtd/mgmtd.toml"), FAST_FAILOVER).unwrap();
+    });
+    let m = fs.mnt_s();
+    // Made before mirroring: reaches the secondaries by a full copy.
+    make_tree(&fs, 6, 5, "a");
+    let owners: std::collections::BTreeSet<u64> =
+        (0..6).map(|i| fs.entry_info(&format!("a{i}"))["owner_meta_node"].as_u64().unwrap()).collect();
+    assert_eq!(owners.len(), 2, "directories on both metadata nodes");
+
+    // One host: the pair needs --force. --auto mirrors both namespaces (a ring).
+    let out = hivefs(&["mirror", "create", "--type", "meta", "--primary", "1", "--secondary", "2", "--mount", m]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("both on host"), "{out:?}");
+    hivefs_ok(&["mirror", "create", "--type", "meta", "--auto", "--force", "--mount", m]);
+    let list = groups(m);
+    assert_eq!(list.len(), 2, "{list:?}");
+    wait_for("both metadata secondaries resynced", Duration::from_secs(60), || all_good(m));
+
+    // Made while mirrored: forwarded record by record.
+    make_tree(&fs, 4, 5, "b");
+    std::fs::rename(fs.path("a0/f0"), fs.path("b0/moved")).unwrap();
+    std::fs::remove_file(fs.path("a1/f1")).unwrap();
+    std::fs::write(fs.path("a1/f1"), "a 1 1").unwrap();
+    std::fs::rename(fs.path("b0/moved"), fs.path("a0/f0")).unwrap();
+
+    // The server of the root's namespace dies: its buddy serves it.
+    let root_owner = fs.entry_info("")["owner_meta_node"].as_u64().unwrap();
+    let victim = service_of_node(&fs, root_owner);
+    fs.kill9(&victim);
+    let t0 = Instant::now();
+    // The application sees a pause, not an error.
+    std::fs::write(fs.path("a2/after-kill"), "written during the failover")
+        .unwrap_or_else(|e| panic!("write during the failover: {e}\n{}", logs(&fs)));
+    let pause = t0.elapsed();
+    eprintln!("first write after the kill completed after {pause:?}");
+    let g = groups(m).into_iter().find(|g| g["primary"]["id"] != root_owner && g["secondary"]["id"] == root_owner);
+    assert!(g.is_some(), "the group of namespace {root_owner} switched over: {:?}", groups(m));
+    check_tree(&fs, 6, 5, "a");
+    check_tree(&fs, 4, 5, "b");
+    make_tree(&fs, 2, 3, "c");
+
+    // The old primary returns as secondary and is brought up to date.
+    fs.reup();
+    wait_for("both buddies good again", Duration::from_secs(60), || all_good(m));
+
+    // Now its buddy dies: every namespace is served by the returned node,
+    // with what was made while it was away.
+    let other = groups(m)[0]["primary"]["id"].as_u64().unwrap();
+    let other = if other == root_owner { groups(m)[1]["primary"]["id"].as_u64().unwrap() } else { other };
+    assert_ne!(other, root_owner);
+    fs.kill9(&service_of_node(&fs, other));
+    std::fs::write(fs.path("c0/after-second-kill"), "x")
+        .unwrap_or_else(|e| panic!("write during the second failover: {e}\n{}", logs(&fs)));
+    check_tree(&fs, 6, 5, "a");
+    check_tree(&fs, 4, 5, "b");
+    for i in 0..2 {
+        assert_eq!(std::fs::read_dir(fs.path(&format!("c{i}"))).unwrap().count(), 3 + usize::from(i == 0));
+    }
+    assert_eq!(std::fs::read_to_string(fs.path("a2/after-kill")).unwrap(), "written during the failover");
+    for g in groups(m) {
+        assert_ne!(g["primary"]["id"], other, "{g}");
+    }
+    fs.reup();
+    wait_for("both buddies good again", Duration::from_secs(60), || all_good(m));
+    fs.assert_fsck_clean();
+}

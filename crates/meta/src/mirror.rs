@@ -1,0 +1,860 @@
+//! Buddy mirroring of metadata namespaces (`docs/design-mirror.md`,
+//! "Metadata groups").
+//!
+//! A metadata group mirrors the namespace of one metadata node (the node id
+//! its entries name as owner) onto a second node. This module owns, for each
+//! namespace this node holds: whether it serves it or keeps a copy
+//! ([`Slot`]); the primary's hook that sends every journal record to the
+//! secondary before its own append ([`Primary`]), degrades the group when
+//! that fails and resyncs a returning secondary; the secondary's copy,
+//! which takes those records, or a full copy, batch for batch ([`Replica`]);
+//! the lease from mgmtd without which no mirrored namespace is served; and
+//! following mgmtd's roles (promotion, demotion).
+//!
+//! It must not decide roles (mgmtd does) nor know the namespace's rules:
+//! records are opaque bytes here, replayed exactly as a start replays them.
+
+use crate::namespace::Namespace;
+use crate::store::journal::{self, AppendError};
+use crate::store::log::{RecordError, Replicate, Tip};
+use crate::store::mem::Mem;
+use crate::store::{Incoming, Store};
+use bytes::Bytes;
+use hivefs_cluster::Cluster;
+use hivefs_net::Call;
+use hivefs_proto::{Consistency, Envelope, GroupInfo, GroupKind, MetaStep, MirrorHdr, MirrorRole, Reply, Request};
+use hivefs_types::error::{ErrorCode, FsError, FsResult};
+use hivefs_types::fs_err;
+use hivefs_types::ids::{BuddyGroupId, NodeId, NodeType};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+/// A forward to the secondary that takes longer fails (and degrades the group).
+pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bytes of records per piece of a full copy.
+const PIECE: usize = 4 << 20;
+/// A resync ends (holding commits back) once fewer records than this remain.
+const CATCH_UP: usize = 256;
+
+/// Until when this node may serve mirrored namespaces as their primary:
+/// each heartbeat mgmtd answers extends it to `sent + lease_ms`.
+#[derive(Default)]
+pub struct Lease(Mutex<(Option<Instant>, Duration)>);
+
+impl Lease {
+    pub fn renew(&self, sent: Instant, lease_ms: u64) {
+        let len = Duration::from_millis(lease_ms);
+        *self.0.lock().expect("lease lock") = (Some(sent + len), len);
+    }
+
+    pub fn valid(&self) -> bool {
+        self.0.lock().expect("lease lock").0.is_some_and(|until| Instant::now() < until)
+    }
+
+    /// The length of the last lease mgmtd granted.
+    pub fn length(&self) -> Duration {
+        self.0.lock().expect("lease lock").1
+    }
+}
+
+/// What the primary knows of its group; locked across every commit.
+struct PState {
+    epoch: u64,
+    secondary: NodeId,
+    /// The secondary takes every record (it is good, or a resync caught up).
+    forwarding: bool,
+    /// The last batch committed and its checksum.
+    last: (u64, Option<u32>),
+}
+
+/// The primary's side of a mirrored namespace: the [`Replicate`] hook of
+/// its store.
+pub struct Primary {
+    pub group: BuddyGroupId,
+    pub ns: NodeId,
+    cluster: Arc<Cluster>,
+    rt: tokio::runtime::Handle,
+    lease: Arc<Lease>,
+    mem: Arc<Mem>,
+    jdir: PathBuf,
+    st: Mutex<PState>,
+    resyncing: AtomicBool,
+}
+
+fn unavailable(m: String) -> AppendError {
+    AppendError::Unavailable(m)
+}
+
+impl Primary {
+    fn hdr(&self, epoch: u64, role: MirrorRole) -> Envelope {
+        Envelope { mirror: Some(MirrorHdr { group: self.group, epoch, role }), ..Default::default() }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.st.lock().expect("primary state").epoch
+    }
+
+    /// Serving is allowed: the lease holds and the sender's epoch is ours.
+    pub fn check(&self, hdr: Option<&MirrorHdr>) -> FsResult<()> {
+        if !self.lease.valid() {
+            return Err(fs_err!(
+                Unavailable,
+                "metadata node holds no lease from mgmtd: not serving buddy group {} (namespace {})",
+                self.group,
+                self.ns
+            ));
+        }
+        let epoch = self.epoch();
+        match hdr {
+            Some(h) if h.epoch != epoch => Err(fs_err!(
+                Unavailable,
+                "buddy group {} is at epoch {epoch} here, the request names {}: ask mgmtd again",
+                self.group,
+                h.epoch
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Takes mgmtd's view of the group (called on every view refresh).
+    fn update(&self, g: &GroupInfo) {
+        let mut st = self.st.lock().expect("primary state");
+        st.epoch = g.epoch;
+        if st.secondary.0 != g.secondary {
+            st.secondary = NodeId(g.secondary);
+            st.forwarding = false;
+        }
+    }
+
+    async fn secondary_call(&self, node: NodeId) -> FsResult<Arc<dyn Call>> {
+        self.cluster.meta_peer_pool(node).await
+    }
+
+    async fn step(&self, epoch: u64, node: NodeId, role: MirrorRole, step: MetaStep, body: Bytes) -> FsResult<Reply> {
+        let call = self.secondary_call(node).await?;
+        let env = self.hdr(epoch, role);
+        let req = Request::MetaMirror { step };
+        match tokio::time::timeout(FORWARD_TIMEOUT, call.call_with(&env, &req, body)).await {
+            Ok(r) => r.map(|(r, _)| r),
+            Err(_) => Err(fs_err!(TimedOut, "metadata node {node} did not answer within {FORWARD_TIMEOUT:?}")),
+        }
+    }
+
+    async fn set_state(&self, epoch: u64, member: NodeId, state: Consistency) -> FsResult<()> {
+        let req = Request::SetMemberState { group: self.group, epoch: Some(epoch), member: member.0, state };
+        match self.cluster.mgmt().rpc(&req).await? {
+            Reply::Ok => Ok(()),
+            r => Err(fs_err!(Protocol, "mgmtd answered {r:?} to SetMemberState")),
+        }
+    }
+
+    /// Brings the secondary up to date: only the batches it misses when
+    /// the journal still holds them, else a full copy and the batches since;
+    /// the last ones with commits held back, after which every record is
+    /// forwarded again and mgmtd is told the secondary is good.
+    pub async fn resync(self: Arc<Self>, full: bool) -> Result<(), String> {
+        if self.resyncing.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let r = self.clone().resync_inner(full).await;
+        self.resyncing.store(false, Ordering::Release);
+        r
+    }
+
+    /// Whether every record goes to the secondary now.
+    fn forwarding(&self) -> bool {
+        self.st.lock().expect("primary state").forwarding
+    }
+
+    async fn resync_inner(self: Arc<Self>, full: bool) -> Result<(), String> {
+        let (epoch, sec) = {
+            let st = self.st.lock().expect("primary state");
+            (st.epoch, st.secondary)
+        };
+        let what = format!("resync of buddy group {} (namespace {}) to metadata node {sec}", self.group, self.ns);
+        let e = |m: &dyn std::fmt::Display| format!("{what}: {m}");
+        let (seq, crc) = match self.step(epoch, sec, MirrorRole::Resync, MetaStep::Hello, Bytes::new()).await {
+            Ok(Reply::ReplicaAt { seq, crc }) => (seq, crc),
+            Ok(r) => return Err(e(&format!("odd answer {r:?}"))),
+            Err(x) => return Err(e(&x)),
+        };
+        self.set_state(epoch, sec, Consistency::Resyncing).await.map_err(|x| e(&x))?;
+        let last = self.st.lock().expect("primary state").last;
+        let jdir = self.jdir.clone();
+        let incremental = match crc {
+            _ if full => false,
+            Some(c) if (seq, Some(c)) == last => true,
+            Some(c) => {
+                let jd = jdir.clone();
+                let found = tokio::task::spawn_blocking(move || journal::read_after(&jd, seq))
+                    .await
+                    .map_err(|x| e(&x))?
+                    .map_err(|x| e(&x))?;
+                found.is_some_and(|(at, _)| at == c)
+            }
+            None => false,
+        };
+        let mut at = seq;
+        if !incremental {
+            let me = self.clone();
+            let (s, pieces) = tokio::task::spawn_blocking(move || {
+                let mut st = me.st.lock().expect("primary state");
+                // The copy replaces the secondary's store: records from now
+                // on reach it through the catch-up below, not as forwards.
+                st.forwarding = false;
+                me.mem.dump(PIECE).map(|p| (st.last.0, p))
+            })
+            .await
+            .map_err(|x| e(&x))?
+            .map_err(|x| e(&format!("{x:?}")))?;
+            info!(group = %self.group, ns = %self.ns, secondary = %sec, batch = s, pieces = pieces.len(), "full copy of a mirrored namespace to its secondary");
+            self.step(epoch, sec, MirrorRole::Resync, MetaStep::Begin { seq: s }, Bytes::new())
+                .await
+                .map_err(|x| e(&x))?;
+            let total = pieces.len() as u64;
+            for (i, p) in pieces.into_iter().enumerate() {
+                self.step(epoch, sec, MirrorRole::Resync, MetaStep::Piece, Bytes::from(p)).await.map_err(|x| e(&x))?;
+                let req = Request::ResyncProgress { group: self.group, done: i as u64 + 1, total };
+                let _ = self.cluster.mgmt().rpc(&req).await;
+            }
+            match self.step(epoch, sec, MirrorRole::Resync, MetaStep::Finish, Bytes::new()).await {
+                Ok(Reply::ReplicaAt { seq, .. }) if seq == s => {}
+                Ok(r) => return Err(e(&format!("odd answer to the end of the full copy: {r:?}"))),
+                Err(x) => return Err(e(&x)),
+            }
+            at = s;
+        }
+        // Batches since, while commits go on; then the rest with commits held.
+        loop {
+            let jd = jdir.clone();
+            let recs = tokio::task::spawn_blocking(move || journal::read_after(&jd, at))
+                .await
+                .map_err(|x| e(&x))?
+                .map_err(|x| e(&x))?;
+            let recs = match recs {
+                Some((_, r)) => r,
+                None if at == self.st.lock().expect("primary state").last.0 => Vec::new(),
+                None => return Err(e(&format!("the journal no longer holds batch {at}: a full copy is needed"))),
+            };
+            if recs.len() < CATCH_UP {
+                break;
+            }
+            for (s, body) in recs {
+                self.step(epoch, sec, MirrorRole::Resync, MetaStep::Record { seq: s }, Bytes::from(body))
+                    .await
+                    .map_err(|x| e(&x))?;
+                at = s;
+            }
+        }
+        let me = self.clone();
+        let rt = self.rt.clone();
+        tokio::task::spawn_blocking(move || -> Result<(), String> {
+            let mut st = me.st.lock().expect("primary state");
+            if st.epoch != epoch || st.secondary != sec {
+                return Err("the group changed during the resync".into());
+            }
+            let recs = match journal::read_after(&jdir, at).map_err(|x| x.to_string())? {
+                Some((_, r)) => r,
+                None if at == st.last.0 => Vec::new(),
+                None => return Err(format!("the journal no longer holds batch {at}")),
+            };
+            for (s, body) in recs {
+                rt.block_on(me.step(epoch, sec, MirrorRole::Resync, MetaStep::Record { seq: s }, Bytes::from(body)))
+                    .map_err(|x| x.to_string())?;
+            }
+            st.forwarding = true;
+            Ok(())
+        })
+        .await
+        .map_err(|x| e(&x))?
+        .map_err(|x| e(&x))?;
+        self.set_state(epoch, sec, Consistency::Good).await.map_err(|x| e(&x))?;
+        info!(group = %self.group, ns = %self.ns, secondary = %sec, "metadata secondary resynced: every record is mirrored again");
+        Ok(())
+    }
+}
+
+impl Replicate for Primary {
+    fn commit(
+        &self,
+        seq: u64,
+        body: &[u8],
+        local: &mut dyn FnMut() -> Result<u32, AppendError>,
+    ) -> Result<(), AppendError> {
+        let mut st = self.st.lock().expect("primary state");
+        if !self.lease.valid() {
+            return Err(unavailable(format!(
+                "metadata node holds no lease from mgmtd: buddy group {} (namespace {}) takes no changes",
+                self.group, self.ns
+            )));
+        }
+        if st.forwarding {
+            let (epoch, sec) = (st.epoch, st.secondary);
+            let body = Bytes::copy_from_slice(body);
+            let r = self.rt.block_on(self.step(epoch, sec, MirrorRole::Forward, MetaStep::Record { seq }, body));
+            if let Err(fe) = r {
+                // Degrade with mgmtd's agreement, or take nothing: a stale
+                // primary must not go on alone.
+                let d = self.rt.block_on(self.set_state(epoch, sec, Consistency::NeedsResync));
+                if let Err(de) = d {
+                    return Err(unavailable(format!(
+                        "buddy group {}: forward of batch {seq} to metadata node {sec} failed ({fe}) and mgmtd \
+                         did not agree to go on without it ({de})",
+                        self.group
+                    )));
+                }
+                warn!(group = %self.group, ns = %self.ns, secondary = %sec, "forward of batch {seq} failed ({fe}): the secondary needs a resync; going on alone");
+                st.forwarding = false;
+            }
+        }
+        let forwarded = st.forwarding;
+        match local() {
+            Ok(crc) => {
+                st.last = (seq, Some(crc));
+                Ok(())
+            }
+            Err(e) => {
+                // The secondary holds a batch this node does not (a full disk
+                // here): only a resync makes them agree again.
+                if forwarded {
+                    let (epoch, sec) = (st.epoch, st.secondary);
+                    if let Err(de) = self.rt.block_on(self.set_state(epoch, sec, Consistency::NeedsResync)) {
+                        warn!(group = %self.group, "batch {seq} failed here after its forward, and mgmtd was not told: {de}");
+                    }
+                    st.forwarding = false;
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The secondary's copy of a namespace.
+enum RState {
+    Open(Store),
+    Incoming(Incoming),
+    /// Between a failed step and the next `Hello`/`Begin`.
+    Closed,
+}
+
+pub struct Replica {
+    pub ns: NodeId,
+    path: PathBuf,
+    sync: bool,
+    cache_bytes: u64,
+    checkpoint_bytes: u64,
+    st: Mutex<RState>,
+}
+
+impl Replica {
+    fn open_store(&self) -> Result<Store, String> {
+        if let Some(d) = self.path.parent() {
+            std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        }
+        let mut s = Store::open_replica(&self.path, self.sync, self.cache_bytes).map_err(|e| e.to_string())?;
+        s.log.checkpoint_bytes = self.checkpoint_bytes;
+        s.log.spawn_checkpointer().map_err(|e| e.to_string())?;
+        Ok(s)
+    }
+
+    /// Applies one step from the primary (blocking: file writes).
+    fn step(&self, step: MetaStep, body: &[u8]) -> FsResult<Reply> {
+        let mut st = self.st.lock().expect("replica state");
+        let ns = self.ns;
+        let err = |m: String| fs_err!(Io, "copy of namespace {ns}: {m}");
+        match step {
+            MetaStep::Record { seq } => {
+                let RState::Open(store) = &mut *st else {
+                    return Err(fs_err!(Unavailable, "copy of namespace {ns} is not open (a full copy is due)"));
+                };
+                match store.log.commit_record(seq, body) {
+                    Ok(()) => {
+                        store.log.maybe_checkpoint(u64::MAX);
+                        Ok(Reply::Ok)
+                    }
+                    Err(RecordError::Gap { have }) => {
+                        Err(fs_err!(Invalid, "copy of namespace {ns} holds batches up to {have}, not {}", seq - 1))
+                    }
+                    Err(e) => Err(err(e.to_string())),
+                }
+            }
+            MetaStep::Hello => {
+                if !matches!(*st, RState::Open(_)) {
+                    *st = RState::Closed;
+                    *st = RState::Open(self.open_store().map_err(err)?);
+                }
+                let RState::Open(store) = &*st else { unreachable!("opened above") };
+                let (seq, crc) = store.log.last();
+                Ok(Reply::ReplicaAt { seq, crc })
+            }
+            MetaStep::Begin { seq } => {
+                *st = RState::Closed;
+                *st = RState::Incoming(Incoming::begin(&self.path, seq).map_err(|e| err(e.to_string()))?);
+                Ok(Reply::Ok)
+            }
+            MetaStep::Piece => {
+                let RState::Incoming(inc) = &mut *st else {
+                    return Err(fs_err!(Invalid, "copy of namespace {ns}: a piece outside a full copy"));
+                };
+                inc.add(body).map_err(err)?;
+                Ok(Reply::Ok)
+            }
+            MetaStep::Finish => {
+                let RState::Incoming(inc) = std::mem::replace(&mut *st, RState::Closed) else {
+                    return Err(fs_err!(Invalid, "copy of namespace {ns}: the end of a full copy that did not begin"));
+                };
+                inc.finish(&self.path).map_err(|e| err(e.to_string()))?;
+                let store = self.open_store().map_err(err)?;
+                let (seq, crc) = store.log.last();
+                *st = RState::Open(store);
+                info!(ns = %ns, batch = seq, "full copy of a mirrored namespace received");
+                Ok(Reply::ReplicaAt { seq, crc })
+            }
+        }
+    }
+
+    /// The copy's store, taken for promotion (`None` while no whole copy is open).
+    fn take(&self) -> Option<Store> {
+        let mut st = self.st.lock().expect("replica state");
+        match std::mem::replace(&mut *st, RState::Closed) {
+            RState::Open(s) => Some(s),
+            other => {
+                *st = other;
+                None
+            }
+        }
+    }
+}
+
+/// What a served namespace's mirroring hook needs of its store.
+#[derive(Clone)]
+pub struct Held {
+    tip: Arc<Tip>,
+    mem: Arc<Mem>,
+    jdir: PathBuf,
+}
+
+impl Held {
+    fn of(s: &Store) -> Held {
+        Held { tip: s.log.tip(), mem: s.log.mem.clone(), jdir: s.log.journal_dir().to_path_buf() }
+    }
+}
+
+/// A namespace this node holds.
+pub enum Slot {
+    /// Served here: unmirrored, or as the primary of its group.
+    Serving { ns: Arc<Namespace>, primary: Option<Arc<Primary>>, store: Held },
+    /// A copy kept as the secondary of its group.
+    Replica(Arc<Replica>),
+    /// Being switched between the two.
+    Switching,
+}
+
+/// The namespaces of this node and the roles mgmtd gave them.
+pub struct Mirrors {
+    pub me: NodeId,
+    pub cluster: Arc<Cluster>,
+    pub lease: Arc<Lease>,
+    pub cfg: crate::Config,
+    pub slots: Mutex<std::collections::HashMap<NodeId, Slot>>,
+    /// Held while following roles (the periodic look and mgmtd's notices).
+    pub following: tokio::sync::Mutex<()>,
+    /// Serves a namespace from an opened store (the service's start-up
+    /// steps: writer, peers, leases, recovery of pending intents).
+    /// `grace`: it was served by another node until now, whose grants of
+    /// attribute leases may last this much longer.
+    pub serve: Box<dyn Fn(Store, NodeId, PathBuf, Option<Duration>) -> futures_serve::ServeFut + Send + Sync>,
+}
+
+/// The future of [`Mirrors::serve`].
+pub mod futures_serve {
+    pub type ServeFut = std::pin::Pin<
+        Box<dyn std::future::Future<Output = hivefs_types::error::FsResult<std::sync::Arc<crate::Namespace>>> + Send>,
+    >;
+}
+
+impl Mirrors {
+    /// The directory of namespace `ns`'s store on this node.
+    pub fn dir_of(&self, ns: NodeId) -> PathBuf {
+        if ns == self.me {
+            self.cfg.dir.clone()
+        } else {
+            self.cfg.dir.join(format!("ns-{ns}"))
+        }
+    }
+
+    /// The namespace served here that a request names (by its group's
+    /// header, or this node's own), with the primary's checks done.
+    pub fn serving(&self, hdr: Option<&MirrorHdr>) -> FsResult<Arc<Namespace>> {
+        let ns = match hdr {
+            Some(h) if h.role == MirrorRole::Client => match self.cluster.view().groups.get(&h.group) {
+                Some(g) if g.kind == GroupKind::Meta => g.serves.unwrap_or(self.me),
+                _ => return Err(fs_err!(Unavailable, "buddy group {} is not a metadata group here", h.group)),
+            },
+            _ => self.me,
+        };
+        let slots = self.slots.lock().expect("slots");
+        match slots.get(&ns) {
+            Some(Slot::Serving { ns: n, primary, .. }) => {
+                if let Some(p) = primary {
+                    p.check(hdr.filter(|h| h.role == MirrorRole::Client))?;
+                }
+                Ok(n.clone())
+            }
+            _ => Err(fs_err!(Unavailable, "the namespace of metadata node {ns} is not served by this node now")),
+        }
+    }
+
+    /// The own namespace when it is served here.
+    pub fn own(&self) -> Option<Arc<Namespace>> {
+        match self.slots.lock().expect("slots").get(&self.me) {
+            Some(Slot::Serving { ns, .. }) => Some(ns.clone()),
+            _ => None,
+        }
+    }
+
+    /// A step from a group's primary to this node as its secondary.
+    pub async fn step(&self, env: &Envelope, step: MetaStep, body: Vec<u8>) -> FsResult<Reply> {
+        let Some(h) = env.mirror.filter(|h| matches!(h.role, MirrorRole::Forward | MirrorRole::Resync)) else {
+            return Err(fs_err!(Invalid, "a metadata mirroring step without its group header"));
+        };
+        let mut g = self.cluster.view().groups.get(&h.group).cloned();
+        if g.as_ref().is_none_or(|g| g.epoch < h.epoch) {
+            g = self.cluster.refresh().await?.groups.get(&h.group).cloned();
+        }
+        let Some(g) = g.filter(|g| g.kind == GroupKind::Meta) else {
+            return Err(fs_err!(NotFound, "metadata buddy group {} is not known to mgmtd", h.group));
+        };
+        if g.epoch != h.epoch || g.secondary != self.me.0 {
+            return Err(fs_err!(
+                Unavailable,
+                "buddy group {}: this node is not its secondary at epoch {} (mgmtd: epoch {}, secondary {})",
+                g.id,
+                h.epoch,
+                g.epoch,
+                g.secondary
+            ));
+        }
+        let ns = g.serves.unwrap_or(NodeId(g.primary));
+        let replica = match self.slots.lock().expect("slots").get(&ns) {
+            Some(Slot::Replica(r)) => r.clone(),
+            _ => return Err(fs_err!(Unavailable, "no copy of namespace {ns} is open here yet")),
+        };
+        tokio::task::spawn_blocking(move || replica.step(step, &body))
+            .await
+            .map_err(|e| fs_err!(Internal, "mirroring step: {e}"))?
+    }
+
+    fn replica(&self, ns: NodeId, store: Option<Store>) -> Arc<Replica> {
+        let dir = self.dir_of(ns);
+        Arc::new(Replica {
+            ns,
+            path: dir.join(crate::DB_FILE),
+            sync: self.cfg.sync,
+            cache_bytes: self.cfg.store_cache_bytes,
+            checkpoint_bytes: self.cfg.checkpoint_bytes,
+            st: Mutex::new(match store {
+                Some(s) => RState::Open(s),
+                None => RState::Closed,
+            }),
+        })
+    }
+
+    /// Keeps the opened store of namespace `ns` as a copy (this node is
+    /// its group's secondary).
+    pub fn keep_copy(&self, ns: NodeId, store: Store) {
+        let r = self.replica(ns, Some(store));
+        self.slots.lock().expect("slots").insert(ns, Slot::Replica(r));
+    }
+
+    /// Installs the primary hook for namespace `ns` of group `g`.
+    fn primary(&self, g: &GroupInfo, ns: NodeId, held: &Held, forwarding: bool) -> Arc<Primary> {
+        let mut made = None;
+        held.tip.install(|last| {
+            let p = Arc::new(Primary {
+                group: g.id,
+                ns,
+                cluster: self.cluster.clone(),
+                rt: tokio::runtime::Handle::current(),
+                lease: self.lease.clone(),
+                mem: held.mem.clone(),
+                jdir: held.jdir.clone(),
+                st: Mutex::new(PState { epoch: g.epoch, secondary: NodeId(g.secondary), forwarding, last }),
+                resyncing: AtomicBool::new(false),
+            });
+            made = Some(p.clone());
+            p
+        });
+        made.expect("installed")
+    }
+
+    /// Serves namespace `ns` from `store` (the own one at start, or a copy
+    /// being promoted): as its group's primary when it has one.
+    pub async fn start_serving(
+        &self,
+        ns: NodeId,
+        store: Store,
+        group: Option<&GroupInfo>,
+        promoted: bool,
+    ) -> FsResult<()> {
+        let held = Held::of(&store);
+        let primary = group.map(|g| self.primary(g, ns, &held, g.secondary_state == Consistency::Good));
+        // A new boot epoch, as a batch of its own (mirrored like any other).
+        let mut store = tokio::task::spawn_blocking(move || {
+            let mut store = store;
+            store.bump_epoch().map(|_| store)
+        })
+        .await
+        .map_err(|e| fs_err!(Internal, "{e}"))?
+        .map_err(|e| fs_err!(Io, "{e}"))?;
+        store.log.checkpoint_bytes = self.cfg.checkpoint_bytes;
+        // The former primary granted nothing after its own lease from mgmtd
+        // ended, at least one lease length before the switch-over.
+        let grace = promoted.then(|| {
+            Duration::from_millis(self.cfg.attr_lease_ms).saturating_sub(self.lease.length()) + Duration::from_secs(1)
+        });
+        let n = (self.serve)(store, ns, self.dir_of(ns), grace).await?;
+        self.slots.lock().expect("slots").insert(ns, Slot::Serving { ns: n, primary, store: held });
+        Ok(())
+    }
+
+    /// Follows mgmtd's roles for every metadata group this node is in:
+    /// opens copies, promotes a copy whose group made this node primary,
+    /// gives up serving a namespace whose group made it secondary, and
+    /// starts resyncs of secondaries that need them.
+    pub async fn follow_roles(self: &Arc<Self>) {
+        let _one_at_a_time = self.following.lock().await;
+        let view = self.cluster.view();
+        let groups: Vec<GroupInfo> = view
+            .groups
+            .values()
+            .filter(|g| g.kind == GroupKind::Meta && (g.primary == self.me.0 || g.secondary == self.me.0))
+            .cloned()
+            .collect();
+        for g in groups {
+            let Some(ns) = g.serves else { continue };
+            if let Err(e) = self.follow(&g, ns, &view).await {
+                warn!(group = %g.id, ns = %ns, "metadata buddy group: {e}");
+            }
+        }
+    }
+
+    async fn follow(self: &Arc<Self>, g: &GroupInfo, ns: NodeId, view: &hivefs_cluster::ClusterView) -> FsResult<()> {
+        enum Now {
+            Serving(Option<Arc<Primary>>, Held),
+            Copy(Arc<Replica>),
+        }
+        let now = {
+            let mut slots = self.slots.lock().expect("slots");
+            match slots.get(&ns) {
+                Some(Slot::Serving { primary, store, .. }) => Now::Serving(primary.clone(), store.clone()),
+                Some(Slot::Replica(r)) => Now::Copy(r.clone()),
+                Some(Slot::Switching) => return Ok(()),
+                None => {
+                    let r = self.replica(ns, None);
+                    slots.insert(ns, Slot::Replica(r.clone()));
+                    Now::Copy(r)
+                }
+            }
+        };
+        let i_am_primary = g.primary == self.me.0;
+        match now {
+            Now::Serving(Some(p), _) if i_am_primary => {
+                p.update(g);
+                let online = view
+                    .nodes
+                    .get(&(NodeType::Meta, NodeId(g.secondary)))
+                    .is_some_and(|n| n.reachability == hivefs_proto::Reachability::Online);
+                // A forwarding primary's secondary is current (mgmtd's view
+                // may lag by a refresh); `bad` asks for a full copy anyway.
+                let full = g.secondary_state == Consistency::Bad;
+                let due = g.secondary_state != Consistency::Good && (full || !p.forwarding());
+                if due && online && self.lease.valid() {
+                    tokio::spawn(async move {
+                        if let Err(e) = p.resync(full).await {
+                            warn!("{e}");
+                        }
+                    });
+                }
+            }
+            Now::Serving(None, held) if i_am_primary => {
+                // Mirrored while served alone: every commit from now on goes
+                // through the hook; the secondary gets a full copy first.
+                let p = self.primary(g, ns, &held, false);
+                if let Some(Slot::Serving { primary, .. }) = self.slots.lock().expect("slots").get_mut(&ns) {
+                    *primary = Some(p);
+                }
+                info!(group = %g.id, ns = %ns, "namespace served here is mirrored from now on");
+            }
+            Now::Copy(r) if i_am_primary => {
+                if !self.lease.valid() {
+                    return Ok(());
+                }
+                let Some(store) = r.take() else {
+                    return Err(fs_err!(Unavailable, "promoted, but the copy of namespace {ns} here is incomplete"));
+                };
+                self.slots.lock().expect("slots").insert(ns, Slot::Switching);
+                info!(group = %g.id, ns = %ns, epoch = g.epoch, "promoted: serving the namespace of metadata node {ns} as its primary");
+                if let Err(e) = self.start_serving(ns, store, Some(g), true).await {
+                    let r = self.replica(ns, None);
+                    self.slots.lock().expect("slots").insert(ns, Slot::Replica(r));
+                    return Err(e);
+                }
+            }
+            Now::Serving(..) => {
+                let Some(Slot::Serving { ns: n, store, .. }) =
+                    self.slots.lock().expect("slots").insert(ns, Slot::Switching)
+                else {
+                    return Ok(());
+                };
+                warn!(group = %g.id, ns = %ns, epoch = g.epoch, "demoted: this node keeps a copy of the namespace of metadata node {ns} as secondary");
+                // The hook stays: without a lease it takes no commit.
+                drop(store);
+                close_namespace(n).await;
+                let r = self.replica(ns, None);
+                self.slots.lock().expect("slots").insert(ns, Slot::Replica(r));
+            }
+            Now::Copy(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Closes every namespace served here (stop of the service).
+    pub async fn close_all(&self) {
+        let all: Vec<Slot> = self.slots.lock().expect("slots").drain().map(|(_, s)| s).collect();
+        for s in all {
+            if let Slot::Serving { ns, .. } = s {
+                close_namespace(ns).await;
+            }
+        }
+    }
+}
+
+/// Waits for requests in flight to let go of `ns`, then closes its store.
+pub async fn close_namespace(mut ns: Arc<Namespace>) {
+    ns.stop_tasks();
+    for _ in 0..1000 {
+        match Arc::try_unwrap(ns) {
+            Ok(n) => {
+                let _ = tokio::task::spawn_blocking(move || n.close()).await;
+                return;
+            }
+            Err(still_shared) => {
+                ns = still_shared;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+    warn!("metadata namespace still in use 10 s after stop; it closes when the last request ends");
+}
+
+/// The error a client sees while no namespace is served.
+pub fn not_ready() -> FsError {
+    FsError::new(ErrorCode::Unavailable, "metadata service is starting or stopping")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{sys_put, DEFAULT_CACHE_BYTES};
+
+    /// Forwards each record to an in-process copy, as the secondary takes it.
+    struct ToCopy(Arc<Mutex<Store>>);
+
+    impl Replicate for ToCopy {
+        fn commit(
+            &self,
+            seq: u64,
+            body: &[u8],
+            local: &mut dyn FnMut() -> Result<u32, AppendError>,
+        ) -> Result<(), AppendError> {
+            self.0.lock().unwrap().log.commit_record(seq, body).map_err(|e| AppendError::Unavailable(e.to_string()))?;
+            local().map(drop)
+        }
+    }
+
+    fn edit(s: &mut Store, i: u64) {
+        let ((), changes) = s
+            .log
+            .mem
+            .batch(|t| {
+                t.dentries.insert(&i.to_be_bytes(), &[i as u8; 40])?;
+                if i.is_multiple_of(3) {
+                    t.dentries.remove(&(i - 1).to_be_bytes())?;
+                }
+                sys_put(&mut t.system, "files", i)
+            })
+            .unwrap();
+        s.log.commit(changes).unwrap();
+    }
+
+    fn dump(s: &Store) -> Vec<u8> {
+        s.log.mem.dump(1 << 30).unwrap().concat()
+    }
+
+    #[test]
+    fn a_full_copy_then_forwarded_records_keep_the_copy_equal_batch_for_batch() {
+        let d = tempfile::tempdir().unwrap();
+        let (pdir, sdir) = (d.path().join("p"), d.path().join("s"));
+        std::fs::create_dir_all(&pdir).unwrap();
+        std::fs::create_dir_all(&sdir).unwrap();
+        let mut primary = Store::open(&pdir.join(crate::DB_FILE), false).unwrap();
+        for i in 1..50 {
+            edit(&mut primary, i);
+        }
+        primary.log.checkpoint_now();
+        edit(&mut primary, 50);
+
+        // A full copy in small pieces, put in place of an older store.
+        let spath = sdir.join(crate::DB_FILE);
+        drop(Store::open(&spath, false).unwrap());
+        let (seq, _) = primary.log.last();
+        let mut inc = Incoming::begin(&spath, seq).unwrap();
+        let pieces = primary.log.mem.dump(256).unwrap();
+        assert!(pieces.len() > 3, "several pieces: {}", pieces.len());
+        for p in &pieces {
+            inc.add(p).unwrap();
+        }
+        inc.finish(&spath).unwrap();
+        let copy = Store::open_replica(&spath, false, DEFAULT_CACHE_BYTES).unwrap();
+        assert_eq!(copy.log.last().0, seq);
+        assert_eq!(dump(&copy), dump(&primary));
+
+        // From now on every batch reaches the copy first, same numbers, same bytes.
+        let copy = Arc::new(Mutex::new(copy));
+        primary.log.tip().install(|_| Arc::new(ToCopy(copy.clone())));
+        for i in 51..120 {
+            edit(&mut primary, i);
+        }
+        primary.bump_epoch().unwrap();
+        assert_eq!(copy.lock().unwrap().log.last(), primary.log.last());
+        assert_eq!(dump(&copy.lock().unwrap()), dump(&primary));
+        // The journal holds what a resync would send after batch 60.
+        let (crc60, after) = journal::read_after(primary.log.journal_dir(), seq + 10).unwrap().unwrap();
+        assert_eq!(after.first().map(|r| r.0), Some(seq + 11));
+        assert_eq!(after.last().map(|r| r.0), Some(primary.log.last().0));
+        assert_ne!(crc60, 0);
+
+        // A record that does not follow is refused, naming what the copy holds.
+        let last = primary.log.last().0;
+        let mut c = copy.lock().unwrap();
+        match c.log.commit_record(last + 2, &after[0].1) {
+            Err(RecordError::Gap { have }) => assert_eq!(have, last),
+            r => panic!("{r:?}"),
+        }
+        // One already held is taken without being applied twice.
+        c.log.commit_record(last, &after[0].1).unwrap();
+        assert_eq!(c.log.last().0, last);
+        drop(c);
+
+        // Reopened, the copy replays to the same records without a new epoch.
+        primary.log.tip().uninstall();
+        drop(Arc::try_unwrap(copy).ok().expect("the hook let go of the copy"));
+        let again = Store::open_replica(&spath, false, DEFAULT_CACHE_BYTES).unwrap();
+        assert_eq!(again.log.last().0, last);
+        assert_eq!(dump(&again), dump(&primary));
+    }
+}
