@@ -151,3 +151,111 @@ fn mirrored_namespaces_survive_a_dead_metadata_server_and_its_buddy_in_turn() {
     wait_for("both buddies good again", Duration::from_secs(60), || all_good(m));
     fs.assert_fsck_clean();
 }
+
+/// One worker of the storm: creates, renames (in its directory and across
+/// to another namespace's directory) and unlinks, remembering what each
+/// acknowledged operation left; any error fails the test.
+fn storm(
+    fs_root: PathBuf,
+    mine: String,
+    other: String,
+    w: usize,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (std::collections::BTreeSet<String>, std::collections::BTreeSet<String>, usize) {
+    use std::collections::BTreeSet;
+    let (mut here, mut there) = (BTreeSet::new(), BTreeSet::new());
+    let mut i = 0usize;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) || i < 50 {
+        let name = format!("w{w}-{i}");
+        let p = fs_root.join(&mine).join(&name);
+        std::fs::write(&p, name.as_bytes()).unwrap_or_else(|e| panic!("create {}: {e}", p.display()));
+        here.insert(name.clone());
+        match i % 6 {
+            2 => {
+                let to = format!("{name}-r");
+                std::fs::rename(&p, fs_root.join(&mine).join(&to)).unwrap_or_else(|e| panic!("rename {name}: {e}"));
+                here.remove(&name);
+                here.insert(to);
+            }
+            4 => {
+                std::fs::rename(&p, fs_root.join(&other).join(&name))
+                    .unwrap_or_else(|e| panic!("rename {name} to {other}: {e}"));
+                here.remove(&name);
+                there.insert(name);
+            }
+            5 => {
+                std::fs::remove_file(&p).unwrap_or_else(|e| panic!("unlink {name}: {e}"));
+                here.remove(&name);
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    (here, there, i)
+}
+
+#[test]
+fn a_metadata_primary_killed_during_a_storm_loses_and_doubles_nothing() {
+    let fs = TestFs::up_with(&["--meta", "2", "--storage", "1"], |fs| {
+        std::fs::create_dir_all(fs.dir.join("mgmtd")).unwrap();
+        std::fs::write(fs.dir.join("mgmtd/mgmtd.toml"), FAST_FAILOVER).unwrap();
+    });
+    let m = fs.mnt_s();
+    hivefs_ok(&["mirror", "create", "--type", "meta", "--auto", "--force", "--mount", m]);
+    wait_for("both metadata secondaries resynced", Duration::from_secs(60), || all_good(m));
+    // One directory in each namespace (the chooser decides: names are tried).
+    let mut by_owner = std::collections::BTreeMap::new();
+    for k in 0..20 {
+        let d = format!("s{k}");
+        std::fs::create_dir(fs.path(&d)).unwrap();
+        by_owner.entry(fs.entry_info(&d)["owner_meta_node"].as_u64().unwrap()).or_insert(d);
+        if by_owner.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(by_owner.len(), 2, "directories in both namespaces");
+    let dirs: Vec<(u64, String)> = by_owner.into_iter().collect();
+    // Settle: the mount knows both groups before anything dies.
+    std::thread::sleep(Duration::from_secs(6));
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = (0..2)
+        .map(|w| {
+            let (mine, other) = (dirs[w].1.clone(), dirs[1 - w].1.clone());
+            let (root, stop) = (fs.mnt.clone(), stop.clone());
+            std::thread::spawn(move || storm(root, mine, other, w, stop))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let root_owner = fs.entry_info("")["owner_meta_node"].as_u64().unwrap();
+    fs.kill9(&service_of_node(&fs, root_owner));
+    wait_for("the switch-over", Duration::from_secs(30), || {
+        groups(m).iter().any(|g| g["secondary"]["id"] == root_owner && g["epoch"] == 1)
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut expect: Vec<std::collections::BTreeSet<String>> = vec![Default::default(), Default::default()];
+    let mut ops = 0;
+    for (w, h) in workers.into_iter().enumerate() {
+        let (here, there, n) = h.join().unwrap_or_else(|_| panic!("worker {w} failed\n{}", logs(&fs)));
+        ops += n;
+        expect[w].extend(here);
+        expect[1 - w].extend(there);
+    }
+    eprintln!("{ops} storm rounds");
+    // Every acknowledged entry exactly once: the listing is the model.
+    for (w, (_, d)) in dirs.iter().enumerate() {
+        let got: std::collections::BTreeSet<String> = std::fs::read_dir(fs.path(d))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(got, expect[w], "entries of {d}");
+        for name in &got {
+            let body = std::fs::read_to_string(fs.path(&format!("{d}/{name}"))).unwrap();
+            assert!(name.starts_with(&body), "{d}/{name} holds {body:?}");
+        }
+    }
+    fs.reup();
+    wait_for("both buddies good again", Duration::from_secs(60), || all_good(m));
+    fs.assert_fsck_clean();
+}

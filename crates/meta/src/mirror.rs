@@ -27,7 +27,7 @@ use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::fs_err;
 use hivefs_types::ids::{BuddyGroupId, NodeId, NodeType};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
@@ -80,7 +80,13 @@ pub struct Primary {
     lease: Arc<Lease>,
     mem: Arc<Mem>,
     jdir: PathBuf,
+    /// Held across every commit (a forward waits for the network with it):
+    /// never taken on a runtime worker thread, where a forward in progress
+    /// would keep the worker, and with it the network, from running.
     st: Mutex<PState>,
+    /// Copies of `st.epoch` and `st.forwarding` for the request path.
+    epoch_now: AtomicU64,
+    forwarding_now: AtomicBool,
     resyncing: AtomicBool,
 }
 
@@ -94,7 +100,29 @@ impl Primary {
     }
 
     pub fn epoch(&self) -> u64 {
-        self.st.lock().expect("primary state").epoch
+        self.epoch_now.load(Ordering::Acquire)
+    }
+
+    /// Runs `f` on the state, off the runtime's workers (see `st`).
+    async fn with_state<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&Primary, &mut PState) -> T + Send + 'static,
+    ) -> Result<T, String> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut st = me.st.lock().expect("primary state");
+            let r = f(&me, &mut st);
+            me.publish(&st);
+            r
+        })
+        .await
+        .map_err(|e| e.to_string())
+    }
+
+    /// Updates the copies read without the lock.
+    fn publish(&self, st: &PState) {
+        self.epoch_now.store(st.epoch, Ordering::Release);
+        self.forwarding_now.store(st.forwarding, Ordering::Release);
     }
 
     /// Serving is allowed: the lease holds and the sender's epoch is ours.
@@ -120,13 +148,20 @@ impl Primary {
     }
 
     /// Takes mgmtd's view of the group (called on every view refresh).
-    fn update(&self, g: &GroupInfo) {
-        let mut st = self.st.lock().expect("primary state");
-        st.epoch = g.epoch;
-        if st.secondary.0 != g.secondary {
-            st.secondary = NodeId(g.secondary);
-            st.forwarding = false;
+    async fn update(self: &Arc<Self>, g: &GroupInfo) {
+        let (epoch, secondary) = (g.epoch, NodeId(g.secondary));
+        if self.epoch() == epoch && self.st.try_lock().is_ok_and(|st| st.secondary == secondary) {
+            return;
         }
+        let _ = self
+            .with_state(move |_, st| {
+                st.epoch = epoch;
+                if st.secondary != secondary {
+                    st.secondary = secondary;
+                    st.forwarding = false;
+                }
+            })
+            .await;
     }
 
     async fn secondary_call(&self, node: NodeId) -> FsResult<Arc<dyn Call>> {
@@ -166,14 +201,11 @@ impl Primary {
 
     /// Whether every record goes to the secondary now.
     fn forwarding(&self) -> bool {
-        self.st.lock().expect("primary state").forwarding
+        self.forwarding_now.load(Ordering::Acquire)
     }
 
     async fn resync_inner(self: Arc<Self>, full: bool) -> Result<(), String> {
-        let (epoch, sec) = {
-            let st = self.st.lock().expect("primary state");
-            (st.epoch, st.secondary)
-        };
+        let (epoch, sec) = self.with_state(|_, st| (st.epoch, st.secondary)).await?;
         let what = format!("resync of buddy group {} (namespace {}) to metadata node {sec}", self.group, self.ns);
         let e = |m: &dyn std::fmt::Display| format!("{what}: {m}");
         let (seq, crc) = match self.step(epoch, sec, MirrorRole::Resync, MetaStep::Hello, Bytes::new()).await {
@@ -182,7 +214,7 @@ impl Primary {
             Err(x) => return Err(e(&x)),
         };
         self.set_state(epoch, sec, Consistency::Resyncing).await.map_err(|x| e(&x))?;
-        let last = self.st.lock().expect("primary state").last;
+        let last = self.with_state(|_, st| st.last).await?;
         let jdir = self.jdir.clone();
         let incremental = match crc {
             _ if full => false,
@@ -199,17 +231,16 @@ impl Primary {
         };
         let mut at = seq;
         if !incremental {
-            let me = self.clone();
-            let (s, pieces) = tokio::task::spawn_blocking(move || {
-                let mut st = me.st.lock().expect("primary state");
-                // The copy replaces the secondary's store: records from now
-                // on reach it through the catch-up below, not as forwards.
-                st.forwarding = false;
-                me.mem.dump(PIECE).map(|p| (st.last.0, p))
-            })
-            .await
-            .map_err(|x| e(&x))?
-            .map_err(|x| e(&format!("{x:?}")))?;
+            let (s, pieces) = self
+                .with_state(|me, st| {
+                    // The copy replaces the secondary's store: records from now
+                    // on reach it through the catch-up below, not as forwards.
+                    st.forwarding = false;
+                    me.mem.dump(PIECE).map(|p| (st.last.0, p))
+                })
+                .await
+                .map_err(|x| e(&x))?
+                .map_err(|x| e(&format!("{x:?}")))?;
             info!(group = %self.group, ns = %self.ns, secondary = %sec, batch = s, pieces = pieces.len(), "full copy of a mirrored namespace to its secondary");
             self.step(epoch, sec, MirrorRole::Resync, MetaStep::Begin { seq: s }, Bytes::new())
                 .await
@@ -236,7 +267,7 @@ impl Primary {
                 .map_err(|x| e(&x))?;
             let recs = match recs {
                 Some((_, r)) => r,
-                None if at == self.st.lock().expect("primary state").last.0 => Vec::new(),
+                None if at == self.with_state(|_, st| st.last.0).await? => Vec::new(),
                 None => return Err(e(&format!("the journal no longer holds batch {at}: a full copy is needed"))),
             };
             if recs.len() < CATCH_UP {
@@ -266,6 +297,7 @@ impl Primary {
                     .map_err(|x| x.to_string())?;
             }
             st.forwarding = true;
+            me.publish(&st);
             Ok(())
         })
         .await
@@ -308,6 +340,7 @@ impl Replicate for Primary {
                 }
                 warn!(group = %self.group, ns = %self.ns, secondary = %sec, "forward of batch {seq} failed ({fe}): the secondary needs a resync; going on alone");
                 st.forwarding = false;
+                self.publish(&st);
             }
         }
         let forwarded = st.forwarding;
@@ -325,6 +358,7 @@ impl Replicate for Primary {
                         warn!(group = %self.group, "batch {seq} failed here after its forward, and mgmtd was not told: {de}");
                     }
                     st.forwarding = false;
+                    self.publish(&st);
                 }
                 Err(e)
             }
@@ -583,6 +617,8 @@ impl Mirrors {
                 mem: held.mem.clone(),
                 jdir: held.jdir.clone(),
                 st: Mutex::new(PState { epoch: g.epoch, secondary: NodeId(g.secondary), forwarding, last }),
+                epoch_now: AtomicU64::new(g.epoch),
+                forwarding_now: AtomicBool::new(forwarding),
                 resyncing: AtomicBool::new(false),
             });
             made = Some(p.clone());
@@ -663,7 +699,7 @@ impl Mirrors {
         let i_am_primary = g.primary == self.me.0;
         match now {
             Now::Serving(Some(p), _) if i_am_primary => {
-                p.update(g);
+                p.update(g).await;
                 let online = view
                     .nodes
                     .get(&(NodeType::Meta, NodeId(g.secondary)))
