@@ -259,3 +259,46 @@ fn a_metadata_primary_killed_during_a_storm_loses_and_doubles_nothing() {
     wait_for("both buddies good again", Duration::from_secs(60), || all_good(m));
     fs.assert_fsck_clean();
 }
+
+#[test]
+fn both_metadata_buddies_dead_fail_in_bounded_time_and_everything_returns() {
+    let fs = TestFs::up(&["--meta", "2", "--storage", "1"]);
+    let m = fs.mnt_s();
+    make_tree(&fs, 4, 3, "a");
+    hivefs_ok(&["mirror", "create", "--type", "meta", "--auto", "--force", "--mount", m]);
+    wait_for("both metadata secondaries resynced", Duration::from_secs(60), || all_good(m));
+    let m2 = fs.extra_mount("m2", &["--mirror-retry-ms", "4000", "--io-timeout-ms", "2000"]);
+    assert_eq!(std::fs::read(m2.mnt.join("a1/f1")).unwrap(), b"a 1 1");
+    fs.kill9("meta1");
+    fs.kill9("meta2");
+    // In a child process: a call that hung would hang the test's later spawns too.
+    let start = Instant::now();
+    let mut touch = std::process::Command::new("touch")
+        .arg(m2.mnt.join("a2/new"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = loop {
+        if let Some(s) = touch.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > Duration::from_secs(90) {
+            let _ = touch.kill();
+            panic!("a create with both metadata buddies dead still blocks after 90 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let took = start.elapsed();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut touch.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "a create succeeded with both metadata buddies dead");
+    eprintln!("with both metadata buddies dead a create failed after {took:?}: {}", err.trim());
+    // Both return: the same mount works again and nothing was lost.
+    fs.reup();
+    wait_for("a create through the second mount", Duration::from_secs(60), || {
+        std::fs::write(m2.mnt.join("a2/new"), "x").is_ok()
+    });
+    check_tree(&fs, 4, 3, "a");
+    wait_for("both buddies good again", Duration::from_secs(60), || all_good(m));
+    fs.assert_fsck_clean();
+}

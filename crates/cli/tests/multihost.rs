@@ -365,3 +365,57 @@ fn mirrored_fio_survives_a_link_cut_to_a_primary() {
     wait_all_good(&c, Duration::from_secs(60));
     assert_buddies_equal(&c, &dirs);
 }
+
+#[test]
+fn a_metadata_primary_behind_a_cut_link_is_replaced_and_resynced() {
+    let mut c = NetCluster::start("mh-mdcut", 1, 1, 1);
+    c.add_meta("meta2");
+    let client = c.clients[0].host.clone();
+    let mnt = c.clients[0].mnt.clone();
+    let m = mnt.to_str().unwrap().to_string();
+    for i in 0..6 {
+        std::fs::create_dir(mnt.join(format!("d{i}"))).unwrap();
+        std::fs::write(mnt.join(format!("d{i}/f")), format!("file {i}")).unwrap();
+    }
+    // The hosts are network namespaces of one machine: one hostname, so --force.
+    c.hivefs_ok_on(&client, &["mirror", "create", "--type", "meta", "--auto", "--force", "--mount", &m]);
+    let groups = |c: &NetCluster| -> Vec<serde_json::Value> {
+        let out = c.hivefs_on(&client, &["mirror", "list", "--json", "--type", "meta", "--mount", &m]);
+        serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .ok()
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+    };
+    let good = |c: &NetCluster| {
+        let gs = groups(c);
+        gs.len() == 2 && gs.iter().all(|g| g["primary"]["state"] == "good" && g["secondary"]["state"] == "good")
+    };
+    c.wait_for("both metadata groups good", Duration::from_secs(60), |c| good(c));
+    // The root's namespace is the first metadata host's (node 1): cut its link.
+    let root = c.entry_info(&mnt)["owner_meta_node"].as_u64().unwrap();
+    let meta_host = c.meta_host.clone();
+    let host_of_root = if root == 1 { meta_host } else { panic!("root owned by node {root}") };
+    c.tb.cut(&host_of_root).unwrap();
+    // A create through the mount waits for the switch-over, then succeeds.
+    let mut touch = Command::new("sh");
+    touch.arg("-c").arg(format!("echo after > {}", mnt.join("d0/after-cut").display()));
+    let (out, took) = netcluster::bounded("a create across the cut", touch).wait(Duration::from_secs(90));
+    assert!(out.status.success(), "create across a cut link failed: {}", String::from_utf8_lossy(&out.stderr));
+    eprintln!("a create across the cut link took {took:?}");
+    let g = groups(&c).into_iter().find(|g| g["secondary"]["id"] == root).expect("the root's group switched over");
+    assert_eq!(g["epoch"], 1, "{g}");
+    for i in 0..6 {
+        assert_eq!(std::fs::read_to_string(mnt.join(format!("d{i}/f"))).unwrap(), format!("file {i}"));
+    }
+    // The old primary, which lost mgmtd too, never served alone; healed, it is resynced.
+    c.tb.heal(&host_of_root).unwrap();
+    c.wait_for("both metadata groups good again", Duration::from_secs(60), |c| good(c));
+    assert_eq!(std::fs::read_to_string(mnt.join("d0/after-cut")).unwrap(), "after\n");
+    let out = c.hivefs_on(&client, &["fsck", "--mount", &m]);
+    assert!(
+        out.status.success(),
+        "fsck: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -242,8 +242,9 @@ impl MetaService {
     /// [`Namespace::store_failed`]): the process should exit with an error so
     /// that its supervisor (systemd, `hivefs up`) starts it again.
     pub async fn store_failed(&self) {
-        match self.namespace() {
-            Some(ns) => ns.store_failed().await,
+        // The failure flag, not the namespace: a namespace given up (demoted) must close.
+        match self.handler.mirrors() {
+            Some(m) => m.failed.clone().wait().await,
             None => std::future::pending().await,
         }
     }
@@ -423,6 +424,7 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
             cfg: cfg.clone(),
             slots: Default::default(),
             following: Default::default(),
+            failed: Default::default(),
             serve: Box::new(move |store, ns, dir, grace| {
                 Box::pin(serve_namespace(serve_cluster.clone(), serve_cfg.clone(), store, ns, dir, grace))
             }),
@@ -473,7 +475,9 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
             }
         }));
     }
-    *handler.mirrors.write().expect("handler lock") = Some(mirrors);
+    *handler.mirrors.write().expect("handler lock") = Some(mirrors.clone());
+    // Copies of other namespaces are opened now, not at the first refresh.
+    tokio::spawn(async move { mirrors.follow_roles().await });
     info!(%local_addr, %node, %advertise, "metadata service ready");
     Ok(MetaService { local_addr, node_id: node, server, tasks, handler })
 }

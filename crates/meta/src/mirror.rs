@@ -496,6 +496,8 @@ pub struct Mirrors {
     pub slots: Mutex<std::collections::HashMap<NodeId, Slot>>,
     /// Held while following roles (the periodic look and mgmtd's notices).
     pub following: tokio::sync::Mutex<()>,
+    /// Raised when the store of any namespace served here failed.
+    pub failed: Arc<crate::writer::StoreFailure>,
     /// Serves a namespace from an opened store (the service's start-up
     /// steps: writer, peers, leases, recovery of pending intents).
     /// `grace`: it was served by another node until now, whose grants of
@@ -653,6 +655,11 @@ impl Mirrors {
             Duration::from_millis(self.cfg.attr_lease_ms).saturating_sub(self.lease.length()) + Duration::from_secs(1)
         });
         let n = (self.serve)(store, ns, self.dir_of(ns), grace).await?;
+        let (one, all) = (n.failure(), self.failed.clone());
+        n.add_task(tokio::spawn(async move {
+            one.wait().await;
+            all.raise();
+        }));
         self.slots.lock().expect("slots").insert(ns, Slot::Serving { ns: n, primary, store: held });
         Ok(())
     }
@@ -784,7 +791,10 @@ pub async fn close_namespace(mut ns: Arc<Namespace>) {
             }
         }
     }
-    warn!("metadata namespace still in use 10 s after stop; it closes when the last request ends");
+    warn!(
+        holders = Arc::strong_count(&ns),
+        "metadata namespace still in use 10 s after stop; it closes when the last request ends"
+    );
 }
 
 /// The error a client sees while no namespace is served.

@@ -113,7 +113,7 @@ pub struct StoreFailure {
 }
 
 impl StoreFailure {
-    fn raise(&self) {
+    pub fn raise(&self) {
         self.failed.store(true, Ordering::Release);
         self.notify.notify_waiters();
     }

@@ -168,6 +168,22 @@ impl NetCluster {
         c
     }
 
+    /// Starts one more metadata node on a host of its own named `name`
+    /// (service `name` too); returns once mgmtd sees it online.
+    pub fn add_meta(&mut self, name: &str) -> Host {
+        let h = self.tb.add_host(name).expect("add meta host");
+        let (dir, listen) = (self.dir(name), h.addr(META_PORT));
+        let cfg = self.tmp.path().join("meta.toml").display().to_string();
+        let mgmtd = self.mgmtd.clone();
+        self.service(&h, name, &["meta", "--dir", &dir, "--listen", &listen, "--mgmtd", &mgmtd, "--config", &cfg]);
+        let want = h.addr(META_PORT);
+        self.wait_for(&format!("metadata node {name} online"), Duration::from_secs(30), |c| {
+            c.assert_services_running();
+            c.nodes().iter().any(|n| n["type"] == "meta" && n["address"] == want.as_str() && n["state"] == "online")
+        });
+        h
+    }
+
     fn dir(&self, name: &str) -> String {
         self.tmp.path().join(name).display().to_string()
     }

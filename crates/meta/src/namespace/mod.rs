@@ -205,6 +205,12 @@ impl Namespace {
         self.node
     }
 
+    /// Raised when the store can no longer commit (see [`Namespace::store_failed`]);
+    /// waiting on it does not keep the namespace open.
+    pub fn failure(&self) -> Arc<StoreFailure> {
+        self.failed.clone()
+    }
+
     /// Boot epoch of this run (part of every EntryId minted now).
     pub fn epoch(&self) -> u32 {
         self.epoch
