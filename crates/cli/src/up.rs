@@ -66,8 +66,10 @@ pub struct UpArgs {
     pub atime: Option<String>,
     /// Mirror file data: pair the targets into storage buddy groups over
     /// different storage servers and make the root directory's files stripe
-    /// over the groups (inherited by new directories). Needs at least 2
-    /// storage servers; applies at the first `up`.
+    /// over the groups (inherited by new directories). With --meta 2 or more,
+    /// mirror every metadata node's namespace onto the next node too (a ring
+    /// of metadata groups). Needs at least 2 storage servers; applies at the
+    /// first `up`.
     #[arg(long)]
     pub mirror: bool,
     /// Address the services bind to.
@@ -488,6 +490,29 @@ pub fn up(a: UpArgs) -> Result<()> {
         }
         if !left.is_empty() {
             eprintln!("hivefs up --mirror: targets {left:?} have no buddy on another server and stay unmirrored");
+        }
+        // Every namespace onto the next metadata node (all on this host: forced).
+        let mut ids: Vec<u32> = metas.iter().map(|(id, _)| id.0).collect();
+        ids.sort_unstable();
+        if ids.len() >= 2 {
+            for (i, &primary) in ids.iter().enumerate() {
+                let secondary = ids[(i + 1) % ids.len()];
+                let req = Request::CreateGroup { kind: hivefs_proto::GroupKind::Meta, primary, secondary, force: true };
+                rt.block_on(call_once(&mgmtd, &ccfg, &req))
+                    .map_err(|e| anyhow!("metadata buddy group of nodes {primary} and {secondary}: {e}"))?;
+            }
+            wait_until("the metadata secondaries' first copies", timeout, || {
+                match rt.block_on(call_once(
+                    &mgmtd,
+                    &ccfg,
+                    &Request::ListGroups { kind: Some(hivefs_proto::GroupKind::Meta) },
+                )) {
+                    Ok(Reply::Groups(gs)) => {
+                        Ok(gs.iter().all(|g| g.secondary_state == hivefs_proto::Consistency::Good))
+                    }
+                    _ => Ok(false),
+                }
+            })?;
         }
     }
     // Every metadata node loads the view mgmtd has now. A node's view can lag
