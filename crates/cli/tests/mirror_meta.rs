@@ -302,3 +302,43 @@ fn both_metadata_buddies_dead_fail_in_bounded_time_and_everything_returns() {
     wait_for("both buddies good again", Duration::from_secs(60), || all_good(m));
     fs.assert_fsck_clean();
 }
+
+#[test]
+fn fsck_compares_metadata_buddies_and_repairs_a_copy_that_differs() {
+    let fs = TestFs::up(&["--meta", "2", "--storage", "1"]);
+    let m = fs.mnt_s();
+    make_tree(&fs, 4, 3, "a");
+    hivefs_ok(&["mirror", "create", "--type", "meta", "--auto", "--force", "--mount", m]);
+    wait_for("both metadata secondaries resynced", Duration::from_secs(60), || all_good(m));
+    fs.assert_fsck_clean();
+
+    // Node 2's copy of namespace 1 gets a record its primary never had
+    // (edited while node 2 is down, too briefly for a failover).
+    let service = service_of_node(&fs, 2);
+    fs.kill9(&service);
+    {
+        let path = fs.dir.join(&service).join("ns-1").join(hivefs_meta::DB_FILE);
+        let mut copy = hivefs_meta::store::Store::open_replica(&path, false, 1 << 20).unwrap();
+        copy.edit(|t| t.xattrs.insert(&[[0u8; 16].as_slice(), b"user.stray"].concat(), b"x")).unwrap();
+    }
+    fs.reup();
+    let out = hivefs(&["fsck", "--json", "--mount", m]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let problems = report["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), 1, "{report}");
+    assert_eq!((problems[0]["kind"].as_str(), problems[0]["meta_node"].as_u64()), (Some("buddy-mismatch"), Some(1)));
+    assert!(problems[0]["detail"].as_str().unwrap().contains("differ"), "{report}");
+
+    // --repair asks for a full copy from the primary; then both copies agree.
+    hivefs(&["fsck", "--repair", "--mount", m]);
+    wait_for("both buddies good again", Duration::from_secs(60), || all_good(m));
+    fs.assert_fsck_clean();
+    check_tree(&fs, 4, 3, "a");
+}

@@ -22,7 +22,8 @@ pub enum Kind {
     WrongNlink,
     WrongParent,
     SizeMismatch,
-    /// The two copies of a storage buddy group differ (a chunk file's length, or one missing).
+    /// The two copies of a buddy group differ: a storage group's chunk file
+    /// (its length, or one missing), or a metadata group's records.
     BuddyMismatch,
 }
 
@@ -131,6 +132,8 @@ pub struct Checker {
     chunks: HashMap<EntryId, Vec<(StripeUnit, u64)>>,
     /// Secondaries' copies of mirrored chunk files: group → (secondary, entry → length).
     secondary: HashMap<BuddyGroupId, (TargetId, HashMap<EntryId, u64>)>,
+    /// Metadata groups whose copies differ: (group, namespace, secondary, what differs).
+    meta_mismatch: Vec<(BuddyGroupId, NodeId, u32, String)>,
     disposal: HashMap<EntryId, bool>,
     /// Dentries naming each id (only those whose inode exists on their owner).
     links: HashMap<EntryId, u32>,
@@ -152,6 +155,12 @@ impl Checker {
     /// that their problems carry a path.
     pub(crate) fn with_wanted(want: HashSet<EntryId>) -> Checker {
         Checker { want, ..Default::default() }
+    }
+
+    /// The copies of metadata group `group` (the namespace of node `ns`)
+    /// differ, as its primary found.
+    pub fn add_meta_mismatch(&mut self, group: BuddyGroupId, ns: NodeId, secondary: u32, detail: String) {
+        self.meta_mismatch.push((group, ns, secondary, detail));
     }
 
     /// A mirrored chunk file of `id` on `group`'s secondary `target`.
@@ -429,6 +438,18 @@ impl Checker {
                 );
             }
         }
+        for (g, ns, sec, detail) in &self.meta_mismatch {
+            out.push(Problem {
+                kind: Kind::BuddyMismatch,
+                entry: "-".into(),
+                meta_node: Some(ns.0),
+                target: None,
+                path: None,
+                key: format!("{} namespace {ns} buddy group {g}", Kind::BuddyMismatch.as_str()),
+                detail: format!("{detail} (secondary: metadata node {sec})"),
+                fix: Fix::ResyncGroup(*g),
+            });
+        }
         for p in &mut out {
             if p.path.is_none() && p.kind != Kind::DanglingDentry && p.kind != Kind::OrphanedChunk {
                 if let Some(id) = EntryId::parse(&p.entry) {
@@ -534,6 +555,17 @@ mod tests {
         assert_eq!(bm.len(), 2, "{ps:?}");
         assert!(bm.iter().all(|p| p.fix == Fix::ResyncGroup(BuddyGroupId(1))), "{bm:?}");
         assert!(bm[0].detail.contains("primary copy: 10 bytes, secondary (target 4): 9 bytes"), "{}", bm[0].detail);
+
+        // A metadata group's copies that differ: one problem of the namespace, a full resync.
+        let mut c = healthy();
+        c.add_meta_mismatch(BuddyGroupId(5), NodeId(1), 2, "the copies differ".into());
+        let ps = c.finish();
+        assert_eq!(ps.len(), 1, "{ps:?}");
+        assert_eq!(
+            (ps[0].kind, ps[0].meta_node, ps[0].fix.clone()),
+            (Kind::BuddyMismatch, Some(1), Fix::ResyncGroup(BuddyGroupId(5)))
+        );
+        assert!(ps[0].detail.contains("secondary: metadata node 2"), "{}", ps[0].detail);
     }
 
     #[test]

@@ -151,8 +151,14 @@ mod tests {
     #[test]
     fn a_check_can_run_on_any_runtime_thread() {
         fn send<T: Send>(_: T) {}
-        let nodes =
-            Nodes { metas: Vec::new(), targets: Vec::new(), groups: Vec::new(), secondaries: Vec::new(), mgmtd: None };
+        let nodes = Nodes {
+            metas: Vec::new(),
+            targets: Vec::new(),
+            groups: Vec::new(),
+            secondaries: Vec::new(),
+            meta_groups: Vec::new(),
+            mgmtd: None,
+        };
         send(run(&nodes, true, &mut |_| {}));
     }
 }

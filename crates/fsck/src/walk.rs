@@ -35,6 +35,9 @@ pub struct Nodes {
     pub(crate) groups: Vec<(BuddyGroupId, Envelope, TargetId, Pool)>,
     /// Storage buddy groups' secondaries: a checking header and the way to the secondary.
     pub(crate) secondaries: Vec<(BuddyGroupId, Envelope, TargetId, Pool)>,
+    /// Metadata groups with a good secondary: the namespace, the secondary,
+    /// a checking header and the way to the primary (which compares both copies).
+    pub(crate) meta_groups: Vec<(BuddyGroupId, NodeId, u32, Envelope, Pool)>,
     /// mgmtd, for repairs of buddy groups.
     pub(crate) mgmtd: Option<Pool>,
 }
@@ -42,7 +45,10 @@ pub struct Nodes {
 impl Nodes {
     /// mgmtd and the secondary of storage buddy group `g` (for a resync request).
     pub(crate) fn mgmt_secondary(&self, g: BuddyGroupId) -> Option<(&Pool, u32)> {
-        let member = self.secondaries.iter().find(|s| s.0 == g)?.2 .0;
+        let member = match self.secondaries.iter().find(|s| s.0 == g) {
+            Some(s) => s.2 .0,
+            None => self.meta_groups.iter().find(|m| m.0 == g)?.2,
+        };
         Some((self.mgmtd.as_ref()?, member))
     }
 }
@@ -71,6 +77,7 @@ impl Nodes {
             return Err(FsckError::Reply(format!("mgmtd {mgmtd}: unexpected reply to ListGroups")));
         };
         let mut metas = Vec::new();
+        let mut meta_checks = Vec::new();
         let mut storage = HashMap::new();
         let online = |id: NodeId| {
             nodes
@@ -82,12 +89,18 @@ impl Nodes {
                 // A mirrored namespace is served by its group's primary,
                 // whichever node that is now.
                 let way = match meta_groups.iter().find(|g| g.serves == Some(n.id)) {
-                    Some(g) => online(NodeId(g.primary)).map(|p| MetaWay {
-                        pool: Pool::new(p.addr.clone(), cfg.clone()),
-                        env: Envelope {
-                            mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Client }),
+                    Some(g) => online(NodeId(g.primary)).map(|p| {
+                        let hdr = |role| Envelope {
+                            mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role }),
                             ..Envelope::default()
-                        },
+                        };
+                        let pool = Pool::new(p.addr.clone(), cfg.clone());
+                        // A secondary that misses changes is not compared: its resync is pending.
+                        if g.secondary_state == hivefs_proto::Consistency::Good {
+                            let check = Pool::new(p.addr.clone(), cfg.clone());
+                            meta_checks.push((g.id, n.id, g.secondary, hdr(MirrorRole::Check), check));
+                        }
+                        MetaWay { pool, env: hdr(MirrorRole::Client) }
                     }),
                     None => online(n.id)
                         .map(|p| MetaWay { pool: Pool::new(p.addr.clone(), cfg.clone()), env: Envelope::default() }),
@@ -158,7 +171,14 @@ impl Nodes {
             };
             groups.push((g.id, env, primary, pool));
         }
-        Ok(Nodes { metas, targets: ts, groups, secondaries, mgmtd: Some(Pool::new(mgmtd.to_string(), cfg.clone())) })
+        Ok(Nodes {
+            metas,
+            targets: ts,
+            groups,
+            secondaries,
+            meta_groups: meta_checks,
+            mgmtd: Some(Pool::new(mgmtd.to_string(), cfg.clone())),
+        })
     }
 }
 
@@ -307,6 +327,16 @@ async fn walk(
             if !more || after.is_none() {
                 break;
             }
+        }
+    }
+    // Both copies of every mirrored namespace, compared by its primary.
+    for (g, ns, sec, env, pool) in &nodes.meta_groups {
+        match pool.rpc_with(env, &Request::MetaMirror { step: hivefs_proto::MetaStep::Compare }).await {
+            Ok(_) => {}
+            Err(e) if e.code == hivefs_types::error::ErrorCode::Io => c.add_meta_mismatch(*g, *ns, *sec, e.message),
+            // Not current (a resync is due) or switching over: nothing to compare now.
+            Err(e) if e.code == hivefs_types::error::ErrorCode::Unavailable => {}
+            Err(e) => return Err(FsckError::call(format!("comparing the copies of buddy group {g}"), e)),
         }
     }
     let scanned = c.scanned;

@@ -84,9 +84,8 @@ pub struct Primary {
     /// never taken on a runtime worker thread, where a forward in progress
     /// would keep the worker, and with it the network, from running.
     st: Mutex<PState>,
-    /// Copies of `st.epoch` and `st.forwarding` for the request path.
+    /// A copy of `st.epoch` for the request path.
     epoch_now: AtomicU64,
-    forwarding_now: AtomicBool,
     resyncing: AtomicBool,
 }
 
@@ -122,7 +121,6 @@ impl Primary {
     /// Updates the copies read without the lock.
     fn publish(&self, st: &PState) {
         self.epoch_now.store(st.epoch, Ordering::Release);
-        self.forwarding_now.store(st.forwarding, Ordering::Release);
     }
 
     /// Serving is allowed: the lease holds and the sender's epoch is ours.
@@ -199,21 +197,20 @@ impl Primary {
         r
     }
 
-    /// Whether every record goes to the secondary now.
-    fn forwarding(&self) -> bool {
-        self.forwarding_now.load(Ordering::Acquire)
-    }
-
     async fn resync_inner(self: Arc<Self>, full: bool) -> Result<(), String> {
         let (epoch, sec) = self.with_state(|_, st| (st.epoch, st.secondary)).await?;
         let what = format!("resync of buddy group {} (namespace {}) to metadata node {sec}", self.group, self.ns);
         let e = |m: &dyn std::fmt::Display| format!("{what}: {m}");
+        // mgmtd first (a secondary that is not good is never promoted), then
+        // the resync owns the stream: no forwards until its last step, so
+        // every batch reaches the secondary exactly once, in order.
+        self.set_state(epoch, sec, Consistency::Resyncing).await.map_err(|x| e(&x))?;
+        self.with_state(|_, st| st.forwarding = false).await?;
         let (seq, crc) = match self.step(epoch, sec, MirrorRole::Resync, MetaStep::Hello, Bytes::new()).await {
             Ok(Reply::ReplicaAt { seq, crc }) => (seq, crc),
             Ok(r) => return Err(e(&format!("odd answer {r:?}"))),
             Err(x) => return Err(e(&x)),
         };
-        self.set_state(epoch, sec, Consistency::Resyncing).await.map_err(|x| e(&x))?;
         let last = self.with_state(|_, st| st.last).await?;
         let jdir = self.jdir.clone();
         let incremental = match crc {
@@ -232,12 +229,7 @@ impl Primary {
         let mut at = seq;
         if !incremental {
             let (s, pieces) = self
-                .with_state(|me, st| {
-                    // The copy replaces the secondary's store: records from now
-                    // on reach it through the catch-up below, not as forwards.
-                    st.forwarding = false;
-                    me.mem.dump(PIECE).map(|p| (st.last.0, p))
-                })
+                .with_state(|me, st| me.mem.dump(PIECE).map(|p| (st.last.0, p)))
                 .await
                 .map_err(|x| e(&x))?
                 .map_err(|x| e(&format!("{x:?}")))?;
@@ -306,6 +298,50 @@ impl Primary {
         self.set_state(epoch, sec, Consistency::Good).await.map_err(|x| e(&x))?;
         info!(group = %self.group, ns = %self.ns, secondary = %sec, "metadata secondary resynced: every record is mirrored again");
         Ok(())
+    }
+}
+
+/// A digest of every record of a namespace (what a buddy comparison checks).
+fn digest(mem: &Mem) -> Result<u32, String> {
+    let mut h = crc32fast::Hasher::new();
+    for piece in mem.dump(PIECE).map_err(|e| format!("{e:?}"))? {
+        h.update(&piece);
+    }
+    Ok(h.finalize())
+}
+
+impl Primary {
+    /// Compares both copies at one batch, commits held meanwhile (`hivefs fsck`).
+    pub async fn compare(self: &Arc<Self>) -> FsResult<Reply> {
+        let r = self
+            .with_state(|me, st| -> FsResult<Reply> {
+                if !st.forwarding {
+                    return Err(fs_err!(
+                        Unavailable,
+                        "buddy group {}: the secondary is not current (a resync is due), nothing to compare",
+                        me.group
+                    ));
+                }
+                let own = digest(&me.mem).map_err(|m| fs_err!(Io, "namespace {}: {m}", me.ns))?;
+                let (epoch, sec, seq) = (st.epoch, st.secondary, st.last.0);
+                let theirs = me.rt.block_on(me.step(epoch, sec, MirrorRole::Resync, MetaStep::Digest, Bytes::new()))?;
+                match theirs {
+                    Reply::ReplicaAt { seq: s, crc: Some(d) } if s == seq && d == own => {
+                        Ok(Reply::ReplicaAt { seq, crc: Some(own) })
+                    }
+                    Reply::ReplicaAt { seq: s, crc } => Err(fs_err!(
+                        Io,
+                        "the copies of namespace {} differ: primary (this node) at batch {seq} digest {own:08x}, \
+                         secondary (metadata node {sec}) at batch {s} digest {}",
+                        me.ns,
+                        crc.map_or("none".into(), |d| format!("{d:08x}"))
+                    )),
+                    r => Err(fs_err!(Protocol, "metadata node {sec}: odd answer {r:?} to a digest")),
+                }
+            })
+            .await
+            .map_err(|e| fs_err!(Internal, "{e}"))?;
+        r
     }
 }
 
@@ -394,6 +430,16 @@ impl Replica {
         Ok(s)
     }
 
+    /// Opens the copy on disk (an empty one if there is none) unless it is
+    /// open or a full copy is being received.
+    fn ensure_open(&self) -> Result<(), String> {
+        let mut st = self.st.lock().expect("replica state");
+        if matches!(*st, RState::Closed) {
+            *st = RState::Open(self.open_store()?);
+        }
+        Ok(())
+    }
+
     /// Applies one step from the primary (blocking: file writes).
     fn step(&self, step: MetaStep, body: &[u8]) -> FsResult<Reply> {
         let mut st = self.st.lock().expect("replica state");
@@ -415,6 +461,14 @@ impl Replica {
                     Err(e) => Err(err(e.to_string())),
                 }
             }
+            MetaStep::Digest => {
+                let RState::Open(store) = &*st else {
+                    return Err(fs_err!(Unavailable, "copy of namespace {ns} is not open (a full copy is due)"));
+                };
+                let digest = digest(&store.log.mem).map_err(err)?;
+                Ok(Reply::ReplicaAt { seq: store.log.last().0, crc: Some(digest) })
+            }
+            MetaStep::Compare => Err(fs_err!(Invalid, "a comparison is asked of the group's primary")),
             MetaStep::Hello => {
                 if !matches!(*st, RState::Open(_)) {
                     *st = RState::Closed;
@@ -554,6 +608,16 @@ impl Mirrors {
 
     /// A step from a group's primary to this node as its secondary.
     pub async fn step(&self, env: &Envelope, step: MetaStep, body: Vec<u8>) -> FsResult<Reply> {
+        if let (Some(h), MetaStep::Compare) = (env.mirror, step) {
+            let primary = self.slots.lock().expect("slots").values().find_map(|s| match s {
+                Slot::Serving { primary: Some(p), .. } if p.group == h.group => Some(p.clone()),
+                _ => None,
+            });
+            return match primary {
+                Some(p) => p.compare().await,
+                None => Err(fs_err!(Unavailable, "this node is not the primary of buddy group {}", h.group)),
+            };
+        }
         let Some(h) = env.mirror.filter(|h| matches!(h.role, MirrorRole::Forward | MirrorRole::Resync)) else {
             return Err(fs_err!(Invalid, "a metadata mirroring step without its group header"));
         };
@@ -620,7 +684,6 @@ impl Mirrors {
                 jdir: held.jdir.clone(),
                 st: Mutex::new(PState { epoch: g.epoch, secondary: NodeId(g.secondary), forwarding, last }),
                 epoch_now: AtomicU64::new(g.epoch),
-                forwarding_now: AtomicBool::new(forwarding),
                 resyncing: AtomicBool::new(false),
             });
             made = Some(p.clone());
@@ -703,6 +766,14 @@ impl Mirrors {
                 }
             }
         };
+        // A copy on disk is opened at once: forwards are taken from the start,
+        // and a promotion finds it.
+        if let Now::Copy(r) = &now {
+            let r = r.clone();
+            if let Ok(Err(e)) = tokio::task::spawn_blocking(move || r.ensure_open()).await {
+                warn!(ns = %ns, "copy of namespace {ns}: {e}");
+            }
+        }
         let i_am_primary = g.primary == self.me.0;
         match now {
             Now::Serving(Some(p), _) if i_am_primary => {
@@ -711,10 +782,11 @@ impl Mirrors {
                     .nodes
                     .get(&(NodeType::Meta, NodeId(g.secondary)))
                     .is_some_and(|n| n.reachability == hivefs_proto::Reachability::Online);
-                // A forwarding primary's secondary is current (mgmtd's view
-                // may lag by a refresh); `bad` asks for a full copy anyway.
+                // Whatever is not good is resynced (an administrator's request
+                // too); `bad` asks for a full copy. A resync that finds the
+                // secondary current sends nothing and sets it good again.
                 let full = g.secondary_state == Consistency::Bad;
-                let due = g.secondary_state != Consistency::Good && (full || !p.forwarding());
+                let due = g.secondary_state != Consistency::Good;
                 if due && online && self.lease.valid() {
                     tokio::spawn(async move {
                         if let Err(e) = p.resync(full).await {
@@ -739,6 +811,11 @@ impl Mirrors {
                 let Some(store) = r.take() else {
                     return Err(fs_err!(Unavailable, "promoted, but the copy of namespace {ns} here is incomplete"));
                 };
+                if store.log.last().0 == 0 {
+                    // Never received a batch: serving it would serve an empty namespace.
+                    *r.st.lock().expect("replica state") = RState::Open(store);
+                    return Err(fs_err!(Unavailable, "promoted, but this node holds no copy of namespace {ns}"));
+                }
                 self.slots.lock().expect("slots").insert(ns, Slot::Switching);
                 info!(group = %g.id, ns = %ns, epoch = g.epoch, "promoted: serving the namespace of metadata node {ns} as its primary");
                 if let Err(e) = self.start_serving(ns, store, Some(g), true).await {
@@ -891,9 +968,13 @@ mod tests {
             Err(RecordError::Gap { have }) => assert_eq!(have, last),
             r => panic!("{r:?}"),
         }
-        // One already held is taken without being applied twice.
-        c.log.commit_record(last, &after[0].1).unwrap();
+        // The last one sent again is taken without being applied twice; another
+        // batch under a number already held is a conflict (the histories differ).
+        let (lseq, lbody) = after.last().unwrap();
+        assert_eq!(*lseq, last);
+        c.log.commit_record(last, lbody).unwrap();
         assert_eq!(c.log.last().0, last);
+        assert!(matches!(c.log.commit_record(last, &after[0].1), Err(RecordError::Conflict { .. })));
         drop(c);
 
         // Reopened, the copy replays to the same records without a new epoch.

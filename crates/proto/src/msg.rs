@@ -726,6 +726,14 @@ pub enum MetaStep {
     /// The full copy is complete: the secondary puts it in place of its
     /// old copy and takes records after `seq` again. Answer: `ReplicaAt`.
     Finish,
+    /// (`hivefs fsck` to the primary, role `Check`.) Compare both copies
+    /// at one batch, commits held: answer `ReplicaAt` with the digest when
+    /// they are equal, `Io` naming both digests when they differ,
+    /// `Unavailable` when the secondary is not current (a resync is due).
+    Compare,
+    /// (The primary to the secondary.) A digest of every record of the
+    /// copy. Answer: `ReplicaAt { seq, crc: Some(digest) }`.
+    Digest,
 }
 
 /// `len` bytes (at most `MAX_PAYLOAD_LEN`) from `src_offset` of

@@ -185,8 +185,12 @@ impl Log {
     /// is not applied again.
     pub fn commit_record(&mut self, seq: u64, body: &[u8]) -> Result<(), RecordError> {
         let last = self.journal.last_seq();
-        if seq <= last {
+        if seq == last && self.journal.last_crc() == Some(super::journal::record_crc(seq, body)) {
+            // A forward sent again (its answer was lost): held already.
             return Ok(());
+        }
+        if seq <= last {
+            return Err(RecordError::Conflict { have: last });
         }
         if seq != last + 1 {
             return Err(RecordError::Gap { have: last });
@@ -279,6 +283,11 @@ pub enum RecordError {
     Gap {
         have: u64,
     },
+    /// This copy already holds a batch of that number, not that one: the
+    /// two histories differ from there (a full copy is needed).
+    Conflict {
+        have: u64,
+    },
     Corrupt(String),
     Append(AppendError),
 }
@@ -287,6 +296,9 @@ impl std::fmt::Display for RecordError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RecordError::Gap { have } => write!(f, "out of order: this buddy holds batches up to {have}"),
+            RecordError::Conflict { have } => {
+                write!(f, "a different batch of that number is held (up to {have}): the copies differ")
+            }
             RecordError::Corrupt(m) => write!(f, "undecodable record: {m}"),
             RecordError::Append(e) => write!(f, "journal write: {e:?}"),
         }
