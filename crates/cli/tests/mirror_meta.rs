@@ -342,3 +342,40 @@ fn fsck_compares_metadata_buddies_and_repairs_a_copy_that_differs() {
     fs.assert_fsck_clean();
     check_tree(&fs, 4, 3, "a");
 }
+
+#[test]
+fn a_metadata_secondary_with_a_full_disk_degrades_its_group_and_creates_go_on() {
+    let mut fs = TestFs::up(&["--meta", "2", "--storage", "1"]);
+    let m = fs.mnt_s().to_string();
+    let root_owner = fs.entry_info("")["owner_meta_node"].as_u64().unwrap();
+    let other = 3 - root_owner;
+    // The copy of the root's namespace kept by the other node, on a 4 MiB file system.
+    let rel = format!("{}/ns-{root_owner}", service_of_node(&fs, other));
+    fs.mount_tmpfs(&rel, "4m");
+    let (p, s) = (root_owner.to_string(), other.to_string());
+    hivefs_ok(&["mirror", "create", "--type", "meta", "--primary", &p, "--secondary", &s, "--force", "--mount", &m]);
+    wait_for("the first copy", Duration::from_secs(60), || all_good(&m));
+
+    // Files in the root until the copy's disk is full: every create succeeds.
+    let mut made = 0;
+    while groups(&m)[0]["secondary"]["state"] == "good" {
+        assert!(made < 100_000, "the copy never filled up");
+        let names: Vec<String> = (made..made + 2000).map(|i| format!("file-{i}")).collect();
+        let st = std::process::Command::new("touch").args(&names).current_dir(&fs.mnt).status().unwrap();
+        assert!(st.success(), "creates failed while the secondary's disk filled up\n{}", logs(&fs));
+        made += 2000;
+    }
+    eprintln!("the copy's disk was full after {made} creates");
+    let g = &groups(&m)[0];
+    assert_eq!((g["secondary"]["state"].as_str(), g["epoch"].as_u64()), (Some("needs-resync"), Some(0)), "{g}");
+    let st = std::process::Command::new("touch").arg("after").current_dir(&fs.mnt).status().unwrap();
+    assert!(st.success());
+
+    // Space again: the secondary is resynced and the copies agree.
+    let dir = fs.dir.join(&rel);
+    let st = std::process::Command::new("mount").args(["-o", "remount,size=256m"]).arg(&dir).status().unwrap();
+    assert!(st.success());
+    wait_for("the resync after space came back", Duration::from_secs(60), || all_good(&m));
+    assert_eq!(std::fs::read_dir(&fs.mnt).unwrap().count(), made + 1);
+    fs.assert_fsck_clean();
+}

@@ -453,7 +453,18 @@ impl Replica {
                 match store.log.commit_record(seq, body) {
                     Ok(()) => {
                         store.log.maybe_checkpoint(u64::MAX);
+                        if store.log.failed() {
+                            // A checkpoint failed (a full disk): the store takes
+                            // nothing more until it is opened again, which the
+                            // next resync's `Hello` does.
+                            *st = RState::Closed;
+                            return Err(err("a checkpoint failed; the copy is reopened by the next resync".into()));
+                        }
                         Ok(Reply::Ok)
+                    }
+                    Err(RecordError::Append(AppendError::Broken(m))) => {
+                        *st = RState::Closed;
+                        Err(err(format!("journal write: {m}; the copy is reopened by the next resync")))
                     }
                     Err(RecordError::Gap { have }) => {
                         Err(fs_err!(Invalid, "copy of namespace {ns} holds batches up to {have}, not {}", seq - 1))

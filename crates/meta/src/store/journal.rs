@@ -408,6 +408,15 @@ pub enum AppendError {
     Unavailable(String),
 }
 
+impl std::fmt::Display for AppendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AppendError::Refused(e) => write!(f, "{e}"),
+            AppendError::Broken(m) | AppendError::Unavailable(m) => f.write_str(m),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -300,7 +300,7 @@ impl std::fmt::Display for RecordError {
                 write!(f, "a different batch of that number is held (up to {have}): the copies differ")
             }
             RecordError::Corrupt(m) => write!(f, "undecodable record: {m}"),
-            RecordError::Append(e) => write!(f, "journal write: {e:?}"),
+            RecordError::Append(e) => write!(f, "journal write: {e}"),
         }
     }
 }
