@@ -152,6 +152,23 @@ impl ChunkStore {
         Ok(len)
     }
 
+    /// CRC-32 of the chunk file's whole contents (`None`: no file), read in
+    /// 1 MiB pieces: what `hivefs fsck` compares between buddies.
+    pub fn digest(&self, entry: EntryId) -> FsResult<Option<u32>> {
+        let Some(f) = self.open(entry, false)? else { return Ok(None) };
+        let mut h = crc32fast::Hasher::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut off = 0u64;
+        loop {
+            let n = crate::io::read_at_full_into(&f, off, &mut buf).map_err(|e| self.err(entry, &e))?;
+            h.update(&buf[..n]);
+            if n < buf.len() {
+                return Ok(Some(h.finalize()));
+            }
+            off += n as u64;
+        }
+    }
+
     /// Reads up to `len` bytes at `offset`: fewer at the end of the chunk
     /// file, none past it or if the file does not exist.
     pub fn read(&self, entry: EntryId, offset: u64, len: u32) -> FsResult<Vec<u8>> {

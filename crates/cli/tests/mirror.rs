@@ -352,6 +352,23 @@ fn an_interrupted_resync_goes_on_after_the_next_return() {
     assert_eq!(assert_buddies_equal(&fs, m), vec![6]);
     let out = hivefs(&["fsck", "--mount", m]);
     assert!(out.status.success(), "fsck after the repair: {}", String::from_utf8_lossy(&out.stdout));
+
+    // One byte changed, the length kept: fsck compares the contents too.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&victim_chunk).unwrap();
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, 50).unwrap();
+        f.write_all_at(&[b[0] ^ 0xff], 50).unwrap();
+    }
+    let out = hivefs(&["fsck", "--mount", m]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "fsck must report the changed byte: {text}");
+    assert!(text.contains("buddy-mismatch") && text.contains("contents differ"), "{text}");
+    hivefs(&["fsck", "--repair", "--mount", m]);
+    wait_for("the second repair's resync", Duration::from_secs(60), || groups(m)[0]["secondary"]["state"] == "good");
+    assert_eq!(assert_buddies_equal(&fs, m), vec![6]);
+    fs.assert_fsck_clean();
 }
 
 #[test]

@@ -134,6 +134,9 @@ pub struct Checker {
     secondary: HashMap<BuddyGroupId, (TargetId, HashMap<EntryId, u64>)>,
     /// Metadata groups whose copies differ: (group, namespace, secondary, what differs).
     meta_mismatch: Vec<(BuddyGroupId, NodeId, u32, String)>,
+    /// Storage buddies' chunk files of equal length whose contents differ:
+    /// (group, entry, primary's CRC-32, secondary's).
+    content_mismatch: Vec<(BuddyGroupId, EntryId, Option<u32>, Option<u32>)>,
     disposal: HashMap<EntryId, bool>,
     /// Dentries naming each id (only those whose inode exists on their owner).
     links: HashMap<EntryId, u32>,
@@ -161,6 +164,42 @@ impl Checker {
     /// differ, as its primary found.
     pub fn add_meta_mismatch(&mut self, group: BuddyGroupId, ns: NodeId, secondary: u32, detail: String) {
         self.meta_mismatch.push((group, ns, secondary, detail));
+    }
+
+    /// The chunk files each storage group holds on both members with the same
+    /// length (not empty): the ones whose contents a check compares.
+    pub fn same_length_pairs(&self) -> Vec<(BuddyGroupId, TargetId, Vec<EntryId>)> {
+        let mut groups: Vec<&BuddyGroupId> = self.secondary.keys().collect();
+        groups.sort();
+        groups
+            .into_iter()
+            .map(|g| {
+                let (sec, theirs) = &self.secondary[g];
+                let unit = StripeUnit::Group(*g);
+                let mut ids: Vec<EntryId> = theirs
+                    .iter()
+                    .filter(|(id, len)| {
+                        **len > 0
+                            && self.chunks.get(id).is_some_and(|l| l.iter().any(|(u, ours)| *u == unit && ours == *len))
+                    })
+                    .map(|(id, _)| *id)
+                    .collect();
+                ids.sort();
+                (*g, *sec, ids)
+            })
+            .collect()
+    }
+
+    /// The contents of `id`'s chunk files on `group`'s two members differ
+    /// (CRC-32 of each, `None`: gone meanwhile).
+    pub fn add_content_mismatch(
+        &mut self,
+        group: BuddyGroupId,
+        id: EntryId,
+        primary: Option<u32>,
+        secondary: Option<u32>,
+    ) {
+        self.content_mismatch.push((group, id, primary, secondary));
     }
 
     /// A mirrored chunk file of `id` on `group`'s secondary `target`.
@@ -438,6 +477,20 @@ impl Checker {
                 );
             }
         }
+        for (g, id, a, b) in &self.content_mismatch {
+            let show = |x: &Option<u32>| x.map_or("no chunk file".to_string(), |c| format!("CRC-32 {c:08x}"));
+            let sec = self.secondary.get(g).map_or(0, |s| s.0 .0);
+            out.push(
+                Problem::new(
+                    Kind::BuddyMismatch,
+                    *id,
+                    format!("buddy group {g}"),
+                    format!("contents differ: primary copy {}, secondary (target {sec}) {}", show(a), show(b)),
+                    Fix::ResyncGroup(*g),
+                )
+                .on_target(StripeUnit::Group(*g)),
+            );
+        }
         for (g, ns, sec, detail) in &self.meta_mismatch {
             out.push(Problem {
                 kind: Kind::BuddyMismatch,
@@ -555,6 +608,17 @@ mod tests {
         assert_eq!(bm.len(), 2, "{ps:?}");
         assert!(bm.iter().all(|p| p.fix == Fix::ResyncGroup(BuddyGroupId(1))), "{bm:?}");
         assert!(bm[0].detail.contains("primary copy: 10 bytes, secondary (target 4): 9 bytes"), "{}", bm[0].detail);
+
+        // Same lengths: those pairs' contents are compared; a difference is a mismatch too.
+        let mut c = with_mirrored_file(&[1], 10);
+        c.add_chunk(g(1), id(7), 10);
+        c.add_secondary_chunk(BuddyGroupId(1), TargetId(4), id(7), 10);
+        assert_eq!(c.same_length_pairs(), vec![(BuddyGroupId(1), TargetId(4), vec![id(7)])]);
+        c.add_content_mismatch(BuddyGroupId(1), id(7), Some(1), Some(2));
+        let ps = c.finish();
+        assert_eq!(ps.len(), 1, "{ps:?}");
+        assert!(ps[0].detail.contains("contents differ"), "{}", ps[0].detail);
+        assert_eq!(ps[0].fix, Fix::ResyncGroup(BuddyGroupId(1)));
 
         // A metadata group's copies that differ: one problem of the namespace, a full resync.
         let mut c = healthy();

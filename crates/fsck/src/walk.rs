@@ -329,6 +329,33 @@ async fn walk(
             }
         }
     }
+    // The contents of chunk files both buddies hold with the same length:
+    // every byte read on both (CRC-32 per file).
+    for (g, sec, ids) in c.same_length_pairs() {
+        let (Some(p), Some(s)) =
+            (nodes.groups.iter().find(|x| x.0 == g), nodes.secondaries.iter().find(|x| x.0 == g && x.2 == sec))
+        else {
+            continue;
+        };
+        for part in ids.chunks(hivefs_proto::DIGEST_CHUNKS_MAX) {
+            let what = format!("comparing chunk contents of buddy group {g}");
+            let (a, b) = (
+                p.3.rpc_with(&p.1, &Request::DigestChunks { target: p.2, entries: part.to_vec() }).await,
+                s.3.rpc_with(&s.1, &Request::DigestChunks { target: s.2, entries: part.to_vec() }).await,
+            );
+            let (Reply::ChunkDigests(a), Reply::ChunkDigests(b)) =
+                (a.map_err(|e| FsckError::call(what.clone(), e))?, b.map_err(|e| FsckError::call(what.clone(), e))?)
+            else {
+                return Err(FsckError::Reply(format!("{what}: unexpected reply to DigestChunks")));
+            };
+            for ((id, x), y) in part.iter().zip(a).zip(b) {
+                if x != y {
+                    c.add_content_mismatch(g, *id, x, y);
+                }
+            }
+            progress(c.scanned);
+        }
+    }
     // Both copies of every mirrored namespace, compared by its primary.
     for (g, ns, sec, env, pool) in &nodes.meta_groups {
         match pool.rpc_with(env, &Request::MetaMirror { step: hivefs_proto::MetaStep::Compare }).await {

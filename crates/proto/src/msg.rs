@@ -706,6 +706,14 @@ pub enum Request {
     MetaMirror {
         step: MetaStep,
     },
+    /// CRC-32 of the whole contents of `entries`' chunk files on `target`
+    /// (at most [`DIGEST_CHUNKS_MAX`]): `hivefs fsck` comparing a storage
+    /// buddy group's two copies. Answer: `ChunkDigests`, in order (`None`
+    /// where there is no chunk file).
+    DigestChunks {
+        target: TargetId,
+        entries: Vec<EntryId>,
+    },
 }
 
 /// What a metadata group's primary asks of its secondary (`Request::MetaMirror`).
@@ -758,6 +766,9 @@ pub const FALLOC_ZERO_RANGE: u32 = 0x10;
 
 /// Most entries one `UnlinkChunks` request may carry.
 pub const UNLINK_CHUNKS_MAX: usize = 1024;
+
+/// Most chunk files one `DigestChunks` request may name.
+pub const DIGEST_CHUNKS_MAX: usize = 1024;
 
 /// Most handles one `ReleaseMany` request may release.
 pub const RELEASE_MANY_MAX: usize = 4096;
@@ -839,6 +850,7 @@ impl Request {
         let (what, len, max) = match self {
             Request::StatChunks { targets, .. } => ("targets", targets.len(), STAT_CHUNKS_MAX),
             Request::ReleaseMany { ids } => ("handles", ids.len(), RELEASE_MANY_MAX),
+            Request::DigestChunks { entries, .. } => ("chunk files", entries.len(), DIGEST_CHUNKS_MAX),
             _ => return Ok(()),
         };
         if len > max {
@@ -891,7 +903,8 @@ impl Request {
             | Request::FsyncChunk { target, .. }
             | Request::ListChunks { target, .. }
             | Request::FallocateChunk { target, .. }
-            | Request::SeekChunk { target, .. } => Some(target),
+            | Request::SeekChunk { target, .. }
+            | Request::DigestChunks { target, .. } => Some(target),
             Request::CopyChunk(c) => Some(&mut c.target),
             _ => None,
         }
@@ -923,6 +936,7 @@ impl Request {
                 | Request::UnlinkChunks { .. }
                 | Request::StatChunk { .. }
                 | Request::StatChunks { .. }
+                | Request::DigestChunks { .. }
                 | Request::FsyncChunk { .. }
                 | Request::MoveTargetToPool { .. }
                 | Request::ListPools
@@ -1097,6 +1111,8 @@ pub enum Reply {
         seq: u64,
         crc: Option<u32>,
     },
+    /// Answer to `DigestChunks`.
+    ChunkDigests(Vec<Option<u32>>),
 }
 
 /// How a new directory's owner (metadata node) is chosen; a per-directory
@@ -1264,7 +1280,7 @@ mod tests {
             let (m, _): (T, _) = postcard::take_from_bytes(&body).unwrap_or_else(|e| panic!("id {id}: {e}"));
             name_of(&m)
         }
-        const REQUESTS: [&str; 75] = [
+        const REQUESTS: [&str; 76] = [
             "Ping",
             "RegisterNode",
             "RegisterTarget",
@@ -1340,8 +1356,9 @@ mod tests {
             "LeaseWaitDirs",
             "ReleaseMany",
             "MetaMirror",
+            "DigestChunks",
         ];
-        const REPLIES: [&str; 41] = [
+        const REPLIES: [&str; 42] = [
             "Ok",
             "Pong",
             "NodeRegistered",
@@ -1383,6 +1400,7 @@ mod tests {
             "ChunkLens",
             "DirNames",
             "ReplicaAt",
+            "ChunkDigests",
         ];
         for (id, want) in REQUESTS.iter().enumerate() {
             assert_eq!(decoded::<Request>(id), *want, "request id {id}");

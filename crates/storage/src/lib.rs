@@ -364,6 +364,12 @@ impl Ready {
                     .map(|(chunks, more)| Reply::Chunks { chunks, more }),
                 Err(e) => Err(e),
             },
+            Request::DigestChunks { target, entries } => match self.store_of(target, mirrored) {
+                Ok(s) => blocking(move || entries.iter().map(|e| s.digest(*e)).collect::<FsResult<Vec<_>>>())
+                    .await
+                    .map(Reply::ChunkDigests),
+                Err(e) => Err(e),
+            },
             Request::StorageBench { targets, bytes_per_target, block_bytes, threads, direct } => {
                 let params = bench::Params { bytes_per_target, block_bytes, threads, direct };
                 match self.bench_stores(&targets) {

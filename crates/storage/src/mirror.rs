@@ -483,6 +483,7 @@ fn is_chunk_io(req: &Request) -> bool {
                 | Request::StatChunk { .. }
                 | Request::SeekChunk { .. }
                 | Request::ListChunks { .. }
+                | Request::DigestChunks { .. }
         )
 }
 
