@@ -379,3 +379,38 @@ fn a_metadata_secondary_with_a_full_disk_degrades_its_group_and_creates_go_on() 
     assert_eq!(std::fs::read_dir(&fs.mnt).unwrap().count(), made + 1);
     fs.assert_fsck_clean();
 }
+
+#[test]
+fn a_secondary_away_through_many_checkpoints_gets_only_what_it_missed() {
+    // Checkpoints every 64 KiB of journal: many run while the secondary is away.
+    let fs = TestFs::up_with(&["--meta", "2", "--storage", "1"], |fs| {
+        for s in ["meta1", "meta2"] {
+            std::fs::create_dir_all(fs.dir.join(s)).unwrap();
+            std::fs::write(fs.dir.join(format!("{s}/meta.toml")), "checkpoint_bytes = 65536\n").unwrap();
+        }
+    });
+    let m = fs.mnt_s().to_string();
+    let root_owner = fs.entry_info("")["owner_meta_node"].as_u64().unwrap();
+    let other = 3 - root_owner;
+    let (p, s) = (root_owner.to_string(), other.to_string());
+    hivefs_ok(&["mirror", "create", "--type", "meta", "--primary", &p, "--secondary", &s, "--force", "--mount", &m]);
+    wait_for("the first copy", Duration::from_secs(60), || all_good(&m));
+
+    let away = service_of_node(&fs, other);
+    fs.kill9(&away);
+    for k in 0..4 {
+        let names: Vec<String> = (k * 1000..(k + 1) * 1000).map(|i| format!("file-{i}")).collect();
+        let st = std::process::Command::new("touch").args(&names).current_dir(&fs.mnt).status().unwrap();
+        assert!(st.success(), "creates while the secondary is away\n{}", logs(&fs));
+    }
+    fs.reup();
+    wait_for("the resync after its return", Duration::from_secs(60), || all_good(&m));
+    // About 1.5 MiB of journal meanwhile: some 20 checkpoints, which kept the
+    // segments the secondary missed.
+    let service = service_of_node(&fs, root_owner);
+    let primary_log = std::fs::read_to_string(fs.dir.join(&service).join(format!("{service}.log"))).unwrap();
+    let full = primary_log.matches("full copy of a mirrored namespace to its secondary").count();
+    assert_eq!(full, 1, "only the first copy was a full one\n{}", logs(&fs));
+    assert_eq!(std::fs::read_dir(&fs.mnt).unwrap().count(), 4000);
+    fs.assert_fsck_clean();
+}

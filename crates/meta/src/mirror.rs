@@ -80,6 +80,8 @@ pub struct Primary {
     lease: Arc<Lease>,
     mem: Arc<Mem>,
     jdir: PathBuf,
+    /// Keeps the journal for a secondary that is behind.
+    tip: Arc<Tip>,
     /// Held across every commit (a forward waits for the network with it):
     /// never taken on a runtime worker thread, where a forward in progress
     /// would keep the worker, and with it the network, from running.
@@ -205,7 +207,13 @@ impl Primary {
         // the resync owns the stream: no forwards until its last step, so
         // every batch reaches the secondary exactly once, in order.
         self.set_state(epoch, sec, Consistency::Resyncing).await.map_err(|x| e(&x))?;
-        self.with_state(|_, st| st.forwarding = false).await?;
+        self.with_state(|me, st| {
+            if st.forwarding {
+                me.tip.keep_from(st.last.0);
+            }
+            st.forwarding = false;
+        })
+        .await?;
         let (seq, crc) = match self.step(epoch, sec, MirrorRole::Resync, MetaStep::Hello, Bytes::new()).await {
             Ok(Reply::ReplicaAt { seq, crc }) => (seq, crc),
             Ok(r) => return Err(e(&format!("odd answer {r:?}"))),
@@ -228,15 +236,14 @@ impl Primary {
         };
         let mut at = seq;
         if !incremental {
-            let (s, pieces) = self
-                .with_state(|me, st| me.mem.dump(PIECE).map(|p| (st.last.0, p)))
+            let (s, s_crc, pieces) = self
+                .with_state(|me, st| me.mem.dump(PIECE).map(|p| (st.last.0, st.last.1, p)))
                 .await
                 .map_err(|x| e(&x))?
                 .map_err(|x| e(&format!("{x:?}")))?;
             info!(group = %self.group, ns = %self.ns, secondary = %sec, batch = s, pieces = pieces.len(), "full copy of a mirrored namespace to its secondary");
-            self.step(epoch, sec, MirrorRole::Resync, MetaStep::Begin { seq: s }, Bytes::new())
-                .await
-                .map_err(|x| e(&x))?;
+            let begin = MetaStep::Begin { seq: s, crc: s_crc };
+            self.step(epoch, sec, MirrorRole::Resync, begin, Bytes::new()).await.map_err(|x| e(&x))?;
             let total = pieces.len() as u64;
             for (i, p) in pieces.into_iter().enumerate() {
                 self.step(epoch, sec, MirrorRole::Resync, MetaStep::Piece, Bytes::from(p)).await.map_err(|x| e(&x))?;
@@ -289,6 +296,7 @@ impl Primary {
                     .map_err(|x| x.to_string())?;
             }
             st.forwarding = true;
+            me.tip.keep_none();
             me.publish(&st);
             Ok(())
         })
@@ -375,6 +383,8 @@ impl Replicate for Primary {
                     )));
                 }
                 warn!(group = %self.group, ns = %self.ns, secondary = %sec, "forward of batch {seq} failed ({fe}): the secondary needs a resync; going on alone");
+                // Its resync reads what it misses from the journal: keep it.
+                self.tip.keep_from(st.last.0);
                 st.forwarding = false;
                 self.publish(&st);
             }
@@ -489,9 +499,9 @@ impl Replica {
                 let (seq, crc) = store.log.last();
                 Ok(Reply::ReplicaAt { seq, crc })
             }
-            MetaStep::Begin { seq } => {
+            MetaStep::Begin { seq, crc } => {
                 *st = RState::Closed;
-                *st = RState::Incoming(Incoming::begin(&self.path, seq).map_err(|e| err(e.to_string()))?);
+                *st = RState::Incoming(Incoming::begin(&self.path, seq, crc).map_err(|e| err(e.to_string()))?);
                 Ok(Reply::Ok)
             }
             MetaStep::Piece => {
@@ -685,6 +695,11 @@ impl Mirrors {
     fn primary(&self, g: &GroupInfo, ns: NodeId, held: &Held, forwarding: bool) -> Arc<Primary> {
         let mut made = None;
         held.tip.install(|last| {
+            if !forwarding {
+                // The secondary holds at most one batch less than this copy
+                // (forward first): keep the journal from there for its resync.
+                held.tip.keep_from(last.0.saturating_sub(1));
+            }
             let p = Arc::new(Primary {
                 group: g.id,
                 ns,
@@ -693,6 +708,7 @@ impl Mirrors {
                 lease: self.lease.clone(),
                 mem: held.mem.clone(),
                 jdir: held.jdir.clone(),
+                tip: held.tip.clone(),
                 st: Mutex::new(PState { epoch: g.epoch, secondary: NodeId(g.secondary), forwarding, last }),
                 epoch_now: AtomicU64::new(g.epoch),
                 resyncing: AtomicBool::new(false),
@@ -930,6 +946,31 @@ mod tests {
     }
 
     #[test]
+    fn the_journal_kept_for_a_secondary_outlives_checkpoints_until_let_go() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = Store::open(&d.path().join(crate::DB_FILE), false).unwrap();
+        for i in 1..10 {
+            edit(&mut s, i);
+        }
+        let at = s.log.last().0;
+        s.log.tip().keep_from(at);
+        for i in 10..40 {
+            edit(&mut s, i);
+            if i % 5 == 0 {
+                assert!(s.log.checkpoint_now());
+            }
+        }
+        let (_, recs) = journal::read_after(s.log.journal_dir(), at).unwrap().expect("the journal was kept");
+        assert_eq!(recs.first().map(|r| r.0), Some(at + 1));
+        assert_eq!(recs.last().map(|r| r.0), Some(s.log.last().0));
+        // Current again: the next checkpoint deletes what it holds.
+        s.log.tip().keep_none();
+        edit(&mut s, 40);
+        assert!(s.log.checkpoint_now());
+        assert!(journal::read_after(s.log.journal_dir(), at).unwrap().is_none());
+    }
+
+    #[test]
     fn a_full_copy_then_forwarded_records_keep_the_copy_equal_batch_for_batch() {
         let d = tempfile::tempdir().unwrap();
         let (pdir, sdir) = (d.path().join("p"), d.path().join("s"));
@@ -946,7 +987,7 @@ mod tests {
         let spath = sdir.join(crate::DB_FILE);
         drop(Store::open(&spath, false).unwrap());
         let (seq, _) = primary.log.last();
-        let mut inc = Incoming::begin(&spath, seq).unwrap();
+        let mut inc = Incoming::begin(&spath, seq, primary.log.last().1).unwrap();
         let pieces = primary.log.mem.dump(256).unwrap();
         assert!(pieces.len() > 3, "several pieces: {}", pieces.len());
         for p in &pieces {
@@ -954,7 +995,7 @@ mod tests {
         }
         inc.finish(&spath).unwrap();
         let copy = Store::open_replica(&spath, false, DEFAULT_CACHE_BYTES).unwrap();
-        assert_eq!(copy.log.last().0, seq);
+        assert_eq!(copy.log.last(), primary.log.last(), "the copy knows the checksum of its last batch");
         assert_eq!(dump(&copy), dump(&primary));
 
         // From now on every batch reaches the copy first, same numbers, same bytes.

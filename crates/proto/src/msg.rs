@@ -726,9 +726,10 @@ pub enum MetaStep {
     Record { seq: u64 },
     /// Which batch the secondary holds last. Answer: `ReplicaAt`.
     Hello,
-    /// A full copy of the namespace as of batch `seq` begins: the
-    /// secondary closes its copy and starts a new one. Answer: `Ok`.
-    Begin { seq: u64 },
+    /// A full copy of the namespace as of batch `seq` (whose checksum is
+    /// `crc`) begins: the secondary closes its copy and starts a new one.
+    /// Answer: `Ok`.
+    Begin { seq: u64, crc: Option<u32> },
     /// Records of the full copy (payload: a record body of puts). Answer: `Ok`.
     Piece,
     /// The full copy is complete: the secondary puts it in place of its

@@ -153,13 +153,13 @@ impl Journal {
     pub fn open(
         dir: &Path,
         sync: bool,
-        checkpoint_seq: u64,
+        (checkpoint_seq, checkpoint_crc): (u64, Option<u32>),
         mut apply: impl FnMut(u64, &[u8]) -> Result<(), String>,
     ) -> Result<(Journal, Replayed), String> {
         let err = |p: &Path, e: io::Error| format!("journal {}: {e}", p.display());
         std::fs::create_dir_all(dir).map_err(|e| err(dir, e))?;
         let mut last_seq = checkpoint_seq;
-        let mut last_crc = None;
+        let mut last_crc = checkpoint_crc;
         let mut rep = Replayed::default();
         let segs = segments(dir).map_err(|e| err(dir, e))?;
         for &n in &segs {
@@ -385,6 +385,15 @@ pub fn read_after(dir: &Path, after: u64) -> io::Result<Option<(u32, Vec<Batch>)
     Ok(at.map(|c| (c, out)))
 }
 
+/// Every segment with its size in bytes (for what a mirror keeps).
+pub fn segment_sizes(dir: &Path) -> Vec<(u64, u64)> {
+    segments(dir)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|n| (n, std::fs::metadata(dir.join(seg_name(n))).map_or(0, |m| m.len())))
+        .collect()
+}
+
 /// Deletes the segments below `seg` (their records are in a checkpoint).
 pub fn remove_before(dir: &Path, seg: u64) -> io::Result<()> {
     for n in segments(dir)? {
@@ -430,7 +439,7 @@ mod tests {
 
     fn replay(dir: &Path, after: u64) -> (Journal, Replayed, Vec<(u64, Vec<u8>)>) {
         let mut got = Vec::new();
-        let (j, r) = Journal::open(dir, false, after, |s, b| {
+        let (j, r) = Journal::open(dir, false, (after, None), |s, b| {
             got.push((s, b.to_vec()));
             Ok(())
         })
@@ -512,14 +521,14 @@ mod tests {
         j.append(|b| b.extend(body(2))).unwrap();
         drop(j);
         std::fs::remove_file(d.path().join(seg_name(first))).unwrap();
-        let e = Journal::open(d.path(), false, 0, |_, _| Ok(())).err().unwrap();
+        let e = Journal::open(d.path(), false, (0, None), |_, _| Ok(())).err().unwrap();
         assert!(e.contains("batch 2 where batch 1 was expected"), "{e}");
         // Past the checkpoint, the missing segment does not matter.
-        assert!(Journal::open(d.path(), false, 1, |_, _| Ok(())).is_ok());
+        assert!(Journal::open(d.path(), false, (1, None), |_, _| Ok(())).is_ok());
 
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join(seg_name(1)), b"something else entirely").unwrap();
-        let e = Journal::open(d.path(), false, 0, |_, _| Ok(())).err().unwrap();
+        let e = Journal::open(d.path(), false, (0, None), |_, _| Ok(())).err().unwrap();
         assert!(e.contains("not a HiveFS journal"), "{e}");
     }
 }

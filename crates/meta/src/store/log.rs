@@ -49,15 +49,73 @@ pub trait Replicate: Send + Sync {
 /// The journal's last batch and the mirroring hook, shared with whoever
 /// installs the hook while the writer runs: every commit holds `hook`'s
 /// lock, so an installation happens between two commits and sees the last.
-#[derive(Default)]
 pub struct Tip {
     hook: std::sync::Mutex<Option<std::sync::Arc<dyn Replicate>>>,
     seq: AtomicU64,
     /// Checksum of batch `seq` (u64::MAX: not known).
     crc: AtomicU64,
+    /// Checkpoints keep the journal segments from the one holding this batch
+    /// on (a mirror's secondary is behind and resyncs from them); u64::MAX
+    /// (the default, see `Tip::new`): none kept.
+    keep: AtomicU64,
+    /// The first batch of each segment started in this run.
+    seg_first: std::sync::Mutex<std::collections::BTreeMap<u64, u64>>,
 }
 
+/// Most bytes of journal segments kept for a secondary that is behind;
+/// beyond, it gets a full copy when it returns.
+pub const KEEP_MAX_BYTES: u64 = 1 << 30;
+
 impl Tip {
+    fn new() -> Tip {
+        Tip {
+            hook: Default::default(),
+            seq: AtomicU64::new(0),
+            crc: AtomicU64::new(u64::MAX),
+            keep: AtomicU64::new(u64::MAX),
+            seg_first: Default::default(),
+        }
+    }
+
+    /// Keep the journal from batch `seq` on (or from an earlier batch already
+    /// kept for).
+    pub fn keep_from(&self, seq: u64) {
+        self.keep.fetch_min(seq, Ordering::AcqRel);
+    }
+
+    /// Keep no journal segments for a secondary any more (it is current).
+    pub fn keep_none(&self) {
+        self.keep.store(u64::MAX, Ordering::Release);
+    }
+
+    /// The first segment checkpoints must keep (`None`: none), given the
+    /// segments and their sizes below the one a checkpoint may delete to.
+    fn keep_segment(&self, dir: &std::path::Path, below: u64) -> Option<u64> {
+        let keep = self.keep.load(Ordering::Acquire);
+        if keep == u64::MAX {
+            return None;
+        }
+        let firsts = self.seg_first.lock().expect("segments");
+        // The last segment starting at or before `keep`; segments of an earlier
+        // run (not in the map) come before every known one and are kept too.
+        let seg = match firsts.range(..).rev().find(|(_, first)| **first <= keep) {
+            Some((seg, _)) => *seg,
+            None => 0,
+        };
+        drop(firsts);
+        let bytes: u64 = journal::segment_sizes(dir).iter().filter(|(n, _)| *n >= seg && *n < below).map(|x| x.1).sum();
+        if bytes > KEEP_MAX_BYTES {
+            self.keep.store(u64::MAX, Ordering::Release);
+            tracing::warn!(
+                journal = %dir.display(),
+                bytes,
+                "journal kept for a mirror's secondary passed {KEEP_MAX_BYTES} bytes: deleted; it gets a full copy"
+            );
+            return None;
+        }
+        Some(seg)
+    }
+
     /// Installs the hook made by `make` from the last batch and its checksum.
     pub fn install(&self, make: impl FnOnce((u64, Option<u32>)) -> std::sync::Arc<dyn Replicate>) {
         let mut h = self.hook.lock().expect("tip lock");
@@ -85,6 +143,8 @@ impl Tip {
 struct Job {
     frozen: Arc<Maps>,
     seq: u64,
+    /// Checksum of batch `seq`.
+    crc: Option<u32>,
     next_segment: u64,
 }
 
@@ -97,6 +157,7 @@ struct Shared {
     used: AtomicU64,
     /// Set when a checkpoint failed: the store cannot take more (see `Log::failed`).
     failed: AtomicBool,
+    tip: Arc<Tip>,
 }
 
 /// The writer's way to commit: journal and memory layers, and checkpoints.
@@ -117,14 +178,16 @@ pub struct Log {
 
 impl Log {
     pub(super) fn new(mem: Arc<Mem>, journal: Journal) -> Log {
-        let tip = Arc::new(Tip::default());
+        let tip = Arc::new(Tip::new());
         tip.set(journal.last_seq(), journal.last_crc());
+        tip.seg_first.lock().expect("segments").insert(journal.segment(), journal.last_seq() + 1);
         let shared = Arc::new(Shared {
             mem: mem.clone(),
             dir: journal.dir().to_path_buf(),
             running: AtomicBool::new(false),
             used: AtomicU64::new(u64::MAX),
             failed: AtomicBool::new(false),
+            tip: tip.clone(),
         });
         Log { mem, journal, shared, thread: None, checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES, armed: false, tip }
     }
@@ -240,7 +303,10 @@ impl Log {
         // Rotate first: if that fails, nothing was frozen and the records
         // stay in `live`.
         let next_segment = match self.journal.rotate() {
-            Ok(n) => n,
+            Ok(n) => {
+                self.tip.seg_first.lock().expect("segments").insert(n, self.journal.last_seq() + 1);
+                n
+            }
             Err(e) => {
                 error!("metadata journal: cannot start a new segment for a checkpoint: {e}");
                 self.shared.running.store(false, Ordering::Release);
@@ -251,7 +317,7 @@ impl Log {
             self.shared.running.store(false, Ordering::Release);
             return false;
         };
-        let job = Job { frozen, seq: self.journal.last_seq(), next_segment };
+        let job = Job { frozen, seq: self.journal.last_seq(), crc: self.journal.last_crc(), next_segment };
         match &self.thread {
             Some((tx, _)) => {
                 if let Err(std::sync::mpsc::SendError(job)) = tx.send(job) {
@@ -319,12 +385,18 @@ impl Drop for Log {
 fn run(s: &Shared, job: Job) {
     let t0 = std::time::Instant::now();
     let records = job.frozen.records;
-    match s.mem.write_checkpoint(&job.frozen, job.seq, &|| crash_point("checkpoint:commit")) {
+    match s.mem.write_checkpoint(&job.frozen, job.seq, job.crc, &|| crash_point("checkpoint:commit")) {
         Ok(used) => {
             crash_point("checkpoint:committed");
             s.mem.unfreeze();
             s.used.store(used, Ordering::Relaxed);
-            if let Err(e) = journal::remove_before(&s.dir, job.next_segment) {
+            // A mirror's secondary that is behind resyncs from kept segments.
+            let upto = match s.tip.keep_segment(&s.dir, job.next_segment) {
+                Some(k) => k.min(job.next_segment),
+                None => job.next_segment,
+            };
+            s.tip.seg_first.lock().expect("segments").retain(|n, _| *n >= upto);
+            if let Err(e) = journal::remove_before(&s.dir, upto) {
                 // Harmless: replay skips batches the store already holds.
                 error!("metadata journal {}: deleting checkpointed segments: {e}", s.dir.display());
             }

@@ -213,6 +213,7 @@ impl Mem {
                 }
                 // The last checkpointed batch is the store's own bookkeeping.
                 sys.remove(super::sys::JOURNAL_SEQ.as_bytes());
+                sys.remove(super::sys::JOURNAL_CRC.as_bytes());
                 for (k, v) in sys {
                     if let Some(v) = v {
                         push(tab, &k, &v);
@@ -232,7 +233,13 @@ impl Mem {
     /// last journal batch it contains, and commits (fsynced). `before_commit`
     /// runs just before the commit (a crash hook). Returns the bytes of the
     /// store's file in use afterwards.
-    pub fn write_checkpoint(&self, frozen: &Maps, seq: u64, before_commit: &dyn Fn()) -> Result<u64, String> {
+    pub fn write_checkpoint(
+        &self,
+        frozen: &Maps,
+        seq: u64,
+        crc: Option<u32>,
+        before_commit: &dyn Fn(),
+    ) -> Result<u64, String> {
         let e = |x: &dyn std::fmt::Display| x.to_string();
         let txn = self.cold.begin_write().map_err(|x| e(&x))?;
         for tab in Tab::ALL {
@@ -264,7 +271,15 @@ impl Mem {
                 }
             }
         }
-        txn.open_table(SYSTEM).map_err(|x| e(&x))?.insert(super::sys::JOURNAL_SEQ, seq).map_err(|x| e(&x))?;
+        {
+            let mut sys_t = txn.open_table(SYSTEM).map_err(|x| e(&x))?;
+            sys_t.insert(super::sys::JOURNAL_SEQ, seq).map_err(|x| e(&x))?;
+            match crc {
+                Some(c) => sys_t.insert(super::sys::JOURNAL_CRC, u64::from(c)).map(drop),
+                None => sys_t.remove(super::sys::JOURNAL_CRC).map(drop),
+            }
+            .map_err(|x| e(&x))?;
+        }
         let used = txn.stats().map_or(u64::MAX, |s| s.allocated_pages() * s.page_size() as u64);
         before_commit();
         txn.commit().map_err(|x| e(&x))?;
@@ -659,7 +674,7 @@ mod tests {
         let (_d, m) = mem();
         put(&m, &[("a", Some("1")), ("b", Some("1")), ("c", Some("1"))]);
         let f = m.freeze().unwrap();
-        m.write_checkpoint(&f, 1, &|| ()).unwrap();
+        m.write_checkpoint(&f, 1, None, &|| ()).unwrap();
         m.unfreeze();
         // cold: a b c
         put(&m, &[("b", None), ("d", Some("2"))]);
@@ -681,11 +696,11 @@ mod tests {
         assert_eq!(seen, (Some(b"4".to_vec()), vec![b"a".to_vec(), b"b".to_vec(), b"e".to_vec()]));
         // Not applied: nobody sees it.
         assert!(m.read(|t| Ok(t.dentries.get(b"b")?.is_none())).unwrap());
-        m.write_checkpoint(&f, 2, &|| ()).unwrap();
+        m.write_checkpoint(&f, 2, None, &|| ()).unwrap();
         m.unfreeze();
         assert_eq!(all(&m, Bound::Unbounded), pairs(&[("a", "3"), ("c", "1"), ("e", "3")]));
         let f = m.freeze().unwrap();
-        m.write_checkpoint(&f, 3, &|| ()).unwrap();
+        m.write_checkpoint(&f, 3, None, &|| ()).unwrap();
         m.unfreeze();
         assert_eq!(m.hot().live.records, 0);
         assert_eq!(all(&m, Bound::Unbounded), pairs(&[("a", "3"), ("c", "1"), ("e", "3")]));
@@ -706,7 +721,7 @@ mod tests {
         m.apply(c);
         assert_eq!(all(&m, Bound::Unbounded), pairs(&[("k3", "x")]));
         let f = m.freeze().unwrap();
-        m.write_checkpoint(&f, 1, &|| ()).unwrap();
+        m.write_checkpoint(&f, 1, None, &|| ()).unwrap();
         m.unfreeze();
         assert_eq!(m.read(|t| sys_get(&t.system, "files")).unwrap(), 7);
     }
@@ -752,7 +767,7 @@ mod tests {
                     0 if frozen.is_none() => frozen = m.freeze(),
                     1 => {
                         if let Some(f) = frozen.take() {
-                            m.write_checkpoint(&f, step, &|| ()).unwrap();
+                            m.write_checkpoint(&f, step, None, &|| ()).unwrap();
                             m.unfreeze();
                         }
                     }

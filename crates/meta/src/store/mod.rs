@@ -103,6 +103,9 @@ pub(crate) mod sys {
     pub const DIRS: &str = "dirs";
     /// The last journal batch the store holds (written by each checkpoint).
     pub const JOURNAL_SEQ: &str = "journal_seq";
+    /// The checksum of that batch, when the checkpoint knew it (a mirror's
+    /// copy compares it with its primary's journal after a restart).
+    pub const JOURNAL_CRC: &str = "journal_crc";
 }
 
 /// A name in a directory.
@@ -321,12 +324,14 @@ impl Store {
                 Some(found) => return Err(StoreError::Format { path: p.clone(), found }),
             }
             let seq = sys_t.get(sys::JOURNAL_SEQ).map_err(|e| db_err(&e))?.map_or(0, |v| v.value());
-            seq
+            let crc = sys_t.get(sys::JOURNAL_CRC).map_err(|e| db_err(&e))?.map(|v| v.value() as u32);
+            (seq, crc)
         };
+        let (checkpoint_seq, checkpoint_crc) = checkpoint_seq;
         txn.commit().map_err(|e| db_err(&e))?;
         let mem = Arc::new(Mem::new(Arc::new(db)));
         let jdir = path.parent().unwrap_or(Path::new(".")).join(journal::JOURNAL_DIR);
-        let (journal, replayed) = journal::Journal::open(&jdir, sync, checkpoint_seq, |_, body| {
+        let (journal, replayed) = journal::Journal::open(&jdir, sync, (checkpoint_seq, checkpoint_crc), |_, body| {
             mem.apply(mem::decode_changes(body)?);
             Ok(())
         })
@@ -381,13 +386,14 @@ pub const INCOMING_DIR: &str = "resync";
 pub struct Incoming {
     store: Store,
     seq: u64,
+    crc: Option<u32>,
     dir: PathBuf,
 }
 
 impl Incoming {
     /// Starts a copy of the primary's records as of batch `seq` for the
     /// store at `path` (which must be closed by the time of `finish`).
-    pub fn begin(path: &Path, seq: u64) -> Result<Incoming, StoreError> {
+    pub fn begin(path: &Path, seq: u64, crc: Option<u32>) -> Result<Incoming, StoreError> {
         let dir = path.parent().unwrap_or(Path::new(".")).join(INCOMING_DIR);
         let io_err = |source| StoreError::Io { path: dir.clone(), source };
         if dir.exists() {
@@ -395,14 +401,14 @@ impl Incoming {
         }
         std::fs::create_dir_all(&dir).map_err(io_err)?;
         let store = Store::open_replica(&dir.join(DB_FILE), false, DEFAULT_CACHE_BYTES)?;
-        Ok(Incoming { store, seq, dir })
+        Ok(Incoming { store, seq, crc, dir })
     }
 
     /// Writes one piece (a record body of puts) into the new store.
     pub fn add(&mut self, piece: &[u8]) -> Result<(), String> {
         let mut maps = mem::Maps::default();
         maps.absorb(mem::decode_changes(piece)?);
-        self.store.log.mem.write_checkpoint(&maps, self.seq, &|| {})?;
+        self.store.log.mem.write_checkpoint(&maps, self.seq, self.crc, &|| {})?;
         Ok(())
     }
 
