@@ -80,8 +80,9 @@ pub struct Primary {
     lease: Arc<Lease>,
     mem: Arc<Mem>,
     jdir: PathBuf,
-    /// Keeps the journal for a secondary that is behind.
-    tip: Arc<Tip>,
+    /// Keeps the journal for a secondary that is behind (weak: the tip holds
+    /// this hook, and a cycle would keep the store open after a demotion).
+    tip: std::sync::Weak<Tip>,
     /// Held across every commit (a forward waits for the network with it):
     /// never taken on a runtime worker thread, where a forward in progress
     /// would keep the worker, and with it the network, from running.
@@ -208,8 +209,8 @@ impl Primary {
         // every batch reaches the secondary exactly once, in order.
         self.set_state(epoch, sec, Consistency::Resyncing).await.map_err(|x| e(&x))?;
         self.with_state(|me, st| {
-            if st.forwarding {
-                me.tip.keep_from(st.last.0);
+            if let Some(t) = me.tip.upgrade().filter(|_| st.forwarding) {
+                t.keep_from(st.last.0);
             }
             st.forwarding = false;
         })
@@ -296,7 +297,9 @@ impl Primary {
                     .map_err(|x| x.to_string())?;
             }
             st.forwarding = true;
-            me.tip.keep_none();
+            if let Some(t) = me.tip.upgrade() {
+                t.keep_none();
+            }
             me.publish(&st);
             Ok(())
         })
@@ -384,7 +387,9 @@ impl Replicate for Primary {
                 }
                 warn!(group = %self.group, ns = %self.ns, secondary = %sec, "forward of batch {seq} failed ({fe}): the secondary needs a resync; going on alone");
                 // Its resync reads what it misses from the journal: keep it.
-                self.tip.keep_from(st.last.0);
+                if let Some(t) = self.tip.upgrade() {
+                    t.keep_from(st.last.0);
+                }
                 st.forwarding = false;
                 self.publish(&st);
             }
@@ -708,7 +713,7 @@ impl Mirrors {
                 lease: self.lease.clone(),
                 mem: held.mem.clone(),
                 jdir: held.jdir.clone(),
-                tip: held.tip.clone(),
+                tip: Arc::downgrade(&held.tip),
                 st: Mutex::new(PState { epoch: g.epoch, secondary: NodeId(g.secondary), forwarding, last }),
                 epoch_now: AtomicU64::new(g.epoch),
                 resyncing: AtomicBool::new(false),
