@@ -269,7 +269,7 @@ impl Drop for MetaService {
             t.abort();
         }
         if let Some(m) = self.handler.mirrors.write().expect("handler lock").take() {
-            for (_, s) in m.slots.lock().expect("slots").drain() {
+            for (_, s) in m.slots.write().expect("slots").drain() {
                 if let mirror::Slot::Serving { ns, .. } = s {
                     ns.stop_tasks();
                 }

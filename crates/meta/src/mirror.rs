@@ -40,23 +40,36 @@ const PIECE: usize = 4 << 20;
 const CATCH_UP: usize = 256;
 
 /// Until when this node may serve mirrored namespaces as their primary:
-/// each heartbeat mgmtd answers extends it to `sent + lease_ms`.
-#[derive(Default)]
-pub struct Lease(Mutex<(Option<Instant>, Duration)>);
+/// each heartbeat mgmtd answers extends it to `sent + lease_ms`. Read on
+/// every mirrored request, so kept in atomics (nanoseconds after `base`).
+pub struct Lease {
+    base: Instant,
+    /// 0: no lease yet.
+    until_ns: AtomicU64,
+    len_ms: AtomicU64,
+}
+
+impl Default for Lease {
+    fn default() -> Lease {
+        Lease { base: Instant::now(), until_ns: AtomicU64::new(0), len_ms: AtomicU64::new(0) }
+    }
+}
 
 impl Lease {
     pub fn renew(&self, sent: Instant, lease_ms: u64) {
-        let len = Duration::from_millis(lease_ms);
-        *self.0.lock().expect("lease lock") = (Some(sent + len), len);
+        let until = (sent + Duration::from_millis(lease_ms)).saturating_duration_since(self.base);
+        self.until_ns.store((until.as_nanos() as u64).max(1), Ordering::Release);
+        self.len_ms.store(lease_ms, Ordering::Release);
     }
 
     pub fn valid(&self) -> bool {
-        self.0.lock().expect("lease lock").0.is_some_and(|until| Instant::now() < until)
+        let until = self.until_ns.load(Ordering::Acquire);
+        until != 0 && (self.base.elapsed().as_nanos() as u64) < until
     }
 
     /// The length of the last lease mgmtd granted.
     pub fn length(&self) -> Duration {
-        self.0.lock().expect("lease lock").1
+        Duration::from_millis(self.len_ms.load(Ordering::Acquire))
     }
 }
 
@@ -573,7 +586,7 @@ pub struct Mirrors {
     pub cluster: Arc<Cluster>,
     pub lease: Arc<Lease>,
     pub cfg: crate::Config,
-    pub slots: Mutex<std::collections::HashMap<NodeId, Slot>>,
+    pub slots: std::sync::RwLock<std::collections::HashMap<NodeId, Slot>>,
     /// Held while following roles (the periodic look and mgmtd's notices).
     pub following: tokio::sync::Mutex<()>,
     /// Raised when the store of any namespace served here failed.
@@ -612,7 +625,7 @@ impl Mirrors {
             },
             _ => self.me,
         };
-        let slots = self.slots.lock().expect("slots");
+        let slots = self.slots.read().expect("slots");
         match slots.get(&ns) {
             Some(Slot::Serving { ns: n, primary, .. }) => {
                 if let Some(p) = primary {
@@ -626,7 +639,7 @@ impl Mirrors {
 
     /// The own namespace when it is served here.
     pub fn own(&self) -> Option<Arc<Namespace>> {
-        match self.slots.lock().expect("slots").get(&self.me) {
+        match self.slots.read().expect("slots").get(&self.me) {
             Some(Slot::Serving { ns, .. }) => Some(ns.clone()),
             _ => None,
         }
@@ -635,7 +648,7 @@ impl Mirrors {
     /// A step from a group's primary to this node as its secondary.
     pub async fn step(&self, env: &Envelope, step: MetaStep, body: Vec<u8>) -> FsResult<Reply> {
         if let (Some(h), MetaStep::Compare) = (env.mirror, step) {
-            let primary = self.slots.lock().expect("slots").values().find_map(|s| match s {
+            let primary = self.slots.read().expect("slots").values().find_map(|s| match s {
                 Slot::Serving { primary: Some(p), .. } if p.group == h.group => Some(p.clone()),
                 _ => None,
             });
@@ -665,7 +678,7 @@ impl Mirrors {
             ));
         }
         let ns = g.serves.unwrap_or(NodeId(g.primary));
-        let replica = match self.slots.lock().expect("slots").get(&ns) {
+        let replica = match self.slots.read().expect("slots").get(&ns) {
             Some(Slot::Replica(r)) => r.clone(),
             _ => return Err(fs_err!(Unavailable, "no copy of namespace {ns} is open here yet")),
         };
@@ -693,7 +706,7 @@ impl Mirrors {
     /// its group's secondary).
     pub fn keep_copy(&self, ns: NodeId, store: Store) {
         let r = self.replica(ns, Some(store));
-        self.slots.lock().expect("slots").insert(ns, Slot::Replica(r));
+        self.slots.write().expect("slots").insert(ns, Slot::Replica(r));
     }
 
     /// Installs the primary hook for namespace `ns` of group `g`.
@@ -755,7 +768,7 @@ impl Mirrors {
             one.wait().await;
             all.raise();
         }));
-        self.slots.lock().expect("slots").insert(ns, Slot::Serving { ns: n, primary, store: held });
+        self.slots.write().expect("slots").insert(ns, Slot::Serving { ns: n, primary, store: held });
         Ok(())
     }
 
@@ -786,7 +799,7 @@ impl Mirrors {
             Copy(Arc<Replica>),
         }
         let now = {
-            let mut slots = self.slots.lock().expect("slots");
+            let mut slots = self.slots.write().expect("slots");
             match slots.get(&ns) {
                 Some(Slot::Serving { primary, store, .. }) => Now::Serving(primary.clone(), store.clone()),
                 Some(Slot::Replica(r)) => Now::Copy(r.clone()),
@@ -831,7 +844,7 @@ impl Mirrors {
                 // Mirrored while served alone: every commit from now on goes
                 // through the hook; the secondary gets a full copy first.
                 let p = self.primary(g, ns, &held, false);
-                if let Some(Slot::Serving { primary, .. }) = self.slots.lock().expect("slots").get_mut(&ns) {
+                if let Some(Slot::Serving { primary, .. }) = self.slots.write().expect("slots").get_mut(&ns) {
                     *primary = Some(p);
                 }
                 info!(group = %g.id, ns = %ns, "namespace served here is mirrored from now on");
@@ -848,17 +861,17 @@ impl Mirrors {
                     *r.st.lock().expect("replica state") = RState::Open(store);
                     return Err(fs_err!(Unavailable, "promoted, but this node holds no copy of namespace {ns}"));
                 }
-                self.slots.lock().expect("slots").insert(ns, Slot::Switching);
+                self.slots.write().expect("slots").insert(ns, Slot::Switching);
                 info!(group = %g.id, ns = %ns, epoch = g.epoch, "promoted: serving the namespace of metadata node {ns} as its primary");
                 if let Err(e) = self.start_serving(ns, store, Some(g), true).await {
                     let r = self.replica(ns, None);
-                    self.slots.lock().expect("slots").insert(ns, Slot::Replica(r));
+                    self.slots.write().expect("slots").insert(ns, Slot::Replica(r));
                     return Err(e);
                 }
             }
             Now::Serving(..) => {
                 let Some(Slot::Serving { ns: n, store, .. }) =
-                    self.slots.lock().expect("slots").insert(ns, Slot::Switching)
+                    self.slots.write().expect("slots").insert(ns, Slot::Switching)
                 else {
                     return Ok(());
                 };
@@ -867,7 +880,7 @@ impl Mirrors {
                 drop(store);
                 close_namespace(n).await;
                 let r = self.replica(ns, None);
-                self.slots.lock().expect("slots").insert(ns, Slot::Replica(r));
+                self.slots.write().expect("slots").insert(ns, Slot::Replica(r));
             }
             Now::Copy(_) => {}
         }
@@ -876,7 +889,7 @@ impl Mirrors {
 
     /// Closes every namespace served here (stop of the service).
     pub async fn close_all(&self) {
-        let all: Vec<Slot> = self.slots.lock().expect("slots").drain().map(|(_, s)| s).collect();
+        let all: Vec<Slot> = self.slots.write().expect("slots").drain().map(|(_, s)| s).collect();
         for s in all {
             if let Slot::Serving { ns, .. } = s {
                 close_namespace(ns).await;
