@@ -16,6 +16,9 @@ command -v rsync >/dev/null || need+=(rsync)
 command -v ganesha.nfsd >/dev/null || need+=(nfs-ganesha nfs-ganesha-vfs)
 command -v nfs-cp >/dev/null || need+=(libnfs-utils)
 command -v tc >/dev/null || need+=(iproute2)
+# On-demand instances across hosts (`hivefs ond`) and their tests: ssh and sshd.
+command -v ssh >/dev/null || need+=(openssh-client)
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
 if ((${#need[@]})); then
   echo "installing: ${need[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

@@ -9,6 +9,7 @@ mod bench_procs;
 mod bench_sweep;
 mod fsck;
 mod mirror;
+mod ond;
 mod pools;
 mod services;
 mod up;
@@ -60,6 +61,9 @@ enum Cmd {
     /// Check the whole file system (every metadata node and storage target) for inconsistencies; --repair fixes them.
     /// Exit status: 0 clean (or all repaired), 1 problems left, 2 error.
     Fsck(fsck::FsckArgs),
+    /// On-demand file systems across the nodes of a job (over ssh): start, stop, status.
+    #[command(subcommand)]
+    Ond(ond::OndCmd),
     /// Built-in benchmarks: StorageBench, NetBench, IOR-like I/O and mdtest-like metadata runs.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -92,7 +96,14 @@ fn limit_malloc_arenas() {
 fn quiet_broken_pipe(cmd: &Cmd) {
     let reports_only = !matches!(
         cmd,
-        Cmd::Up(_) | Cmd::Down(_) | Cmd::Mgmtd(_) | Cmd::Meta(_) | Cmd::Storage(_) | Cmd::Mount(_) | Cmd::Fsck(_)
+        Cmd::Up(_)
+            | Cmd::Down(_)
+            | Cmd::Mgmtd(_)
+            | Cmd::Meta(_)
+            | Cmd::Storage(_)
+            | Cmd::Mount(_)
+            | Cmd::Fsck(_)
+            | Cmd::Ond(_)
     );
     if reports_only {
         // SAFETY: restores the default disposition before any other thread exists.
@@ -147,6 +158,7 @@ fn main() {
         Cmd::Df(c) => pools::df(c),
         Cmd::Fsck(a) => std::process::exit(fsck::fsck(a)),
         Cmd::Bench(c) => bench::bench(c),
+        Cmd::Ond(c) => ond::ond(c),
     };
     if let Err(e) = r {
         eprintln!("hivefs: {e:#}");

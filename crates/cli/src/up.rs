@@ -319,7 +319,7 @@ pub(crate) fn log_tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(8)..].join("\n")
 }
 
-fn spawn_service(name: &str, args: &[String], sdir: &Path) -> Result<i32> {
+pub(crate) fn spawn_service(name: &str, args: &[String], sdir: &Path) -> Result<i32> {
     std::fs::create_dir_all(sdir).with_context(|| format!("cannot create {}", sdir.display()))?;
     let log_path = sdir.join(format!("{name}.log"));
     let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
@@ -339,7 +339,7 @@ fn spawn_service(name: &str, args: &[String], sdir: &Path) -> Result<i32> {
     Ok(pid)
 }
 
-fn service_running(sdir: &Path, name: &str) -> Option<i32> {
+pub(crate) fn service_running(sdir: &Path, name: &str) -> Option<i32> {
     read_pid(&sdir.join(format!("{name}.pid"))).filter(|&p| pid_alive(p))
 }
 
@@ -356,7 +356,7 @@ pub(crate) fn wait_until<F: FnMut() -> Result<bool>>(what: &str, timeout: Durati
     }
 }
 
-fn check_alive(name: &str, sdir: &Path) -> Result<()> {
+pub(crate) fn check_alive(name: &str, sdir: &Path) -> Result<()> {
     if service_running(sdir, name).is_none() {
         bail!(
             "{name} exited; last lines of {}:\n{}",
@@ -454,104 +454,29 @@ pub fn up(a: UpArgs) -> Result<()> {
 
     // Every node and target registered and online.
     let want_targets = (layout.storage * layout.targets_per_storage) as usize;
-    let mut metas = Vec::new();
-    wait_until("all services to register with mgmtd", timeout, || {
+    let want = Want { meta: layout.meta, storage: layout.storage, targets: want_targets };
+    let metas = wait_registered(&rt, &mgmtd, &ccfg, want, timeout, || {
         for (name, _, _, sdir) in layout.services(&dir) {
             check_alive(&name, &sdir)?;
         }
-        let nodes = match rt.block_on(call_once(&mgmtd, &ccfg, &Request::ListNodes { node_type: None })) {
-            Ok(Reply::Nodes(n)) => n,
-            _ => return Ok(false),
-        };
-        let targets = match rt.block_on(call_once(&mgmtd, &ccfg, &Request::ListTargets)) {
-            Ok(Reply::Targets(t)) => t,
-            _ => return Ok(false),
-        };
-        let online =
-            |t: NodeType| nodes.iter().filter(move |n| n.node_type == t && n.reachability == Reachability::Online);
-        metas = online(NodeType::Meta).map(|n| (n.id, n.addr.clone())).collect();
-        Ok(metas.len() >= layout.meta as usize
-            && online(NodeType::Storage).count() >= layout.storage as usize
-            && targets.iter().filter(|t| t.reachability == Reachability::Online && t.capacity.total_bytes > 0).count()
-                >= want_targets)
+        Ok(())
     })?;
     if first_up && a.mirror {
-        let targets = match rt.block_on(call_once(&mgmtd, &ccfg, &Request::ListTargets)) {
-            Ok(Reply::Targets(t)) => t,
-            Ok(r) => bail!("mgmtd {mgmtd}: unexpected reply {r:?}"),
-            Err(e) => bail!("mgmtd {mgmtd}: {e}"),
-        };
-        let members: Vec<(u32, u32)> = targets.iter().map(|t| (t.id.0, t.node.0)).collect();
-        let (pairs, left) = crate::mirror::pair_up(&members);
-        for (primary, secondary) in pairs {
-            let req = Request::CreateGroup { kind: hivefs_proto::GroupKind::Storage, primary, secondary, force: false };
-            rt.block_on(call_once(&mgmtd, &ccfg, &req))
-                .map_err(|e| anyhow!("buddy group of targets {primary} and {secondary}: {e}"))?;
-        }
-        if !left.is_empty() {
-            eprintln!("hivefs up --mirror: targets {left:?} have no buddy on another server and stay unmirrored");
-        }
         // Every namespace onto the next metadata node (all on this host: forced).
-        let mut ids: Vec<u32> = metas.iter().map(|(id, _)| id.0).collect();
-        ids.sort_unstable();
-        if ids.len() >= 2 {
-            for (i, &primary) in ids.iter().enumerate() {
-                let secondary = ids[(i + 1) % ids.len()];
-                let req = Request::CreateGroup { kind: hivefs_proto::GroupKind::Meta, primary, secondary, force: true };
-                rt.block_on(call_once(&mgmtd, &ccfg, &req))
-                    .map_err(|e| anyhow!("metadata buddy group of nodes {primary} and {secondary}: {e}"))?;
-            }
-            wait_until("the metadata secondaries' first copies", timeout, || {
-                match rt.block_on(call_once(
-                    &mgmtd,
-                    &ccfg,
-                    &Request::ListGroups { kind: Some(hivefs_proto::GroupKind::Meta) },
-                )) {
-                    Ok(Reply::Groups(gs)) => {
-                        Ok(gs.iter().all(|g| g.secondary_state == hivefs_proto::Consistency::Good))
-                    }
-                    _ => Ok(false),
-                }
-            })?;
-        }
+        mirror_all(&rt, &mgmtd, &ccfg, &metas, true, timeout)?;
     }
-    // Every metadata node loads the view mgmtd has now. A node's view can lag
-    // mgmtd's: pushes on registration are given up after 2 s, and between its
-    // periodic refreshes (every 2 s) a node does not see a target turn usable;
-    // the first files would then be striped over fewer targets.
-    for (id, addr) in &metas {
-        rt.block_on(call_once(addr, &ccfg, &Request::RefreshView))
-            .map_err(|e| anyhow!("metadata node {id} ({addr}) cannot load the cluster view: {e}"))?;
-    }
+    refresh_views(&rt, &ccfg, &metas)?;
 
     let client_opts = Options::new(mgmtd.clone(), ccfg.secret.clone());
     if first_up {
-        rt.block_on(async {
-            let c = Client::connect(client_opts.clone()).await?;
-            let pat = DirPattern {
-                chunk_size: layout.chunk_size,
-                stripe_count: layout.stripe,
-                chooser: layout.chooser,
-                mirror: a.mirror,
-                ..DirPattern::default()
-            };
-            // The root may take a moment to exist after its owner registered.
-            let mut last = None;
-            for _ in 0..100 {
-                match c.set_dir_pattern(c.root(), pat.clone()).await {
-                    Ok(_) => {
-                        if let Some(mc) = meta_chooser {
-                            c.set_meta_chooser(c.root(), mc).await?;
-                        }
-                        return Ok(());
-                    }
-                    Err(e) => last = Some(e),
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(last.expect("tried"))
-        })
-        .map_err(|e| anyhow!("cannot set the root directory's stripe pattern: {e}"))?;
+        let pat = DirPattern {
+            chunk_size: layout.chunk_size,
+            stripe_count: layout.stripe,
+            chooser: layout.chooser,
+            mirror: a.mirror,
+            ..DirPattern::default()
+        };
+        set_root_pattern(&rt, &client_opts, pat, meta_chooser)?;
     }
 
     // The mount.
@@ -611,6 +536,146 @@ pub fn up(a: UpArgs) -> Result<()> {
     );
     println!("Stop it with: hivefs down --dir {}", dir.display());
     Ok(())
+}
+
+/// How many services a file system has: what [`wait_registered`] waits for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Want {
+    pub meta: u32,
+    pub storage: u32,
+    pub targets: usize,
+}
+
+/// Waits until mgmtd lists the wanted metadata and storage nodes online and the wanted
+/// number of targets online with their space known; `alive` fails the wait early (a
+/// service that exited). Returns the metadata nodes (id, address).
+pub(crate) fn wait_registered(
+    rt: &tokio::runtime::Runtime,
+    mgmtd: &str,
+    ccfg: &ClientConfig,
+    want: Want,
+    timeout: Duration,
+    mut alive: impl FnMut() -> Result<()>,
+) -> Result<Vec<(hivefs_types::ids::NodeId, String)>> {
+    let mut metas = Vec::new();
+    let mut seen = (0, 0, 0);
+    wait_until("all services to register with mgmtd", timeout, || {
+        alive()?;
+        let nodes = match rt.block_on(call_once(mgmtd, ccfg, &Request::ListNodes { node_type: None })) {
+            Ok(Reply::Nodes(n)) => n,
+            _ => return Ok(false),
+        };
+        let targets = match rt.block_on(call_once(mgmtd, ccfg, &Request::ListTargets)) {
+            Ok(Reply::Targets(t)) => t,
+            _ => return Ok(false),
+        };
+        let online =
+            |t: NodeType| nodes.iter().filter(move |n| n.node_type == t && n.reachability == Reachability::Online);
+        metas = online(NodeType::Meta).map(|n| (n.id, n.addr.clone())).collect();
+        seen = (
+            metas.len(),
+            online(NodeType::Storage).count(),
+            targets.iter().filter(|t| t.reachability == Reachability::Online && t.capacity.total_bytes > 0).count(),
+        );
+        Ok(seen.0 >= want.meta as usize && seen.1 >= want.storage as usize && seen.2 >= want.targets)
+    })
+    .with_context(|| {
+        format!(
+            "online so far: {} of {} metadata nodes, {} of {} storage nodes, {} of {} targets",
+            seen.0, want.meta, seen.1, want.storage, seen.2, want.targets
+        )
+    })?;
+    Ok(metas)
+}
+
+/// Mirrors a new file system: its targets paired into storage buddy groups over
+/// different servers, and with 2 or more metadata nodes every namespace onto the next
+/// node (a ring; `force_meta` when they share a machine). Waits for the metadata
+/// secondaries' first copies.
+pub(crate) fn mirror_all(
+    rt: &tokio::runtime::Runtime,
+    mgmtd: &str,
+    ccfg: &ClientConfig,
+    metas: &[(hivefs_types::ids::NodeId, String)],
+    force_meta: bool,
+    timeout: Duration,
+) -> Result<()> {
+    let targets = match rt.block_on(call_once(mgmtd, ccfg, &Request::ListTargets)) {
+        Ok(Reply::Targets(t)) => t,
+        Ok(r) => bail!("mgmtd {mgmtd}: unexpected reply {r:?}"),
+        Err(e) => bail!("mgmtd {mgmtd}: {e}"),
+    };
+    let members: Vec<(u32, u32)> = targets.iter().map(|t| (t.id.0, t.node.0)).collect();
+    let (pairs, left) = crate::mirror::pair_up(&members);
+    for (primary, secondary) in pairs {
+        let req = Request::CreateGroup { kind: hivefs_proto::GroupKind::Storage, primary, secondary, force: false };
+        rt.block_on(call_once(mgmtd, ccfg, &req))
+            .map_err(|e| anyhow!("buddy group of targets {primary} and {secondary}: {e}"))?;
+    }
+    if !left.is_empty() {
+        eprintln!("mirror: targets {left:?} have no buddy on another server and stay unmirrored");
+    }
+    let mut ids: Vec<u32> = metas.iter().map(|(id, _)| id.0).collect();
+    ids.sort_unstable();
+    if ids.len() < 2 {
+        return Ok(());
+    }
+    for (i, &primary) in ids.iter().enumerate() {
+        let secondary = ids[(i + 1) % ids.len()];
+        let req = Request::CreateGroup { kind: hivefs_proto::GroupKind::Meta, primary, secondary, force: force_meta };
+        rt.block_on(call_once(mgmtd, ccfg, &req))
+            .map_err(|e| anyhow!("metadata buddy group of nodes {primary} and {secondary}: {e}"))?;
+    }
+    wait_until("the metadata secondaries' first copies", timeout, || {
+        match rt.block_on(call_once(mgmtd, ccfg, &Request::ListGroups { kind: Some(hivefs_proto::GroupKind::Meta) })) {
+            Ok(Reply::Groups(gs)) => Ok(gs.iter().all(|g| g.secondary_state == hivefs_proto::Consistency::Good)),
+            _ => Ok(false),
+        }
+    })
+}
+
+/// Every metadata node loads the view mgmtd has now. A node's view can lag mgmtd's:
+/// pushes on registration are given up after 2 s, and between its periodic refreshes
+/// (every 2 s) a node does not see a target turn usable; the first files would then be
+/// striped over fewer targets.
+pub(crate) fn refresh_views(
+    rt: &tokio::runtime::Runtime,
+    ccfg: &ClientConfig,
+    metas: &[(hivefs_types::ids::NodeId, String)],
+) -> Result<()> {
+    for (id, addr) in metas {
+        rt.block_on(call_once(addr, ccfg, &Request::RefreshView))
+            .map_err(|e| anyhow!("metadata node {id} ({addr}) cannot load the cluster view: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Sets the root directory's stripe pattern (and metadata chooser) of a new file system.
+pub(crate) fn set_root_pattern(
+    rt: &tokio::runtime::Runtime,
+    opts: &Options,
+    pat: DirPattern,
+    meta_chooser: Option<hivefs_proto::MetaChooser>,
+) -> Result<()> {
+    rt.block_on(async {
+        let c = Client::connect(opts.clone()).await?;
+        // The root may take a moment to exist after its owner registered.
+        let mut last = None;
+        for _ in 0..100 {
+            match c.set_dir_pattern(c.root(), pat.clone()).await {
+                Ok(_) => {
+                    if let Some(mc) = meta_chooser {
+                        c.set_meta_chooser(c.root(), mc).await?;
+                    }
+                    return Ok(());
+                }
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(last.expect("tried"))
+    })
+    .map_err(|e| anyhow!("cannot set the root directory's stripe pattern: {e}"))
 }
 
 #[derive(Serialize)]
@@ -729,7 +794,7 @@ pub fn status(a: StatusArgs) -> Result<()> {
 
 /// Runs `cmd` for at most `limit`: Ok(true) if it succeeded, Ok(false) if
 /// it failed or ran too long (then it is killed), Err if it is not installed.
-fn run_with_timeout(cmd: &mut Command, limit: Duration) -> std::io::Result<bool> {
+pub(crate) fn run_with_timeout(cmd: &mut Command, limit: Duration) -> std::io::Result<bool> {
     let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?;
     let start = Instant::now();
     loop {
@@ -767,7 +832,7 @@ pub(crate) fn unmount(mnt: &Path, lazy: bool) -> Result<bool> {
     })
 }
 
-fn stop_pid(name: &str, pid: i32, grace: Duration) {
+pub(crate) fn stop_pid(name: &str, pid: i32, grace: Duration) {
     // A process this file system started (pid from its pid file).
     send_signal(pid, Signal::TERM);
     let start = Instant::now();

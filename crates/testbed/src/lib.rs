@@ -87,16 +87,34 @@ pub struct Host {
     pub ip: Ipv4Addr,
     index: u8,
     switch_ns: String,
+    /// Set by [`Testbed::isolate`]: the process holding the host's own mount and UTS
+    /// namespaces.
+    anchor: Option<u32>,
 }
 
 impl Host {
     /// A command that runs `program` inside this host's network namespace (and in the
     /// caller's mount namespace; see the crate documentation), through
     /// `nsenter --net=/run/netns/<netns> -- program` (nsenter execs it: same pid).
+    /// On an isolated host ([`Testbed::isolate`]) it also enters the host's own mount
+    /// and UTS namespaces: `nsenter --target <anchor> --net --mount --uts -- program`.
     pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
         let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net={NETNS_DIR}/{}", self.netns)).arg("--").arg(program);
+        match self.anchor {
+            Some(pid) => {
+                cmd.args(["--target", &pid.to_string(), "--net", "--mount", "--uts"]);
+            }
+            None => {
+                cmd.arg(format!("--net={NETNS_DIR}/{}", self.netns));
+            }
+        }
+        cmd.arg("--").arg(program);
         cmd
+    }
+
+    /// Whether the host has mount and UTS namespaces of its own ([`Testbed::isolate`]).
+    pub fn isolated(&self) -> bool {
+        self.anchor.is_some()
     }
 
     /// `ip:port` of this host.
@@ -299,6 +317,60 @@ impl Testbed {
         ip(&["-n", &sw, "link", "set", &sif, "up"])?;
         ip(&["-n", &h.netns, "addr", "add", &format!("{}/24", h.ip), "dev", HOST_IF])?;
         ip(&["-n", &h.netns, "link", "set", HOST_IF, "up"])?;
+        Ok(h)
+    }
+
+    /// Makes `host` a machine of its own as far as files go: a private mount namespace and
+    /// UTS namespace (its hostname is its name), held by an anchor process (`sleep`)
+    /// started inside its network namespace, with each `(source, target)` of `binds`
+    /// bind-mounted (`target` must exist: a directory, or a file such as `/etc/hosts`).
+    /// Every later [`Host::command`] of the returned host (and of [`Testbed::host`]) runs
+    /// in those namespaces, so the host's FUSE mounts, and what it writes under the bind
+    /// targets, are its own; the rest of the file system is shared. The namespaces go
+    /// away with the host's last process, when the test bed is destroyed. Isolation is
+    /// not recorded in the state file: a test bed opened by another process
+    /// ([`Testbed::open`]) sees its hosts as plain ones.
+    pub fn isolate(&self, host: &Host, binds: &[(PathBuf, PathBuf)]) -> Result<Host> {
+        if host.anchor.is_some() {
+            bail!("host {} is isolated already", host.name);
+        }
+        // Positional arguments, so no path is ever parsed by the shell.
+        let script = r#"hostname "$1" || exit 1; shift
+            while [ $# -gt 0 ]; do mount --bind "$1" "$2" || exit 1; shift 2; done
+            echo ready; exec sleep infinity"#;
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net={NETNS_DIR}/{}", host.netns))
+            .args(["--", "unshare", "--mount", "--uts", "--propagation", "private", "--", "sh", "-c", script, "sh"])
+            .arg(&host.name);
+        for (src, dst) in binds {
+            cmd.arg(src).arg(dst);
+        }
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let label = format!("anchor of host {}", host.name);
+        let mut child = cmd.spawn().with_context(|| format!("cannot start the {label} (nsenter, unshare)"))?;
+        let pid = child.id();
+        let stdout = child.stdout.take().expect("piped");
+        let stderr = child.stderr.take().expect("piped");
+        self.lock().children.push((label.clone(), child));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line);
+            let _ = tx.send(line);
+        });
+        let ready = rx.recv_timeout(Duration::from_secs(10)).unwrap_or_default();
+        if ready.trim() != "ready" {
+            // Stopped first: its stderr then ends, and reading it cannot block.
+            let _ = self.stop(pid, Duration::from_secs(1));
+            let mut err = String::new();
+            let _ = std::io::Read::read_to_string(&mut { stderr }, &mut err);
+            bail!("cannot isolate host {}: {}", host.name, err.trim());
+        }
+        let mut h = host.clone();
+        h.anchor = Some(pid);
+        if let Some(slot) = self.lock().hosts.iter_mut().find(|x| x.name == host.name) {
+            slot.anchor = Some(pid);
+        }
         Ok(h)
     }
 
@@ -648,6 +720,7 @@ fn make_host(id: u8, name: &str, index: u8) -> Host {
         ip: Ipv4Addr::new(10, 231, id, index),
         index,
         switch_ns: format!("{PREFIX}{id}_sw"),
+        anchor: None,
     }
 }
 

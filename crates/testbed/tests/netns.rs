@@ -189,3 +189,40 @@ fn sweep_removes_test_beds_of_dead_processes() {
     assert!(!has_netns(&x.netns), "{} left behind", x.netns);
     assert!(Testbed::open(&name).is_err(), "state of {name} left behind");
 }
+
+#[test]
+fn an_isolated_host_has_its_own_hostname_and_bind_mounts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (shared, a_dir, b_dir) = (tmp.path().join("shared"), tmp.path().join("a"), tmp.path().join("b"));
+    for d in [&shared, &a_dir, &b_dir] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let tb = testbed("nt-iso");
+    let a = tb.add_host("a").unwrap();
+    let b = tb.add_host("b").unwrap();
+    let a = tb.isolate(&a, &[(a_dir.clone(), shared.clone())]).unwrap();
+    let b = tb.isolate(&b, &[(b_dir.clone(), shared.clone())]).unwrap();
+    assert!(a.isolated() && tb.host("b").unwrap().isolated());
+    let run = |h: &Host, script: &str| {
+        let o = h.command("sh").args(["-c", script]).output().unwrap();
+        assert!(o.status.success(), "{script} on {}: {}", h.name, String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    assert_eq!(run(&a, "hostname").trim(), "a");
+    assert_eq!(run(&b, "hostname").trim(), "b");
+    let path = shared.join("f");
+    run(&a, &format!("echo from-a > {}", path.display()));
+    run(&b, &format!("echo from-b > {}", path.display()));
+    // Each host wrote into its own directory; the shared path is empty outside.
+    assert_eq!(std::fs::read_to_string(a_dir.join("f")).unwrap(), "from-a\n");
+    assert_eq!(std::fs::read_to_string(b_dir.join("f")).unwrap(), "from-b\n");
+    assert!(!path.exists(), "a bind mount leaked into the caller's mount namespace");
+    assert_eq!(run(&a, &format!("cat {}", path.display())), "from-a\n");
+    // Its network is the host's: it reaches the other host.
+    let addr = echo_server(&tb, &b, 7000);
+    wait_reachable(&a, &addr);
+    // Binding a missing target fails with the reason.
+    let c = tb.add_host("c").unwrap();
+    let e = tb.isolate(&c, &[(a_dir.clone(), tmp.path().join("missing"))]).unwrap_err();
+    assert!(format!("{e:#}").contains("missing"), "{e:#}");
+}
