@@ -19,6 +19,17 @@ command -v tc >/dev/null || need+=(iproute2)
 # On-demand instances across hosts (`hivefs ond`) and their tests: ssh and sshd.
 command -v ssh >/dev/null || need+=(openssh-client)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+# Metrics test: a real Prometheus server, queried with curl.
+lean=()
+command -v prometheus >/dev/null || lean+=(prometheus)
+command -v curl >/dev/null || need+=(curl)
+if ((${#lean[@]})); then
+  # Without the recommended exporters and their services.
+  echo "installing: ${lean[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${lean[@]}" >/dev/null
+fi
 if ((${#need[@]})); then
   echo "installing: ${need[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

@@ -27,6 +27,10 @@ pub struct Common {
     /// Log level (error, warn, info, debug, trace); HIVEFS_LOG overrides.
     #[arg(long, default_value = "info")]
     pub log_level: String,
+    /// Serve Prometheus metrics (`GET /metrics`) on this address, host:port
+    /// (the config key `metrics_listen`).
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -145,12 +149,25 @@ pub struct MountArgs {
     /// Log level.
     #[arg(long, default_value = "info")]
     pub log_level: String,
+    /// Serve Prometheus metrics (`GET /metrics`) of this mount on this address, host:port.
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
     /// Empty directory to mount on.
     pub mountpoint: PathBuf,
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")
+}
+
+/// Starts the metrics endpoint of this process (named `service`) when it has an address.
+async fn serve_metrics(service: &'static str, listen: Option<&str>) -> Result<()> {
+    hivefs_metrics::set_service(service);
+    if let Some(l) = listen {
+        let (addr, _task) = hivefs_metrics::serve(l).await?;
+        info!("{service}: metrics at http://{addr}/metrics");
+    }
+    Ok(())
 }
 
 fn apply_common(c: &Common, dir: &mut PathBuf, listen: &mut String, secret: &mut Option<PathBuf>) {
@@ -169,7 +186,9 @@ pub fn run_mgmtd(a: MgmtdArgs) -> Result<()> {
     init_logging(&a.common.log_level);
     let mut cfg: hivefs_mgmtd::Config = load_config(a.common.config.as_deref())?;
     apply_common(&a.common, &mut cfg.dir, &mut cfg.listen, &mut cfg.secret_file);
+    cfg.metrics_listen = a.common.metrics_listen.clone().or(cfg.metrics_listen);
     runtime()?.block_on(async {
+        serve_metrics("mgmtd", cfg.metrics_listen.as_deref()).await?;
         let svc = hivefs_mgmtd::start(cfg).await.map_err(|e| anyhow!("mgmtd: {e}"))?;
         info!("mgmtd serving on {}", svc.local_addr);
         wait_for_signal().await;
@@ -183,7 +202,9 @@ pub fn run_meta(a: MetaArgs) -> Result<()> {
     let mut cfg: hivefs_meta::Config = load_config(a.common.config.as_deref())?;
     apply_common(&a.common, &mut cfg.dir, &mut cfg.listen, &mut cfg.secret_file);
     a.member.apply(&mut cfg.mgmtd, &mut cfg.advertise);
+    cfg.metrics_listen = a.common.metrics_listen.clone().or(cfg.metrics_listen);
     runtime()?.block_on(async {
+        serve_metrics("meta", cfg.metrics_listen.as_deref()).await?;
         let svc = hivefs_meta::start(cfg).await.map_err(|e| anyhow!("meta: {e}"))?;
         info!("metadata node {} serving on {}", svc.node_id, svc.local_addr);
         tokio::select! {
@@ -219,7 +240,9 @@ pub fn run_storage(a: StorageArgs) -> Result<()> {
         }
         return Ok(());
     }
+    cfg.metrics_listen = a.common.metrics_listen.clone().or(cfg.metrics_listen);
     runtime()?.block_on(async {
+        serve_metrics("storage", cfg.metrics_listen.as_deref()).await?;
         let svc = hivefs_storage::start(cfg).await.map_err(|e| anyhow!("storage: {e}"))?;
         info!("storage node {} serving targets {:?} on {}", svc.node_id, svc.targets, svc.local_addr);
         wait_for_signal().await;
@@ -282,6 +305,7 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
         None => None,
     };
     let rt = runtime()?;
+    rt.block_on(serve_metrics("mount", a.metrics_listen.as_deref()))?;
     let client = rt.block_on(async {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {

@@ -123,6 +123,10 @@ pub struct Layout {
     pub mgmtd_port: u16,
     pub meta_ports: Vec<u16>,
     pub storage_ports: Vec<u16>,
+    /// Prometheus endpoints (`metrics_listen`), in [`Layout::services`] order, then the
+    /// mount's. File systems from before metrics get them at their next `up`.
+    #[serde(default)]
+    pub metrics_ports: Vec<u16>,
 }
 
 impl Layout {
@@ -158,6 +162,9 @@ impl Layout {
         if role != "mgmtd" {
             args.extend(["--mgmtd".into(), self.mgmtd_addr()]);
         }
+        if let Some(m) = self.metrics_port(sdir) {
+            args.extend(["--metrics-listen".into(), format!("{}:{m}", self.host)]);
+        }
         let cfg_file = sdir.join(format!("{role}.toml"));
         if cfg_file.exists() {
             args.extend(["--config".into(), cfg_file.display().to_string()]);
@@ -169,6 +176,18 @@ impl Layout {
             }
         }
         args
+    }
+
+    /// The metrics port of the service whose directory is `sdir` (or of the mount, for
+    /// `<dir>/client`), when the layout has them.
+    pub fn metrics_port(&self, sdir: &Path) -> Option<u16> {
+        let name = sdir.file_name()?.to_str()?;
+        let dir = sdir.parent()?;
+        let i = match name {
+            "client" => self.meta_ports.len() + self.storage_ports.len() + 1,
+            _ => self.services(dir).iter().position(|s| s.0 == name)?,
+        };
+        self.metrics_ports.get(i).copied()
     }
 
     /// (name, role, port, service dir)
@@ -255,6 +274,11 @@ fn layout_for(a: &UpArgs, dir: &Path) -> Result<Layout> {
             }
             Ok(())
         };
+        if l.metrics_ports.is_empty() {
+            for _ in 0..l.meta + l.storage + 2 {
+                l.metrics_ports.push(free_port(&l.host)?.0);
+            }
+        }
         check("meta", a.meta, l.meta)?;
         check("storage", a.storage, l.storage)?;
         check("targets-per-storage", a.targets_per_storage, l.targets_per_storage)?;
@@ -284,7 +308,8 @@ fn layout_for(a: &UpArgs, dir: &Path) -> Result<Layout> {
         None => Chooser::Balanced,
     };
     let mut held = Vec::new();
-    for _ in 0..(1 + meta + storage) {
+    // Service ports, then metrics ports (services, then the mount).
+    for _ in 0..(1 + meta + storage) * 2 + 1 {
         held.push(free_port(&a.host)?);
     }
     let mut ports: Vec<u16> = held.iter().map(|(p, _)| *p).collect();
@@ -309,7 +334,8 @@ fn layout_for(a: &UpArgs, dir: &Path) -> Result<Layout> {
         atime: a.atime.clone().unwrap_or_else(noatime),
         mgmtd_port: ports[0],
         meta_ports: ports[1..=meta as usize].to_vec(),
-        storage_ports: ports[1 + meta as usize..].to_vec(),
+        storage_ports: ports[1 + meta as usize..(1 + meta + storage) as usize].to_vec(),
+        metrics_ports: ports[(1 + meta + storage) as usize..].to_vec(),
     })
 }
 
@@ -381,7 +407,11 @@ pub fn up(a: UpArgs) -> Result<()> {
                 .ok_or_else(|| anyhow!("unknown metadata chooser {s:?}: use balanced, random or roundrobin"))
         })
         .transpose()?;
-    if first_up || a.cache_mode.is_some() || a.atime.is_some() {
+    if first_up
+        || a.cache_mode.is_some()
+        || a.atime.is_some()
+        || !load_layout(&dir).is_ok_and(|l| l.metrics_ports == layout.metrics_ports)
+    {
         hivefs_cluster::write_atomic(&dir.join("fs.toml"), toml::to_string(&layout)?.as_bytes())?;
     }
     let secret = dir.join("secret");
@@ -504,8 +534,12 @@ pub fn up(a: UpArgs) -> Result<()> {
             layout.cache_mode.clone(),
             "--atime".into(),
             layout.atime.clone(),
-            mnt.display().to_string(),
         ];
+        let mut args = args;
+        if let Some(m) = layout.metrics_port(&cdir) {
+            args.extend(["--metrics-listen".into(), format!("{}:{m}", layout.host)]);
+        }
+        args.push(mnt.display().to_string());
         spawn_service("mount", &args, &cdir)?;
         started.push("mount".into());
         wait_until("the mount", timeout, || {
@@ -683,6 +717,8 @@ struct ServiceStatus {
     name: String,
     role: String,
     address: Option<String>,
+    /// Its Prometheus endpoint.
+    metrics: Option<String>,
     pid: Option<i32>,
     running: bool,
     log: PathBuf,
@@ -699,6 +735,7 @@ impl ServiceStatus {
             name,
             role: role.into(),
             address,
+            metrics: None,
             pid,
             running,
             log,
@@ -726,11 +763,15 @@ fn collect_status(dir: &Path, layout: &Layout) -> Status {
     for (name, role, port, sdir) in layout.services(dir) {
         let pid = read_pid(&sdir.join(format!("{name}.pid")));
         let log = sdir.join(format!("{name}.log"));
-        services.push(ServiceStatus::new(name, role, Some(format!("{}:{port}", layout.host)), pid, log));
+        let mut st = ServiceStatus::new(name, role, Some(format!("{}:{port}", layout.host)), pid, log);
+        st.metrics = layout.metrics_port(&sdir).map(|m| format!("http://{}:{m}/metrics", layout.host));
+        services.push(st);
     }
     let cdir = dir.join("client");
     let pid = read_pid(&cdir.join("mount.pid"));
-    services.push(ServiceStatus::new("mount".into(), "client", None, pid, cdir.join("mount.log")));
+    let mut st = ServiceStatus::new("mount".into(), "client", None, pid, cdir.join("mount.log"));
+    st.metrics = layout.metrics_port(&cdir).map(|m| format!("http://{}:{m}/metrics", layout.host));
+    services.push(st);
     let running = services.iter().filter(|s| s.running);
     let total_rss_kib = running.clone().filter_map(|s| s.rss_kib).sum();
     let total_peak_rss_kib = running.filter_map(|s| s.peak_rss_kib).sum();

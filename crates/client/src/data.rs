@@ -114,6 +114,14 @@ impl Client {
     /// [`Client::write`] of a buffer the caller gives away: the pieces sent to
     /// the targets are slices of it, not copies.
     pub async fn write_bytes(&self, pattern: &Pattern, entry: EntryId, offset: u64, data: Bytes) -> FsResult<usize> {
+        let r = self.write_pieces(pattern, entry, offset, data).await;
+        if let Ok(n) = &r {
+            hivefs_metrics::client_io("write", *n as u64);
+        }
+        r
+    }
+
+    async fn write_pieces(&self, pattern: &Pattern, entry: EntryId, offset: u64, data: Bytes) -> FsResult<usize> {
         if pattern.targets().is_empty() {
             return Err(FsError::new(ErrorCode::Invalid, format!("file {entry} has an empty stripe pattern")));
         }
@@ -199,6 +207,21 @@ impl Client {
     /// short only at the end of the file. `size_hint` is the size the caller
     /// knows (it may be stale); the targets are asked when a piece comes back short.
     pub async fn read(
+        &self,
+        pattern: &Pattern,
+        entry: EntryId,
+        offset: u64,
+        len: usize,
+        size_hint: u64,
+    ) -> FsResult<Vec<u8>> {
+        let r = self.read_pieces(pattern, entry, offset, len, size_hint).await;
+        if let Ok(b) = &r {
+            hivefs_metrics::client_io("read", b.len() as u64);
+        }
+        r
+    }
+
+    async fn read_pieces(
         &self,
         pattern: &Pattern,
         entry: EntryId,

@@ -72,6 +72,10 @@ pub struct Config {
     pub dir: PathBuf,
     /// Address to listen on.
     pub listen: String,
+    /// Address of the Prometheus scrape endpoint (`GET /metrics`, text format), e.g.
+    /// `0.0.0.0:9100`; absent: no endpoint. Served by the `hivefs` binary
+    /// (`hivefs_metrics`); `hivefs up` turns it on with a free port per service.
+    pub metrics_listen: Option<String>,
     /// Address others use to reach this node; default: the bound local address.
     pub advertise: Option<String>,
     /// Address of mgmtd.
@@ -113,6 +117,7 @@ impl Default for Config {
         Config {
             dir: PathBuf::from("/var/lib/hivefs/meta"),
             listen: "127.0.0.1:8005".into(),
+            metrics_listen: None,
             advertise: None,
             mgmtd: "127.0.0.1:8008".into(),
             secret_file: None,

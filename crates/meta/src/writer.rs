@@ -398,7 +398,10 @@ pub fn run_batch(log: &mut Log, st: &mut WriterState, muts: Vec<Queued>) -> Vec<
         Ok(r) => r,
         Err(e) => return fail_all(hivefs_types::ErrorCode::Io, &e.to_string()),
     };
-    if let Err(e) = log.commit(changes) {
+    let start = std::time::Instant::now();
+    let committed = log.commit(changes);
+    hivefs_metrics::committed(n, start.elapsed());
+    if let Err(e) = committed {
         return match e {
             AppendError::Refused(e) => fail_all(failure_code(&e), &format!("journal write: {e}")),
             AppendError::Unavailable(m) => {

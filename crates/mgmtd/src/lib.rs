@@ -49,7 +49,7 @@ pub use registry::{NodeRecord, PoolRecord, Registry, TargetRecord, DEFAULT_POOL_
 pub use state::{capacity_pool, classify, CapacityLimits, Mgmt, Timeouts, MGMT_NODE_ID};
 
 use hivefs_net::{serve, Handler, Peer, ServerConfig, ServerHandle};
-use hivefs_proto::{Request, Response};
+use hivefs_proto::{Reachability, Request, Response};
 use hivefs_types::fs_err;
 use hivefs_types::ids::NodeType;
 use serde::{Deserialize, Serialize};
@@ -64,6 +64,10 @@ pub struct Config {
     /// The registry lives here (`registry.toml`).
     pub dir: PathBuf,
     pub listen: String,
+    /// Address of the Prometheus scrape endpoint (`GET /metrics`, text format), e.g.
+    /// `0.0.0.0:9100`; absent: no endpoint. Served by the `hivefs` binary
+    /// (`hivefs_metrics`); `hivefs up` turns it on with a free port per service.
+    pub metrics_listen: Option<String>,
     /// Shared secret file; `None` disables authentication.
     pub secret_file: Option<PathBuf>,
     /// A node or target is probably-offline once its last report is this old.
@@ -121,6 +125,7 @@ impl Default for Config {
         Config {
             dir: PathBuf::from("/var/lib/hivefs/mgmtd"),
             listen: "127.0.0.1:8008".into(),
+            metrics_listen: None,
             secret_file: None,
             probably_offline_after_ms: 10_000,
             offline_after_ms: 30_000,
@@ -274,6 +279,7 @@ pub async fn start(cfg: Config) -> Result<MgmtService, MgmtError> {
     ccfg.retries = 0;
     ccfg.conns_per_peer = 1;
     let state = Arc::new(Mutex::new(mgmt));
+    scrape_registry(&state);
     let pools = hivefs_net::Pools::new(ccfg);
     let failover = tokio::spawn(failover_loop(state.clone(), pools.clone()));
     let handler = Arc::new(MgmtHandler { state, pools });
@@ -282,6 +288,32 @@ pub async fn start(cfg: Config) -> Result<MgmtService, MgmtError> {
         .map_err(|source| MgmtError::Listen { addr: cfg.listen.clone(), source })?;
     tracing::info!(addr = %server.local_addr, dir = %cfg.dir.display(), "mgmtd started");
     Ok(MgmtService { local_addr: server.local_addr, server, failover })
+}
+
+/// At each scrape: nodes and targets by reachability, and every target's space (what
+/// mgmtd last heard), so one scrape of mgmtd shows the whole file system.
+fn scrape_registry(state: &Arc<Mutex<Mgmt>>) {
+    let weak = Arc::downgrade(state);
+    hivefs_metrics::on_scrape(move || {
+        let Some(st) = weak.upgrade() else { return };
+        let now = Instant::now();
+        let (nodes, targets) = {
+            let g = st.lock().unwrap_or_else(|e| e.into_inner());
+            (g.list_nodes(None, now), g.list_targets(now))
+        };
+        let states = [Reachability::Online, Reachability::ProbablyOffline, Reachability::Offline];
+        for r in states {
+            for (kind, t) in [("meta", NodeType::Meta), ("storage", NodeType::Storage)] {
+                let n = nodes.iter().filter(|n| n.node_type == t && n.reachability == r).count();
+                hivefs_metrics::registered(true, kind, r.as_str(), n);
+            }
+            let n = targets.iter().filter(|t| t.reachability == r).count();
+            hivefs_metrics::registered(false, "storage", r.as_str(), n);
+        }
+        for t in &targets {
+            hivefs_metrics::target_space(t.id.0, t.node.0, t.capacity.total_bytes, t.capacity.free_bytes);
+        }
+    });
 }
 
 /// How often mgmtd looks for buddy groups to switch over.

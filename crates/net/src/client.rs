@@ -325,10 +325,16 @@ impl Pool {
         req: &Request,
         payload: impl Into<Bytes>,
     ) -> Result<(Reply, Vec<u8>), FsError> {
+        let start = std::time::Instant::now();
+        let r = self.call_inner(env, req, payload.into()).await;
+        hivefs_metrics::called(req.kind(), start.elapsed(), r.is_ok());
+        r
+    }
+
+    async fn call_inner(&self, env: &Envelope, req: &Request, payload: Bytes) -> Result<(Reply, Vec<u8>), FsError> {
         let body = encode_request(env, req);
         let attempts = if env.may_repeat(req) { self.cfg.retries + 1 } else { 1 };
         let deadline = tokio::time::Instant::now() + self.cfg.deadline;
-        let payload: Bytes = payload.into();
         let mut last = None;
         for attempt in 0..attempts {
             if attempt > 0 {

@@ -192,6 +192,11 @@ impl Shared {
     }
 
     fn refused(&self, kind: Refusal, peer: SocketAddr, what: &str) {
+        hivefs_metrics::refused(match kind {
+            Refusal::Admission => "admission",
+            Refusal::Handshake => "handshake",
+            Refusal::BadFrame => "bad_frame",
+        });
         match self.throttles[kind as usize].allow() {
             Some(0) => warn!(%peer, "{what}"),
             Some(n) => warn!(%peer, "{what} ({n} more refusals of this kind in the last {LOG_INTERVAL:?})"),
@@ -267,6 +272,18 @@ pub async fn serve<H: Handler>(addr: &str, cfg: ServerConfig, handler: Arc<H>) -
     let local_addr = listener.local_addr()?;
     info!(%local_addr, node_type = %cfg.node_type, "listening");
     let shared = Shared::new(Arc::new(cfg));
+    // Gauges read at scrape time, at no cost per request.
+    let weak = Arc::downgrade(&shared);
+    hivefs_metrics::on_scrape(move || {
+        if let Some(sh) = weak.upgrade() {
+            let m = hivefs_metrics::metrics();
+            let l = hivefs_metrics::ServiceLabels { service: hivefs_metrics::service() };
+            let held = sh.bytes_total as usize - sh.bytes.available_permits().min(sh.bytes_total as usize);
+            m.request_bytes_held.get_or_create(&l).set(held as i64);
+            let conns = sh.cfg.max_connections - sh.conns.available_permits().min(sh.cfg.max_connections);
+            m.connections.get_or_create(&l).set(conns as i64);
+        }
+    });
     let task = tokio::spawn(async move {
         let accept_errors = Throttle::default();
         loop {
@@ -455,6 +472,10 @@ where
         }
     });
     let conn_inflight = Arc::new(Semaphore::new(cfg.max_inflight_per_conn.max(1)));
+    let in_flight = hivefs_metrics::metrics()
+        .requests_in_flight
+        .get_or_create_owned(&hivefs_metrics::ServiceLabels { service: hivefs_metrics::service() });
+    let client: Arc<str> = peer.addr.ip().to_string().into();
     loop {
         let header = match read_header(&mut rd).await {
             Ok(h) => h,
@@ -516,8 +537,14 @@ where
         let handler = handler.clone();
         let tx = tx.clone();
         let peer = peer.clone();
+        let (in_flight, client) = (in_flight.clone(), client.clone());
         let fut = async move {
+            let (op, uid, bytes_in) = (req.kind(), req.caller().map(|c| c.uid), frame.payload.len());
+            let start = Instant::now();
+            in_flight.inc();
             let (resp, payload) = handler.handle(env, req, frame.payload, &peer).await;
+            in_flight.dec();
+            hivefs_metrics::served(op, start.elapsed(), resp.is_ok(), bytes_in, payload.len(), &client, uid);
             let _ = tx.send(Outgoing { request_id: rid, body: encode_body(&resp), payload, _held: Some(held) }).await;
         };
         // A large future is boxed once instead of being copied by value

@@ -265,7 +265,7 @@ pub const RENAME_EXCHANGE: u32 = 2;
 pub const XATTR_CREATE: u32 = 1;
 pub const XATTR_REPLACE: u32 = 2;
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr)]
 pub enum Request {
     Ping,
 
@@ -836,9 +836,24 @@ pub enum FsckFix {
 impl Request {
     /// The variant name, for messages (no field contents).
     pub fn name(&self) -> String {
-        let s = format!("{self:?}");
-        let end = s.find([' ', '{', '(']).unwrap_or(s.len());
-        s[..end].to_string()
+        self.kind().to_string()
+    }
+
+    /// The variant name without an allocation (a metric label).
+    pub fn kind(&self) -> &'static str {
+        self.into()
+    }
+
+    /// The user a namespace request runs for, when it names one.
+    pub fn caller(&self) -> Option<Caller> {
+        match self {
+            Request::SetAttr { caller, .. }
+            | Request::Create { caller, .. }
+            | Request::Mkdir { caller, .. }
+            | Request::Symlink { caller, .. }
+            | Request::CreateOpen { caller, .. } => Some(*caller),
+            _ => None,
+        }
     }
 
     /// The name (parent, name) a successful answer to this request maps to
@@ -1420,6 +1435,9 @@ mod tests {
         assert_eq!(Request::Ping.name(), "Ping");
         assert_eq!(Request::StatChunk { target: TargetId(1), entry: EntryId::ROOT }.name(), "StatChunk");
         assert_eq!(Request::RetiredLeasing.name(), "RetiredLeasing");
+        let caller = Caller { uid: 7, gid: 8 };
+        let r = Request::Mkdir { parent: EntryId::ROOT, name: b"d".to_vec(), mode: 0o755, caller };
+        assert_eq!((r.kind(), r.caller()), ("Mkdir", Some(caller)));
     }
 
     #[test]

@@ -57,6 +57,10 @@ pub struct Config {
     /// Target directories, each formatted by [`init_target`].
     pub targets: Vec<PathBuf>,
     pub listen: String,
+    /// Address of the Prometheus scrape endpoint (`GET /metrics`, text format), e.g.
+    /// `0.0.0.0:9100`; absent: no endpoint. Served by the `hivefs` binary
+    /// (`hivefs_metrics`); `hivefs up` turns it on with a free port per service.
+    pub metrics_listen: Option<String>,
     /// Address peers reach this service at; default: the bound listen address.
     pub advertise: Option<String>,
     /// Address of mgmtd.
@@ -89,6 +93,7 @@ impl Default for Config {
             dir: PathBuf::from("/var/lib/hivefs/storage"),
             targets: Vec::new(),
             listen: "127.0.0.1:8003".into(),
+            metrics_listen: None,
             advertise: None,
             mgmtd: "127.0.0.1:8008".into(),
             secret_file: None,
@@ -304,6 +309,7 @@ impl Ready {
             Request::WriteChunk { target, entry, offset } => match self.store_of(target, mirrored) {
                 Ok(s) => {
                     self.throttle(target, payload.len() as u64).await;
+                    hivefs_metrics::target_io(target.0, "write", payload.len() as u64);
                     chunk_io(payload.len(), move || s.write(entry, offset, &payload)).await.map(Reply::Written)
                 }
                 Err(e) => Err(e),
@@ -319,6 +325,7 @@ impl Ready {
                         Ok(s) => match cached_read(s, entry, offset, len).await {
                             Ok(data) => {
                                 self.throttle(target, data.len() as u64).await;
+                                hivefs_metrics::target_io(target.0, "read", data.len() as u64);
                                 return (Ok(Reply::Data), data);
                             }
                             Err(e) => Err(e),
@@ -521,6 +528,12 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
 
     let stores: HashMap<TargetId, Arc<ChunkStore>> =
         ids.iter().zip(&opened).map(|(&id, o)| (id, Arc::new(ChunkStore::new(id, &o.dir)))).collect();
+    let space: Vec<(TargetId, PathBuf)> = ids.iter().zip(&opened).map(|(&id, o)| (id, o.dir.clone())).collect();
+    hivefs_metrics::on_scrape(move || {
+        for t in sample(&space) {
+            hivefs_metrics::target_space(t.target.0, node.0, t.capacity.total_bytes, t.capacity.free_bytes);
+        }
+    });
     for s in stores.values() {
         // Otherwise made one by one, each with an fsync, under the first files.
         if let Err(e) = s.make_subdirs() {

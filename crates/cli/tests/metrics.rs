@@ -1,0 +1,125 @@
+//! Metrics through a real Prometheus server (Debian package `prometheus`): it scrapes
+//! every service and the mount of `hivefs up`, and its HTTP API shows series from each,
+//! with the counts of what the test did.
+
+mod common;
+
+use common::*;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+struct Prometheus(Child);
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// `GET url` with curl; the body.
+fn get(url: &str) -> Option<String> {
+    let o =
+        Command::new("curl").args(["-sf", "--max-time", "5", url]).output().expect("run curl (Debian package curl)");
+    o.status.success().then(|| String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// An instant query: (labels, value) of each series.
+fn query(api: &str, q: &str) -> Vec<(serde_json::Value, f64)> {
+    let url = format!("{api}/api/v1/query?query={}", urlencode(q));
+    let Some(body) = get(&url) else { return Vec::new() };
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    v["data"]["result"]
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .map(|s| (s["metric"].clone(), s["value"][1].as_str().and_then(|x| x.parse().ok()).unwrap_or(f64::NAN)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[test]
+fn prometheus_scrapes_every_service_and_the_mount() {
+    let fs = TestFs::up(&[]);
+    // Some work for the counters.
+    for i in 0..5 {
+        std::fs::create_dir(fs.path(&format!("d{i}"))).unwrap();
+    }
+    let data = random_bytes(1, 3 << 20);
+    std::fs::write(fs.path("d0/f"), &data).unwrap();
+    assert_eq!(std::fs::read(fs.path("d0/f")).unwrap(), data);
+
+    let st: serde_json::Value = serde_json::from_str(&hivefs_ok(&["status", "--dir", fs.dir_s(), "--json"])).unwrap();
+    let mut targets = Vec::new();
+    for s in st["services"].as_array().unwrap() {
+        let url = s["metrics"].as_str().unwrap_or_else(|| panic!("{s} has no metrics endpoint"));
+        let hostport = url.trim_start_matches("http://").trim_end_matches("/metrics");
+        // The endpoint answers by itself too.
+        let text = get(url).unwrap_or_else(|| panic!("{url} does not answer"));
+        assert!(text.contains("# TYPE hivefs_resident_memory_bytes gauge"), "{url}: {text}");
+        targets.push(format!("'{hostport}'"));
+    }
+    assert_eq!(targets.len(), 5, "mgmtd, meta, 2 storage, mount");
+
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("prometheus.yml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: hivefs\n    \
+             static_configs:\n      - targets: [{}]\n",
+            targets.join(", ")
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let child = Command::new("prometheus")
+        .arg(format!("--config.file={}", cfg.display()))
+        .arg(format!("--storage.tsdb.path={}", tmp.path().join("data").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(tmp.path().join("prometheus.log")).unwrap())
+        .spawn()
+        .expect("run prometheus (Debian package prometheus)");
+    let _prom = Prometheus(child);
+    let api = format!("http://127.0.0.1:{port}");
+
+    // Every target scraped and up.
+    wait_for("prometheus to scrape all 5 endpoints", Duration::from_secs(60), || {
+        let up = query(&api, "up");
+        up.len() == 5 && up.iter().all(|(_, v)| *v == 1.0)
+    });
+    // Series from every service.
+    wait_for("series of every service", Duration::from_secs(30), || {
+        let by = query(&api, r#"count by (service) ({__name__=~"hivefs_.+"})"#);
+        let mut services: Vec<String> =
+            by.iter().filter_map(|(m, _)| m["service"].as_str().map(str::to_string)).collect();
+        services.sort();
+        services == ["meta", "mgmtd", "mount", "storage"]
+    });
+    // What the test did, counted where it happened.
+    let mkdirs = query(&api, r#"hivefs_requests_total{service="meta",op="Mkdir"}"#);
+    assert_eq!(mkdirs.first().map(|s| s.1), Some(5.0), "{mkdirs:?}");
+    let written = query(&api, r#"hivefs_client_io_bytes_total{service="mount",kind="write"}"#);
+    assert!(written.first().is_some_and(|s| s.1 >= data.len() as f64), "{written:?}");
+    let space = query(&api, r#"count(hivefs_target_free_bytes{service="mgmtd"})"#);
+    assert_eq!(space.first().map(|s| s.1), Some(8.0), "mgmtd reports the space of all 8 targets: {space:?}");
+    let online = query(&api, r#"hivefs_targets{service="mgmtd",state="online"}"#);
+    assert_eq!(online.first().map(|s| s.1), Some(8.0), "{online:?}");
+    let lat = query(&api, r#"sum(hivefs_request_duration_seconds_count{service="meta"})"#);
+    assert!(lat.first().is_some_and(|s| s.1 > 0.0), "{lat:?}");
+}
