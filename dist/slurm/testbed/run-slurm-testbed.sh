@@ -8,8 +8,10 @@
 # its arguments and makes the mount point and data directory on each node the
 # way `ond` would over ssh, plus one detached "service" process per node.
 #
-# Usage: run-slurm-testbed.sh [--keep]     (as root)
+# Usage: run-slurm-testbed.sh [--keep] [--hold]     (as root)
 #   --keep   leave the work directory (logs, configs, records) after success
+#   --hold   after the checks, keep the cluster running until $WORK/hold is
+#            removed (or Ctrl-C), to try things by hand; implies --keep
 # Environment:
 #   HIVEFS_TESTBED   hivefs-testbed binary (default: target/debug/hivefs-testbed
 #                    of this repository, else of /work/main, else PATH)
@@ -29,8 +31,14 @@
 # the root namespaces, serves all hosts through its unix socket.
 set -euo pipefail
 
-KEEP=0
-[ "${1:-}" = --keep ] && KEEP=1
+KEEP=0 HOLD=0
+for a in "$@"; do
+	case $a in
+	--keep) KEEP=1 ;;
+	--hold) HOLD=1 KEEP=1 ;;
+	*) echo "usage: $0 [--keep] [--hold]" >&2; exit 2 ;;
+	esac
+done
 NODES=${NODES:-3}
 case $NODES in 2 | 3 | 4) ;; *) echo "NODES must be 2, 3 or 4" >&2; exit 2 ;; esac
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -457,3 +465,9 @@ done
 say "ok: D: failed start cleaned up, job held, node drained, then resumed"
 
 say "all checks passed"
+if [ $HOLD = 1 ]; then
+	touch "$WORK/hold"
+	say "holding; enter a host with: nsenter --target \$(cat $WORK/hosts/ctl/anchor) --mount --uts --net -- bash"
+	say "stop with: rm $WORK/hold"
+	while [ -e "$WORK/hold" ]; do sleep 1; done
+fi
