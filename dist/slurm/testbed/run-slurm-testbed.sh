@@ -130,6 +130,9 @@ cleanup() {
 	exit $rc
 }
 trap cleanup EXIT
+# Ctrl-C reaches the whole process group and stops at once; a SIGTERM sent to
+# this shell alone takes effect when the current step (at most one job wait,
+# 120 s) returns. Either way the EXIT trap tears everything down.
 trap 'exit 130' INT TERM
 
 # ---------------------------------------------------------------------------
