@@ -28,11 +28,15 @@ fn get(url: &str) -> Option<String> {
     o.status.success().then(|| String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
+/// An instant query: its whole answer.
+fn query_raw(api: &str, q: &str) -> serde_json::Value {
+    let url = format!("{api}/api/v1/query?query={}", urlencode(q));
+    get(&url).and_then(|body| serde_json::from_str(&body).ok()).unwrap_or_default()
+}
+
 /// An instant query: (labels, value) of each series.
 fn query(api: &str, q: &str) -> Vec<(serde_json::Value, f64)> {
-    let url = format!("{api}/api/v1/query?query={}", urlencode(q));
-    let Some(body) = get(&url) else { return Vec::new() };
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let v = query_raw(api, q);
     v["data"]["result"]
         .as_array()
         .map(|r| {
@@ -65,12 +69,14 @@ fn prometheus_scrapes_every_service_and_the_mount() {
 
     let st: serde_json::Value = serde_json::from_str(&hivefs_ok(&["status", "--dir", fs.dir_s(), "--json"])).unwrap();
     let mut targets = Vec::new();
+    let mut texts = Vec::new();
     for s in st["services"].as_array().unwrap() {
         let url = s["metrics"].as_str().unwrap_or_else(|| panic!("{s} has no metrics endpoint"));
         let hostport = url.trim_start_matches("http://").trim_end_matches("/metrics");
         // The endpoint answers by itself too.
         let text = get(url).unwrap_or_else(|| panic!("{url} does not answer"));
         assert!(text.contains("# TYPE hivefs_resident_memory_bytes gauge"), "{url}: {text}");
+        texts.push(text);
         targets.push(format!("'{hostport}'"));
     }
     assert_eq!(targets.len(), 5, "mgmtd, meta, 2 storage, mount");
@@ -122,4 +128,28 @@ fn prometheus_scrapes_every_service_and_the_mount() {
     assert_eq!(online.first().map(|s| s.1), Some(8.0), "{online:?}");
     let lat = query(&api, r#"sum(hivefs_request_duration_seconds_count{service="meta"})"#);
     assert!(lat.first().is_some_and(|s| s.1 > 0.0), "{lat:?}");
+
+    // The Grafana dashboard's queries are valid and find series (names exist).
+    let dash: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../dist/grafana/hivefs.json")).unwrap(),
+    )
+    .unwrap();
+    for panel in dash["panels"].as_array().unwrap() {
+        for t in panel["targets"].as_array().unwrap() {
+            let expr = t["expr"].as_str().unwrap();
+            let v = query_raw(&api, expr);
+            assert_eq!(v["status"], "success", "panel {}: {expr}: {v}", panel["title"]);
+            // Every metric name it uses is one the services export.
+            for name in
+                expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("hivefs_"))
+            {
+                let base = name.trim_end_matches("_bucket").trim_end_matches("_sum").trim_end_matches("_count");
+                assert!(
+                    texts.iter().any(|t| t.contains(&format!("# TYPE {base} "))),
+                    "panel {}: no service exports {name}",
+                    panel["title"]
+                );
+            }
+        }
+    }
 }

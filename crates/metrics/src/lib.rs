@@ -36,6 +36,10 @@ static SERVICE: OnceLock<&'static str> = OnceLock::new();
 /// Names this process's service (mgmtd, meta, storage, mount, ...); the first call wins.
 pub fn set_service(name: &'static str) {
     let _ = SERVICE.set(name);
+    // Series that exist from the start, at 0, so that dashboards and alerts see them.
+    for kind in ["admission", "handshake", "bad_frame"] {
+        metrics().refusals.get_or_create(&KindLabels { service: service(), kind });
+    }
 }
 
 pub fn service() -> &'static str {
