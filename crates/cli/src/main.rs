@@ -12,6 +12,7 @@ mod mirror;
 mod ond;
 mod pools;
 mod services;
+mod stats;
 mod up;
 mod util;
 
@@ -61,6 +62,9 @@ enum Cmd {
     /// Check the whole file system (every metadata node and storage target) for inconsistencies; --repair fixes them.
     /// Exit status: 0 clean (or all repaired), 1 problems left, 2 error.
     Fsck(fsck::FsckArgs),
+    /// A live view of operations/s and bytes/s per node and per storage target, or per
+    /// user (--per-user) or client (--per-client), from the servers' counters.
+    Stats(stats::StatsArgs),
     /// On-demand file systems across the nodes of a job (over ssh): start, stop, status.
     #[command(subcommand)]
     Ond(ond::OndCmd),
@@ -159,6 +163,7 @@ fn main() {
         Cmd::Fsck(a) => std::process::exit(fsck::fsck(a)),
         Cmd::Bench(c) => bench::bench(c),
         Cmd::Ond(c) => ond::ond(c),
+        Cmd::Stats(a) => stats::stats(a),
     };
     if let Err(e) = r {
         eprintln!("hivefs: {e:#}");

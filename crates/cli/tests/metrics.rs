@@ -153,3 +153,50 @@ fn prometheus_scrapes_every_service_and_the_mount() {
         }
     }
 }
+
+/// One JSON report of `hivefs stats` taken while `work` runs in another thread.
+fn stats_during(fs: &TestFs, extra: &[&str], work: impl FnOnce() + Send + 'static) -> serde_json::Value {
+    let t = std::thread::spawn(work);
+    let (mgmtd, secret) = (fs.mgmtd_addr(), fs.secret().display().to_string());
+    let mut args = vec!["stats", "--mgmtd", &mgmtd, "--secret-file", &secret, "--json"];
+    args.extend(["--interval", "1.5", "--count", "1"]);
+    args.extend(extra);
+    let out = hivefs_ok(&args);
+    t.join().unwrap();
+    serde_json::from_str(out.lines().last().unwrap()).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+#[test]
+fn stats_shows_operations_and_bytes_per_node_target_user_and_client() {
+    let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "2"]);
+    // Over TCP, so that the storage service sees the bytes (short-circuit I/O is counted
+    // by the mount only).
+    let m = fs.extra_mount("tcp", &["--no-short-circuit"]);
+    let mnt = m.mnt.clone();
+    let writer = move || {
+        let end = std::time::Instant::now() + Duration::from_millis(2500);
+        let mut i = 0;
+        while std::time::Instant::now() < end {
+            std::fs::write(mnt.join(format!("f{i}")), vec![7u8; 256 << 10]).unwrap();
+            i += 1;
+        }
+    };
+    let r = stats_during(&fs, &[], writer.clone());
+    let nodes = r["nodes"].as_array().unwrap();
+    let node = |prefix: &str| nodes.iter().find(|n| n["node"].as_str().unwrap().starts_with(prefix)).unwrap().clone();
+    let meta = node("meta");
+    assert!(meta["ops"]["CreateOpen"].as_f64().unwrap_or(0.0) > 0.0, "{r:#}");
+    let storage = node("storage");
+    assert!(storage["ops"]["WriteChunk"].as_f64().unwrap_or(0.0) > 0.0, "{r:#}");
+    assert!(storage["received_bytes_per_s"].as_f64().unwrap() > 100_000.0, "{r:#}");
+    let targets = r["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 2, "{r:#}");
+    assert!(targets.iter().all(|t| t["write_bytes_per_s"].as_f64().unwrap() > 0.0), "{r:#}");
+
+    let r = stats_during(&fs, &["--per-user"], writer.clone());
+    let users = r["users"].as_array().unwrap();
+    assert_eq!(users[0]["uid"], "0", "creates as root: {r:#}");
+    assert!(users[0]["ops_per_s"].as_f64().unwrap() > 0.0);
+    let r = stats_during(&fs, &["--per-client"], writer);
+    assert!(r["clients"].as_array().unwrap().iter().any(|c| c["client"] == "127.0.0.1"), "{r:#}");
+}

@@ -38,7 +38,7 @@ pub fn set_service(name: &'static str) {
     let _ = SERVICE.set(name);
     // Series that exist from the start, at 0, so that dashboards and alerts see them.
     for kind in ["admission", "handshake", "bad_frame"] {
-        metrics().refusals.get_or_create(&KindLabels { service: service(), kind });
+        let _ = metrics().refusals.get_or_create(&KindLabels { service: service(), kind });
     }
 }
 

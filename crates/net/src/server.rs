@@ -542,7 +542,11 @@ where
             let (op, uid, bytes_in) = (req.kind(), req.caller().map(|c| c.uid), frame.payload.len());
             let start = Instant::now();
             in_flight.inc();
-            let (resp, payload) = handler.handle(env, req, frame.payload, &peer).await;
+            let (resp, payload) = match req {
+                // Every service answers this one the same way.
+                Request::Metrics => (Ok(Reply::Metrics(hivefs_metrics::render())), Vec::new()),
+                req => handler.handle(env, req, frame.payload, &peer).await,
+            };
             in_flight.dec();
             hivefs_metrics::served(op, start.elapsed(), resp.is_ok(), bytes_in, payload.len(), &client, uid);
             let _ = tx.send(Outgoing { request_id: rid, body: encode_body(&resp), payload, _held: Some(held) }).await;

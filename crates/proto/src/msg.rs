@@ -714,6 +714,9 @@ pub enum Request {
         target: TargetId,
         entries: Vec<EntryId>,
     },
+    /// The answering process's metrics in Prometheus text format (`hivefs stats`);
+    /// answered by the server loop of every service. Answer: `Metrics`.
+    Metrics,
 }
 
 /// What a metadata group's primary asks of its secondary (`Request::MetaMirror`).
@@ -953,6 +956,7 @@ impl Request {
                 | Request::StatChunk { .. }
                 | Request::StatChunks { .. }
                 | Request::DigestChunks { .. }
+                | Request::Metrics
                 | Request::FsyncChunk { .. }
                 | Request::MoveTargetToPool { .. }
                 | Request::ListPools
@@ -1129,6 +1133,8 @@ pub enum Reply {
     },
     /// Answer to `DigestChunks`.
     ChunkDigests(Vec<Option<u32>>),
+    /// Answer to `Metrics`.
+    Metrics(String),
 }
 
 /// How a new directory's owner (metadata node) is chosen; a per-directory
@@ -1296,7 +1302,7 @@ mod tests {
             let (m, _): (T, _) = postcard::take_from_bytes(&body).unwrap_or_else(|e| panic!("id {id}: {e}"));
             name_of(&m)
         }
-        const REQUESTS: [&str; 76] = [
+        const REQUESTS: [&str; 77] = [
             "Ping",
             "RegisterNode",
             "RegisterTarget",
@@ -1373,8 +1379,9 @@ mod tests {
             "ReleaseMany",
             "MetaMirror",
             "DigestChunks",
+            "Metrics",
         ];
-        const REPLIES: [&str; 42] = [
+        const REPLIES: [&str; 43] = [
             "Ok",
             "Pong",
             "NodeRegistered",
@@ -1417,6 +1424,7 @@ mod tests {
             "DirNames",
             "ReplicaAt",
             "ChunkDigests",
+            "Metrics",
         ];
         for (id, want) in REQUESTS.iter().enumerate() {
             assert_eq!(decoded::<Request>(id), *want, "request id {id}");
