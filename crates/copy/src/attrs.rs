@@ -5,7 +5,9 @@
 //! matters: owner before mode (a change of owner clears setuid and setgid),
 //! extended attributes after the owner (it clears `security.capability`),
 //! times last (so an interrupted copy never has the source's modification
-//! time, which `--update` trusts).
+//! time, which `--update` trusts), by path after the file is closed: a FUSE
+//! mount may publish a written file's size with the time of the close
+//! (HiveFS's does), which would undo times set through the descriptor.
 
 use crate::{OpContext, OpError};
 use rustix::fs::{AtFlags, Gid, Mode, Timespec, Timestamps, Uid, XattrFlags, CWD};
@@ -120,9 +122,10 @@ pub(crate) struct Keep {
     pub xattrs: bool,
 }
 
-/// Owner, mode, extended attributes and times of an open regular file;
-/// `now` is its `fstat` from when it was opened (writing since may have
-/// cleared setuid and setgid, so a mode with those is always set).
+/// Owner, mode and extended attributes of an open regular file (its times
+/// are for [`set_times`] once it is closed); `now` is its `fstat` from when
+/// it was opened (writing since may have cleared setuid and setgid, so a
+/// mode with those is always set).
 pub(crate) fn finish_file(
     f: &File,
     now: &rustix::fs::Stat,
@@ -141,7 +144,12 @@ pub(crate) fn finish_file(
     if keep.xattrs {
         copy_xattrs(src, dst, keep)?;
     }
-    rustix::fs::futimens(f, &m.times()).op("set times", dst)
+    Ok(())
+}
+
+/// Access and modification times of the entry at `dst` (not followed).
+pub(crate) fn set_times(dst: &Path, m: &Meta) -> Result<(), OpError> {
+    rustix::fs::utimensat(CWD, dst, &m.times(), AtFlags::SYMLINK_NOFOLLOW).op("set times", dst)
 }
 
 /// The same for an entry by path, not followed if a symlink (whose mode
@@ -159,7 +167,7 @@ pub(crate) fn finish_path(src: &Path, dst: &Path, m: &Meta, keep: Keep) -> Resul
     if keep.xattrs {
         copy_xattrs(src, dst, keep)?;
     }
-    rustix::fs::utimensat(CWD, dst, &m.times(), AtFlags::SYMLINK_NOFOLLOW).op("set times", dst)
+    set_times(dst, m)
 }
 
 /// Copies every extended attribute the source lists (symlinks not
@@ -258,6 +266,8 @@ mod tests {
         let f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&dst2).unwrap();
         let now = rustix::fs::fstat(&f).unwrap();
         finish_file(&f, &now, &src, &dst2, &m, keep).unwrap();
+        drop(f);
+        set_times(&dst2, &m).unwrap();
         for d in [&dst, &dst2] {
             let c = Meta::lstat(d).unwrap();
             assert_eq!((c.perm, c.atime, c.mtime), (0o4751, (1_000_000_000, 123_456_789), m.mtime), "{d:?}");

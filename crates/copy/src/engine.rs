@@ -18,7 +18,7 @@
 //! parts) get their attributes from that final run too, so an interrupted
 //! part never leaves a file whose modification time `--update` would trust.
 
-use crate::attrs::{self, finish_file, finish_path, Keep, Kind, Meta};
+use crate::attrs::{self, finish_file, finish_path, set_times, Keep, Kind, Meta};
 use crate::data::{copy_range, CfrPairs, Files, PROBE_MIN_BYTES};
 use crate::plan::Job;
 use crate::{Failure, OpContext, OpError, Options, Progress, Summary, MAX_FAILURES_KEPT};
@@ -29,7 +29,7 @@ use std::fs::File;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Instant;
 
 /// Tasks the queue holds before listing workers copy entries themselves.
@@ -62,7 +62,8 @@ enum Task {
 struct Split {
     entry: Entry,
     src: File,
-    dst: File,
+    /// Taken (and closed) by the last range, before the times are set.
+    dst: RwLock<Option<File>>,
     /// The destination's `fstat` when it was opened.
     st: rustix::fs::Stat,
     /// Other parts write ranges too: holes are punched, attributes are left
@@ -348,7 +349,10 @@ impl Run<'_> {
             Err(err) => return self.fail(err),
         };
         if size <= self.opts.range_size {
-            let r = self.copy_small(&e, &src, &dst, &st);
+            let r = self.copy_small(&e, &src, &dst, &st).and_then(|()| {
+                drop(dst);
+                set_times(&e.dst, &e.meta)
+            });
             return match r {
                 Ok(()) => {
                     Progress::add(&self.progress.files, 1);
@@ -365,7 +369,7 @@ impl Run<'_> {
         let split = Arc::new(Split {
             entry: e,
             src,
-            dst,
+            dst: RwLock::new(Some(dst)),
             st,
             shared: by_range,
             links,
@@ -398,15 +402,27 @@ impl Run<'_> {
         let e = &s.entry;
         let off = i * self.opts.range_size;
         let end = (off + self.opts.range_size).min(e.meta.size);
-        if let Err(err) = self.copy_part(&files(e, &s.src, &s.dst, s.st.st_dev, s.shared), off, end) {
-            s.failed.store(true, Ordering::Relaxed);
-            self.fail(err);
+        {
+            let dst = s.dst.read().expect("split");
+            let dst = dst.as_ref().expect("open until its last range is done");
+            if let Err(err) = self.copy_part(&files(e, &s.src, dst, s.st.st_dev, s.shared), off, end) {
+                s.failed.store(true, Ordering::Relaxed);
+                self.fail(err);
+            }
         }
         if s.left.fetch_sub(1, Ordering::AcqRel) != 1 || s.failed.load(Ordering::Relaxed) {
             return;
         }
         // The last range: every other one has finished writing.
-        let r = if s.shared { Ok(()) } else { finish_file(&s.dst, &s.st, &e.src, &e.dst, &e.meta, self.keep) };
+        let dst = s.dst.write().expect("split").take().expect("the last range closes it");
+        let r = if s.shared {
+            Ok(())
+        } else {
+            finish_file(&dst, &s.st, &e.src, &e.dst, &e.meta, self.keep).and_then(|()| {
+                drop(dst);
+                set_times(&e.dst, &e.meta)
+            })
+        };
         match r {
             Ok(()) => {
                 Progress::add(&self.progress.files, 1);
