@@ -100,13 +100,19 @@ fn local_dir() -> tempfile::TempDir {
     tempfile::tempdir_in("/var/tmp").unwrap()
 }
 
-#[test]
-fn a_tree_of_every_type_goes_into_hivefs_and_back_out_the_same() {
+/// A file system, a local directory with the tree in `src`, and its snapshot.
+fn with_tree() -> (TestFs, tempfile::TempDir, PathBuf, BTreeMap<PathBuf, Item>) {
     let fs = TestFs::up(&[]);
     let local = local_dir();
     let src = local.path().join("src");
     make_tree(&src);
     let before = snapshot(&src).unwrap();
+    (fs, local, src, before)
+}
+
+#[test]
+fn a_tree_of_every_type_goes_into_hivefs_and_back_out_the_same() {
+    let (fs, local, src, before) = with_tree();
 
     let into = cp(&[&src, &fs.mnt]);
     let keys = ["errors", "files", "symlinks", "hard_links", "specials", "dirs"];
@@ -140,10 +146,7 @@ fn a_tree_of_every_type_goes_into_hivefs_and_back_out_the_same() {
 
 #[test]
 fn update_copies_nothing_the_second_time_and_then_only_what_changed() {
-    let fs = TestFs::up(&[]);
-    let local = local_dir();
-    let src = local.path().join("src");
-    make_tree(&src);
+    let (fs, _local, src, _) = with_tree();
     let first = cp(&[Path::new("-u"), &src, &fs.mnt]);
     assert_eq!(counts(&first, &["errors", "files", "skipped"]), [0, 8, 0]);
     let second = cp(&[Path::new("-u"), &src, &fs.mnt]);
@@ -166,11 +169,7 @@ fn update_copies_nothing_the_second_time_and_then_only_what_changed() {
 
 #[test]
 fn parts_and_a_final_attributes_pass_make_the_tree_one_run_makes() {
-    let fs = TestFs::up(&[]);
-    let local = local_dir();
-    let src = local.path().join("src");
-    make_tree(&src);
-    let before = snapshot(&src).unwrap();
+    let (fs, _local, src, before) = with_tree();
     let one = cp(&[&src, &fs.path("one")]);
     let parts = fs.path("parts");
     std::fs::create_dir(&parts).unwrap();

@@ -11,7 +11,7 @@ mod common;
 use common::*;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
