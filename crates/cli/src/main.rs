@@ -7,6 +7,7 @@ mod bench;
 mod bench_args;
 mod bench_procs;
 mod bench_sweep;
+mod cp;
 mod fsck;
 mod mirror;
 mod ond;
@@ -71,6 +72,8 @@ enum Cmd {
     /// Built-in benchmarks: StorageBench, NetBench, IOR-like I/O and mdtest-like metadata runs.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    // Its help is the doc comment of `cp::CpArgs` (a short line and a long one).
+    Cp(cp::CpArgs),
 }
 
 /// One malloc arena for the whole process. By default glibc gives threads
@@ -164,6 +167,7 @@ fn main() {
         Cmd::Bench(c) => bench::bench(c),
         Cmd::Ond(c) => ond::ond(c),
         Cmd::Stats(a) => stats::stats(a),
+        Cmd::Cp(a) => cp::cp(a),
     };
     if let Err(e) = r {
         eprintln!("hivefs: {e:#}");

@@ -11,7 +11,7 @@ mod common;
 use common::*;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
@@ -50,21 +50,6 @@ fn striped_dir(fs: &TestFs, rel: &str) -> PathBuf {
     d
 }
 
-/// Allocated bytes of all chunk files of `rel` (st_blocks on the targets).
-fn chunk_blocks(fs: &TestFs, rel: &str) -> u64 {
-    let info = fs.entry_info(rel);
-    let id = info["entry_id"].as_str().unwrap().to_string();
-    let mut total = 0;
-    for dir in fs.target_dirs().values() {
-        for sub in std::fs::read_dir(dir.join("chunks")).unwrap() {
-            if let Ok(m) = std::fs::metadata(sub.unwrap().path().join(&id)) {
-                total += m.blocks() * 512;
-            }
-        }
-    }
-    total
-}
-
 fn read_all(f: &File) -> Vec<u8> {
     let len = f.metadata().unwrap().len() as usize;
     let mut v = vec![0u8; len];
@@ -82,7 +67,7 @@ fn fallocate_modes_match_the_local_disk_and_reach_every_chunk() {
     for f in [&m, &l] {
         f.write_all_at(&data, 0).unwrap();
     }
-    let mut blocks = chunk_blocks(&fs, "d/f");
+    let mut blocks = fs.chunk_blocks("d/f");
     assert!(blocks >= 1 << 20, "{blocks}");
     // (mode, offset, len, what the chunk files' allocation must do)
     let steps: [(i32, i64, i64, &str); 7] = [
@@ -101,7 +86,7 @@ fn fallocate_modes_match_the_local_disk_and_reach_every_chunk() {
         let (ms, ls) = (m.metadata().unwrap().len(), l.metadata().unwrap().len());
         assert_eq!(ms, ls, "step {i}: size");
         assert!(read_all(&m) == read_all(&l), "step {i}: contents differ from the local disk's");
-        let now = chunk_blocks(&fs, "d/f");
+        let now = fs.chunk_blocks("d/f");
         match alloc {
             "grow" => assert!(now >= blocks + len as u64 / 2, "step {i}: {blocks} -> {now} bytes allocated"),
             "shrink" => assert!(now + (len as u64).min(blocks) / 2 <= blocks, "step {i}: {blocks} -> {now}"),

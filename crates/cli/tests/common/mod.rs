@@ -207,6 +207,22 @@ impl TestFs {
         0
     }
 
+    /// Allocated bytes of all chunk files of `rel` (st_blocks on the targets).
+    pub fn chunk_blocks(&self, rel: &str) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        let info = self.entry_info(rel);
+        let id = info["entry_id"].as_str().unwrap().to_string();
+        let mut total = 0;
+        for dir in self.target_dirs().values() {
+            for sub in std::fs::read_dir(dir.join("chunks")).unwrap() {
+                if let Ok(m) = std::fs::metadata(sub.unwrap().path().join(&id)) {
+                    total += m.blocks() * 512;
+                }
+            }
+        }
+        total
+    }
+
     /// A second mount of the same file system.
     pub fn second_mount(&self) -> SecondMount {
         self.extra_mount("mnt2", &[])
