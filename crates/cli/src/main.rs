@@ -8,6 +8,7 @@ mod bench_args;
 mod bench_procs;
 mod bench_sweep;
 mod cp;
+mod events;
 mod fsck;
 mod mirror;
 mod ond;
@@ -63,6 +64,10 @@ enum Cmd {
     /// Check the whole file system (every metadata node and storage target) for inconsistencies; --repair fixes them.
     /// Exit status: 0 clean (or all repaired), 1 problems left, 2 error.
     Fsck(fsck::FsckArgs),
+    /// File-system modification events of every metadata node (create, mkdir, unlink,
+    /// rename, setattr, close after write, ...), in commit order per node; --follow for
+    /// new ones as they happen.
+    Events(events::EventsArgs),
     /// A live view of operations/s and bytes/s per node and per storage target, or per
     /// user (--per-user) or client (--per-client), from the servers' counters.
     Stats(stats::StatsArgs),
@@ -167,6 +172,7 @@ fn main() {
         Cmd::Bench(c) => bench::bench(c),
         Cmd::Ond(c) => ond::ond(c),
         Cmd::Stats(a) => stats::stats(a),
+        Cmd::Events(a) => events::events(a),
         Cmd::Cp(a) => cp::cp(a),
     };
     if let Err(e) = r {

@@ -29,6 +29,7 @@
 
 pub mod chooser;
 pub mod cross;
+pub mod events;
 pub mod fsck;
 pub mod gc;
 pub mod leases;
@@ -212,6 +213,10 @@ impl Handler for MetaHandler {
         if req == Request::Ping {
             // Served whether or not this node serves a namespace now.
             return (Ok(Reply::Pong { node_type: NodeType::Meta, node: m.me }), Vec::new());
+        }
+        if let Request::Events { after, max, wait_ms } = req {
+            let wait = std::time::Duration::from_millis(u64::from(wait_ms));
+            return (Ok(events::log().read(m.me, after, max, wait).await), Vec::new());
         }
         if let Request::MetaMirror { step } = req {
             return (m.step(&env, step, payload).await, Vec::new());

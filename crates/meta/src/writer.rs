@@ -393,6 +393,7 @@ pub fn run_batch(log: &mut Log, st: &mut WriterState, muts: Vec<Queued>) -> Vec<
         return fail_all(hivefs_types::ErrorCode::Io, "a checkpoint failed; the service must be restarted");
     }
     let used = log.store_used();
+    let drafts: Vec<crate::events::Draft> = muts.iter().map(|(c, _)| crate::events::draft(c)).collect();
     let mut results = Vec::with_capacity(n);
     let (wake, changes) = match log.mem.batch(|t| apply_all(t, st, muts, &mut results, used).map_err(OpError::Fatal)) {
         Ok(r) => r,
@@ -417,6 +418,9 @@ pub fn run_batch(log: &mut Log, st: &mut WriterState, muts: Vec<Queued>) -> Vec<
         };
     }
     st.epoch_saved = st.epoch;
+    // In the journal: what it changed is told now, in the batch's order.
+    let answers: Vec<&FsResult<Reply>> = results.iter().map(|(r, _)| r).collect();
+    crate::events::log().committed_refs(drafts, &answers);
     if wake {
         st.disposal_wakeup.notify_one();
     }

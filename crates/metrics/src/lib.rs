@@ -385,6 +385,12 @@ pub fn registered(nodes: bool, kind: &'static str, state: &'static str, n: usize
     f.get_or_create(&StateLabels { service: service(), kind, state }).set(n as i64);
 }
 
+/// A modification event published (`emitted`) or dropped from a full buffer.
+pub fn event(emitted: bool) {
+    let kind = if emitted { "emitted" } else { "dropped" };
+    metrics().events.get_or_create(&KindLabels { service: service(), kind }).inc();
+}
+
 /// One metadata journal batch.
 pub fn committed(ops: usize, took: Duration) {
     let m = metrics();

@@ -717,6 +717,79 @@ pub enum Request {
     /// The answering process's metrics in Prometheus text format (`hivefs stats`);
     /// answered by the server loop of every service. Answer: `Metrics`.
     Metrics,
+    /// Modification events of a metadata node with a sequence number above `after`
+    /// (at most `max`, at most [`EVENTS_MAX`]); with none yet, waits up to `wait_ms`
+    /// (at most 10 s) for one. `after = u64::MAX` asks only where the stream stands.
+    /// Answer: `Events`.
+    Events {
+        after: u64,
+        max: u32,
+        wait_ms: u32,
+    },
+}
+
+/// Most events one `Events` answer carries.
+pub const EVENTS_MAX: u32 = 4096;
+
+/// What a file-system modification event reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum EventKind {
+    Create,
+    Mknod,
+    Mkdir,
+    Symlink,
+    Link,
+    Unlink,
+    Rmdir,
+    Rename,
+    SetAttr,
+    Truncate,
+    /// A file's size and modification time published at its close after writes.
+    CloseWrite,
+    SetXattr,
+    RemoveXattr,
+    SetPattern,
+}
+
+impl EventKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            EventKind::Create => "create",
+            EventKind::Mknod => "mknod",
+            EventKind::Mkdir => "mkdir",
+            EventKind::Symlink => "symlink",
+            EventKind::Link => "link",
+            EventKind::Unlink => "unlink",
+            EventKind::Rmdir => "rmdir",
+            EventKind::Rename => "rename",
+            EventKind::SetAttr => "setattr",
+            EventKind::Truncate => "truncate",
+            EventKind::CloseWrite => "close_write",
+            EventKind::SetXattr => "setxattr",
+            EventKind::RemoveXattr => "removexattr",
+            EventKind::SetPattern => "setpattern",
+        }
+    }
+}
+
+/// A file-system modification event, numbered per metadata node in commit order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    pub seq: u64,
+    /// Commit time, nanoseconds since the Unix epoch.
+    pub time_ns: u64,
+    pub kind: EventKind,
+    /// The entry made, changed or linked (for unlink, rmdir and rename: not known,
+    /// see parent and name).
+    pub entry: Option<EntryId>,
+    /// The directory and name concerned (made, removed, or a rename's source).
+    pub parent: Option<EntryId>,
+    pub name: Vec<u8>,
+    /// A rename's or link's destination.
+    pub new_parent: Option<EntryId>,
+    pub new_name: Vec<u8>,
+    /// The user, where the request names one (creates).
+    pub uid: Option<u32>,
 }
 
 /// What a metadata group's primary asks of its secondary (`Request::MetaMirror`).
@@ -957,6 +1030,7 @@ impl Request {
                 | Request::StatChunks { .. }
                 | Request::DigestChunks { .. }
                 | Request::Metrics
+                | Request::Events { .. }
                 | Request::FsyncChunk { .. }
                 | Request::MoveTargetToPool { .. }
                 | Request::ListPools
@@ -1135,6 +1209,18 @@ pub enum Reply {
     ChunkDigests(Vec<Option<u32>>),
     /// Answer to `Metrics`.
     Metrics(String),
+    /// Answer to `Events`: the node's stream (`boot` changes when it restarts and
+    /// numbering starts again), the oldest sequence number still held, the last one
+    /// given out (0: none yet), events dropped from the buffer since it started, and
+    /// the events.
+    Events {
+        node: NodeId,
+        boot: u64,
+        oldest: u64,
+        last: u64,
+        dropped: u64,
+        events: Vec<Event>,
+    },
 }
 
 /// How a new directory's owner (metadata node) is chosen; a per-directory
@@ -1302,7 +1388,7 @@ mod tests {
             let (m, _): (T, _) = postcard::take_from_bytes(&body).unwrap_or_else(|e| panic!("id {id}: {e}"));
             name_of(&m)
         }
-        const REQUESTS: [&str; 77] = [
+        const REQUESTS: [&str; 78] = [
             "Ping",
             "RegisterNode",
             "RegisterTarget",
@@ -1380,8 +1466,9 @@ mod tests {
             "MetaMirror",
             "DigestChunks",
             "Metrics",
+            "Events",
         ];
-        const REPLIES: [&str; 43] = [
+        const REPLIES: [&str; 44] = [
             "Ok",
             "Pong",
             "NodeRegistered",
@@ -1425,6 +1512,7 @@ mod tests {
             "ReplicaAt",
             "ChunkDigests",
             "Metrics",
+            "Events",
         ];
         for (id, want) in REQUESTS.iter().enumerate() {
             assert_eq!(decoded::<Request>(id), *want, "request id {id}");
