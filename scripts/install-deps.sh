@@ -19,6 +19,14 @@ command -v tc >/dev/null || need+=(iproute2)
 # On-demand instances across hosts (`hivefs ond`) and their tests: ssh and sshd.
 command -v ssh >/dev/null || need+=(openssh-client)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+# Slurm test: a real slurmctld and slurmd, munge, and the SPANK plugin's build.
+command -v slurmctld >/dev/null || need+=(slurmctld)
+command -v slurmd >/dev/null || need+=(slurmd)
+command -v sbatch >/dev/null || need+=(slurm-client)
+[ -f /usr/include/slurm/spank.h ] || need+=(libslurm-dev)
+command -v munged >/dev/null || need+=(munge)
+command -v gcc >/dev/null || need+=(gcc)
+command -v make >/dev/null || need+=(make)
 # Metrics test: a real Prometheus server, queried with curl.
 lean=()
 command -v prometheus >/dev/null || lean+=(prometheus)
@@ -35,6 +43,10 @@ if ((${#need[@]})); then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+  # Daemons the packages may have started are not wanted (the tests start their own).
+  $SUDO pkill -x munged || true
+  $SUDO pkill -x slurmctld || true
+  $SUDO pkill -x slurmd || true
   # The NFS packages' own services are not wanted (the test starts its server).
   if [[ " ${need[*]} " == *" nfs-ganesha "* ]]; then
     $SUDO pkill -x ganesha.nfsd || true

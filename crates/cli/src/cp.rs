@@ -12,6 +12,39 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+/// What to copy and how: shared by `hivefs cp` and `hivefs ond cp`.
+#[derive(Args, Debug)]
+pub struct CopyWhat {
+    /// Files, directories or symlinks (not followed) to copy.
+    #[arg(value_name = "SRC", num_args = 1.., required = true)]
+    pub srcs: Vec<PathBuf>,
+    /// Where to copy: an existing directory to copy into, or the name of the copy.
+    #[arg(value_name = "DST", required = true)]
+    pub dst: PathBuf,
+    /// Treat DST as the copy of the single SRC, even if DST is an existing directory
+    /// (copy into it, merging) instead of copying to DST/NAME.
+    #[arg(short = 'T', long)]
+    pub no_target_directory: bool,
+    /// Resume or refresh: skip a destination file whose size and modification time
+    /// equal the source's (a symlink with the same target and time, a special file of
+    /// the same type and device). Files are written before their times are set, so an
+    /// interrupted copy run again copies only what is missing or differs.
+    #[arg(short, long)]
+    pub update: bool,
+    /// Worker threads, each with one file-system call in flight: a network file
+    /// system wants many (1 to 1024).
+    #[arg(short, long, default_value_t = hivefs_copy::DEFAULT_WORKERS)]
+    pub workers: usize,
+    /// Files larger than this are copied in ranges of this size by several workers at
+    /// once (a multiple of 1 MiB; k, m, g suffixes).
+    #[arg(long, default_value = "64m", value_parser = parse_size)]
+    pub range_size: u64,
+    /// Do not copy extended attributes (saves a listxattr per entry, a metadata
+    /// request on a network file system).
+    #[arg(long)]
+    pub no_xattrs: bool,
+}
+
 /// Copy files and trees in parallel, keeping what `cp -a` keeps (into and out of HiveFS, or between any file systems).
 ///
 /// Keeps modes (setuid, setgid, sticky), owners (when run as root), access and
@@ -37,30 +70,8 @@ use std::time::{Duration, Instant};
   hivefs cp --part 2/4 /data /mnt/hivefs/           # on node 2 of 4 (each node its own part)
   hivefs cp --dir-attrs-only /data /mnt/hivefs/     # once, after all parts finished")]
 pub struct CpArgs {
-    /// Files, directories or symlinks (not followed) to copy.
-    #[arg(value_name = "SRC", num_args = 1.., required = true)]
-    pub srcs: Vec<PathBuf>,
-    /// Where to copy: an existing directory to copy into, or the name of the copy.
-    #[arg(value_name = "DST", required = true)]
-    pub dst: PathBuf,
-    /// Treat DST as the copy of the single SRC, even if DST is an existing directory
-    /// (copy into it, merging) instead of copying to DST/NAME.
-    #[arg(short = 'T', long)]
-    pub no_target_directory: bool,
-    /// Resume or refresh: skip a destination file whose size and modification time
-    /// equal the source's (a symlink with the same target and time, a special file of
-    /// the same type and device). Files are written before their times are set, so an
-    /// interrupted copy run again copies only what is missing or differs.
-    #[arg(short, long)]
-    pub update: bool,
-    /// Worker threads, each with one file-system call in flight: a network file
-    /// system wants many (1 to 1024).
-    #[arg(short, long, default_value_t = hivefs_copy::DEFAULT_WORKERS)]
-    pub workers: usize,
-    /// Files larger than this are copied in ranges of this size by several workers at
-    /// once (a multiple of 1 MiB; k, m, g suffixes).
-    #[arg(long, default_value = "64m", value_parser = parse_size)]
-    pub range_size: u64,
+    #[command(flatten)]
+    pub what: CopyWhat,
     /// Copy only part I of N (1-based) of the work, for spreading one copy over N
     /// processes or machines: each file (or each range of a large file) belongs to one
     /// part by a hash of its path; a hard-link group goes by its first path in sorted
@@ -73,10 +84,6 @@ pub struct CpArgs {
     /// runs of --part. Copies nothing; DST must exist (or give -T).
     #[arg(long, conflicts_with_all = ["part", "update"])]
     pub dir_attrs_only: bool,
-    /// Do not copy extended attributes (saves a listxattr per entry, a metadata
-    /// request on a network file system).
-    #[arg(long)]
-    pub no_xattrs: bool,
     /// The progress line on stderr (files, bytes, rate, ETA from a count of the
     /// sources made beside the copy): auto shows it when stderr is a terminal.
     #[arg(long, value_enum, default_value_t = When::Auto)]
@@ -102,17 +109,17 @@ pub fn cp(a: CpArgs) -> Result<()> {
         When::Auto => std::io::stderr().is_terminal(),
     };
     let opts = Options {
-        workers: a.workers,
-        range_size: a.range_size,
-        update: a.update,
+        workers: a.what.workers,
+        range_size: a.what.range_size,
+        update: a.what.update,
         part: a.part.unwrap_or(Part::WHOLE),
         dir_attrs_only: a.dir_attrs_only,
-        xattrs: !a.no_xattrs,
+        xattrs: !a.what.no_xattrs,
         precount: show,
     };
     opts.check()?;
     let fixed_target = opts.part.is_split() || opts.dir_attrs_only;
-    let jobs = hivefs_copy::plan(&a.srcs, &a.dst, a.no_target_directory, fixed_target)?;
+    let jobs = hivefs_copy::plan(&a.what.srcs, &a.what.dst, a.what.no_target_directory, fixed_target)?;
     let progress = Progress::default();
     let done = AtomicBool::new(false);
     let on_failure = |f: &Failure| {

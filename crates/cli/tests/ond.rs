@@ -7,18 +7,10 @@ mod common;
 #[path = "common/sshbed.rs"]
 mod sshbed;
 
+use common::out;
 use sshbed::SshBed;
 use std::process::Output;
 use std::time::{Duration, Instant};
-
-fn out(o: &Output) -> String {
-    format!(
-        "status {}\nstdout: {}\nstderr: {}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// Arguments every ond command of the bed takes.
 fn reach(bed: &SshBed, name: &str) -> Vec<String> {
@@ -174,6 +166,51 @@ fn ond_over_four_hosts_serves_io_everywhere_and_stops_with_a_node_dead() {
         let peak_mib = n["total_peak_rss_kib"].as_u64().unwrap() / 1024;
         assert!(peak_mib < 300, "{}: services' peak RSS {peak_mib} MiB", n["name"]);
     }
+
+    // Stage in and out with the copy spread over the 4 nodes: a tree on a file system
+    // every host sees (here: the machine's disk outside the hosts' own directories).
+    let src = bed.tmp.path().join("stage/src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    for i in 0..200 {
+        std::fs::write(src.join("sub").join(format!("f{i}")), format!("file {i}\n").repeat(i + 1)).unwrap();
+    }
+    std::fs::write(src.join("big"), common::random_bytes(9, 20 << 20)).unwrap();
+    std::os::unix::fs::symlink("sub/f1", src.join("link")).unwrap();
+    bed.sh_ok(0, &format!("mkdir {mnt}/in"));
+    let ond_cp = |srcs: &[String], dst: &str| {
+        let mut a: Vec<String> = vec!["ond".into(), "cp".into()];
+        a.extend(reach(&bed, "job1"));
+        a.extend(["--remote-bin".into(), bin.clone(), "--range-size".into(), "4m".into(), "--json".into()]);
+        a.extend(srcs.iter().cloned());
+        a.push(dst.into());
+        let o = run(&bed, 0, &a);
+        assert!(o.status.success(), "ond cp: {}", out(&o));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let r = ond_cp(&[src.display().to_string()], &format!("{mnt}/in"));
+    assert_eq!(r["nodes"].as_array().unwrap().len(), 4, "{r:#}");
+    // (A file split into ranges counts in each part that copied one of its ranges.)
+    assert!((201..=205).contains(&r["total"]["files"].as_u64().unwrap()), "{r:#}");
+    let small: u64 = (0..200).map(|i| std::fs::metadata(src.join("sub").join(format!("f{i}"))).unwrap().len()).sum();
+    assert_eq!(r["total"]["bytes"].as_u64().unwrap(), (20 << 20) + small, "every byte copied once: {r:#}");
+    let busy = r["nodes"].as_array().unwrap().iter().filter(|n| n["summary"]["bytes"].as_u64().unwrap() > 0).count();
+    assert!(busy >= 3, "the work is spread over the nodes: {r:#}");
+    // Every node sees the same tree, identical to the source.
+    for i in [1, 3] {
+        bed.sh_ok(i, &format!("diff -r --no-dereference {} {mnt}/in/src", src.display()));
+    }
+    let back = bed.tmp.path().join("stage/out");
+    std::fs::create_dir_all(&back).unwrap();
+    ond_cp(&[format!("{mnt}/in/src")], &back.display().to_string());
+    let o = std::process::Command::new("diff")
+        .arg("-r")
+        .arg("--no-dereference")
+        .arg(&src)
+        .arg(back.join("src"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "stage-out differs: {}", out(&o));
+    bed.sh_ok(0, &format!("rm -rf {mnt}/in"));
 
     // Stop with node 4 dead (its link cut): bounded, the others cleaned up.
     bed.tb.cut(&bed.hosts[3]).unwrap();

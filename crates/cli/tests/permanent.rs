@@ -15,6 +15,9 @@
 //! changed unit or example changes what the test runs. The test bed keeps every process;
 //! dropping it stops them and removes the hosts, their namespaces and mounts. Needs root.
 
+mod common;
+
+use common::out;
 use hivefs_testbed::{Host, Testbed};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -54,15 +57,6 @@ const EMULATED_KEYS: [&str; 9] = [
 
 fn repo_path(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel)
-}
-
-fn out(o: &Output) -> String {
-    format!(
-        "status {}\nstdout: {}\nstderr: {}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 fn now_ns() -> u128 {

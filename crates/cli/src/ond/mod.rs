@@ -45,6 +45,11 @@ pub enum OndCmd {
     /// Every node's services (running, memory), mount and free memory; --json adds the
     /// instance document (every effective parameter of the instance).
     Status(StatusArgs),
+    /// A parallel copy spread over the nodes (beeond-cp): every node runs `hivefs cp
+    /// --part I/N` of the same SRC... DST (paths every node sees: a shared file system
+    /// or the instance's mount), then the first node sets the directories' attributes.
+    /// Exit status 1 when a node failed or some entry could not be copied.
+    Cp(OndCpArgs),
     /// One node's part of an instance (run by the orchestrator over ssh).
     #[command(hide = true)]
     Node(NodeArgs),
@@ -224,6 +229,23 @@ pub struct StatusArgs {
     pub timeout: u64,
 }
 
+#[derive(Args, Debug)]
+pub struct OndCpArgs {
+    #[command(flatten)]
+    pub nodes: NodesArg,
+    #[command(flatten)]
+    pub reach: Reach,
+    #[command(flatten)]
+    pub what: crate::cp::CopyWhat,
+    /// Seconds a node's part may take.
+    #[arg(long, default_value_t = 86400)]
+    pub timeout: u64,
+    /// Print every node's summary and the total as JSON (in the total, a file split
+    /// into ranges counts once per node that copied a range of it; bytes count once).
+    #[arg(long)]
+    pub json: bool,
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Phase {
     Check,
@@ -301,6 +323,7 @@ pub fn ond(cmd: OndCmd) -> Result<()> {
         OndCmd::Start(a) => start(a),
         OndCmd::Stop(a) => stop(a),
         OndCmd::Status(a) => status(a),
+        OndCmd::Cp(a) => copy(a),
         OndCmd::Node(a) => node_phase(a),
     }
 }
@@ -825,6 +848,105 @@ pub fn status(a: StatusArgs) -> Result<()> {
         })
         .collect();
     print_table(&["NODE", "SERVICES", "MOUNT", "RSS MiB", "MEM FREE MiB", "ERROR"], &rows);
+    Ok(())
+}
+
+/// `hivefs cp` on every node, each a part of the work, then the directories' attributes.
+fn copy(a: OndCpArgs) -> Result<()> {
+    let t0 = Instant::now();
+    let nodes = parse_nodes(&a.nodes.nodes, a.nodes.nodefile.as_deref())?;
+    let w = &a.what;
+    for p in w.srcs.iter().chain([&w.dst]) {
+        anyhow::ensure!(p.is_absolute(), "{} must be an absolute path (it is used on every node)", p.display());
+    }
+    let mut common = format!("--json --progress never --workers {} --range-size {}", w.workers, w.range_size);
+    for (on, flag) in [(w.no_target_directory, "-T"), (w.update, "--update"), (w.no_xattrs, "--no-xattrs")] {
+        if on {
+            common.push(' ');
+            common.push_str(flag);
+        }
+    }
+    let paths: Vec<String> = w.srcs.iter().chain([&w.dst]).map(|p| sh_quote(&p.display().to_string())).collect();
+    let paths = paths.join(" ");
+    let bin = |args: String| {
+        let pushed = node::state_of(&a.reach.state_dir(), &a.reach.name).join("hivefs");
+        format!(
+            "b={}; [ -x \"$b\" ] || b={}; exec \"$b\" {args}",
+            sh_quote(&pushed.display().to_string()),
+            sh_quote(&a.reach.remote_bin)
+        )
+    };
+    let n = nodes.len();
+    progress(t0, &format!("copying in {n} parts, one per node"));
+    let ssh = a.reach.ssh();
+    let limit = Duration::from_secs(a.timeout);
+    let parts = ssh.run_all(&nodes, limit, |i| (bin(format!("cp --part {}/{n} {common} {paths}", i + 1)), Vec::new()));
+    let mut summaries = Vec::new();
+    let mut failed = Vec::new();
+    for (node, r) in nodes.iter().zip(parts) {
+        // A part with failed entries exits 1 but still prints its summary.
+        let (out, err) = match r {
+            Ok(out) => (out, None),
+            Err(e) => (String::new(), Some(e)),
+        };
+        match serde_json::from_str::<serde_json::Value>(out.trim()) {
+            Ok(v) => summaries.push((node.clone(), v)),
+            Err(_) => failed.push(format!("node {node}: {}", err.unwrap_or_else(|| "no summary".into()))),
+        }
+    }
+    if failed.len() == n {
+        bail!("the copy failed on every node:\n  {}", failed.join("\n  "));
+    }
+    progress(t0, "setting the directories' attributes");
+    let last =
+        ssh.run(&nodes[0], &bin(format!("cp --dir-attrs-only {common} {paths}").replace(" --update", "")), &[], limit);
+    if let Err(e) = &last {
+        failed.push(format!("node {}: setting the directories' attributes: {e}", nodes[0]));
+    }
+    let sum = |k: &str| summaries.iter().map(|(_, v)| v[k].as_u64().unwrap_or(0)).sum::<u64>();
+    let elapsed = t0.elapsed().as_secs_f64();
+    let keys =
+        ["files", "symlinks", "hard_links", "specials", "bytes", "hole_bytes", "skipped", "skipped_bytes", "errors"];
+    let mut total: serde_json::Map<String, serde_json::Value> =
+        keys.iter().map(|k| (k.to_string(), serde_json::json!(sum(k)))).collect();
+    total.insert("elapsed_s".into(), serde_json::json!(elapsed));
+    total.insert("bytes_per_s".into(), serde_json::json!(sum("bytes") as f64 / elapsed.max(1e-9)));
+    let errors = sum("errors");
+    if a.json {
+        let per: Vec<serde_json::Value> =
+            summaries.iter().map(|(n, v)| serde_json::json!({ "node": n, "summary": v })).collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "nodes": per, "total": total, "failed": failed }))?
+        );
+    } else {
+        for (node, v) in &summaries {
+            println!(
+                "{node}: {} files, {} in {:.1} s, {} errors",
+                v["files"],
+                human(v["bytes"].as_u64().unwrap_or(0)),
+                v["elapsed_s"].as_f64().unwrap_or(0.0),
+                v["errors"]
+            );
+            for f in v["failures"].as_array().into_iter().flatten() {
+                eprintln!("{node}: {}: {}: {}", f["path"], f["op"], f["error"]);
+            }
+        }
+        println!(
+            "copied {} files, {} ({}/s) on {n} nodes in {elapsed:.1} s; {} skipped, {errors} errors",
+            sum("files"),
+            human(sum("bytes")),
+            human((sum("bytes") as f64 / elapsed.max(1e-9)) as u64),
+            sum("skipped")
+        );
+    }
+    if !failed.is_empty() || errors > 0 {
+        bail!(
+            "the copy is incomplete:{}{}",
+            if failed.is_empty() { String::new() } else { format!("\n  {}", failed.join("\n  ")) },
+            if errors > 0 { format!("\n  {errors} entries failed") } else { String::new() }
+        );
+    }
     Ok(())
 }
 

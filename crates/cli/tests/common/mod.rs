@@ -19,6 +19,16 @@ pub fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
     }
 }
 
+/// A finished command's status and output, for assertion messages.
+pub fn out(o: &Output) -> String {
+    format!(
+        "status {}\nstdout: {}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 pub fn hivefs_bin() -> &'static str {
     env!("CARGO_BIN_EXE_hivefs")
 }

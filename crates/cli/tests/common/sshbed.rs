@@ -29,6 +29,14 @@ impl SshBed {
     /// `n` hosts called n1..nN, each running sshd; returns once each reaches every other
     /// over ssh.
     pub fn start(tag: &str, n: usize) -> SshBed {
+        let names: Vec<String> = (1..=n).map(|i| format!("n{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        Self::start_named(tag, &names)
+    }
+
+    /// [`SshBed::start`] with the hosts' names given (lowercase letters, digits, `-`),
+    /// e.g. a `ctl` beside `n1`..`n3`; `hosts` follows their order.
+    pub fn start_named(tag: &str, names: &[&str]) -> SshBed {
         let tb = Testbed::new(tag).unwrap_or_else(|e| panic!("cannot create the test bed (needs root): {e:#}"));
         let tmp = tempfile::Builder::new().prefix("hivefs-sshbed-").tempdir().expect("tempdir");
         let t = tmp.path();
@@ -71,8 +79,8 @@ impl SshBed {
         .unwrap();
 
         let mut hosts = Vec::new();
-        for i in 1..=n {
-            hosts.push(tb.add_host(&format!("n{i}")).expect("add host"));
+        for name in names {
+            hosts.push(tb.add_host(name).expect("add host"));
         }
         let mut etc_hosts = String::from("127.0.0.1 localhost\n");
         for h in &hosts {
@@ -104,7 +112,8 @@ impl SshBed {
                 }
                 assert!(
                     start.elapsed() < Duration::from_secs(20),
-                    "n1 cannot ssh to {}: {}\nsshd log: {}",
+                    "{} cannot ssh to {}: {}\nsshd log: {}",
+                    bed.hosts[0].name,
                     h.name,
                     String::from_utf8_lossy(&o.stderr),
                     std::fs::read_to_string(bed.own(&h.name, "sshd.log")).unwrap_or_default()
