@@ -231,3 +231,26 @@ fn bad_input_is_refused_and_a_failing_entry_does_not_stop_the_others() {
     assert!(err.contains(&format!("{path}: cannot overwrite directory")) && err.contains("1 entries failed"), "{err}");
     assert_eq!(std::fs::read(fs.path("src/f49")).unwrap(), b"49");
 }
+
+/// Times set on an open file before its close survive the close (the size the close
+/// publishes must not stamp its own time over them): what `cp -a` does.
+#[test]
+fn times_set_before_close_survive_it_as_cp_a_needs() {
+    let fs = TestFs::up(&["--storage", "1"]);
+    let when = std::time::UNIX_EPOCH + std::time::Duration::new(1_500_000_000, 123_456_789);
+    let f = std::fs::File::create(fs.path("f")).unwrap();
+    std::io::Write::write_all(&mut &f, b"written before the times are set").unwrap();
+    f.set_modified(when).unwrap();
+    drop(f);
+    let m = std::fs::metadata(fs.path("f")).unwrap();
+    assert_eq!((m.mtime(), m.mtime_nsec()), (1_500_000_000, 123_456_789));
+    assert_eq!(m.len(), 32);
+    // And the tool itself, from the local disk.
+    let src = fs.tmp.path().join("src");
+    std::fs::write(&src, vec![5u8; 3 << 20]).unwrap();
+    std::fs::File::options().write(true).open(&src).unwrap().set_modified(when).unwrap();
+    let o = std::process::Command::new("cp").arg("-a").arg(&src).arg(fs.path("copy")).output().unwrap();
+    assert!(o.status.success(), "{}", out(&o));
+    let m = std::fs::metadata(fs.path("copy")).unwrap();
+    assert_eq!((m.mtime(), m.mtime_nsec(), m.len()), (1_500_000_000, 123_456_789, 3 << 20));
+}

@@ -321,6 +321,23 @@ impl Inner {
         }
     }
 
+    /// Publishes the size of every handle of `ino` with unpublished writes.
+    async fn publish_before_times(&self, ino: INodeNo) -> FsResult<()> {
+        let Ok(e) = self.ent(ino) else { return Ok(()) };
+        let dirty: Vec<Arc<OpenFile>> = self
+            .files
+            .lock()
+            .expect("open files")
+            .values()
+            .filter(|f| f.ent.id == e.id && f.dirty.load(Ordering::Acquire))
+            .cloned()
+            .collect();
+        for f in dirty {
+            self.publish_size(&f).await?;
+        }
+        Ok(())
+    }
+
     /// After writes: compute the size from the chunk files and tell the metadata node.
     async fn publish_size(&self, f: &OpenFile) -> FsResult<()> {
         let _one_at_a_time = f.publishing.lock().await;
@@ -719,6 +736,12 @@ impl Filesystem for HiveFs {
             SetAttr { mode: mode.map(|m| m & 0o7777), uid, gid, size, atime: settime(atime), mtime: settime(mtime) };
         let c = caller(req);
         run!(self, reply, |inner| {
+            if matches!(set.mtime, Some(SetTime::At(_))) {
+                // A size published later would stamp its own time over this one (`cp -a`
+                // sets the source's times with futimens before it closes the copy): the
+                // writes so far are published first.
+                inner.publish_before_times(ino).await?;
+            }
             let r = inner.on_ent(ino, |e| inner.client.setattr(e, set.clone(), c)).await;
             let a = inner.or_removed_dir(ino, r, |d| {
                 let now = system_to_ts(SystemTime::now());
