@@ -33,6 +33,15 @@ pub const TOP_N: usize = 100;
 
 static SERVICE: OnceLock<&'static str> = OnceLock::new();
 
+/// `HIVEFS_METRICS=off` in a process's environment: nothing is recorded (the endpoint
+/// still answers, with process figures only). For measuring what recording costs.
+static OFF: LazyLock<bool> = LazyLock::new(|| std::env::var("HIVEFS_METRICS").is_ok_and(|v| v == "off"));
+
+/// Whether metrics are recorded in this process.
+pub fn enabled() -> bool {
+    !*OFF
+}
+
 /// Names this process's service (mgmtd, meta, storage, mount, ...); the first call wins.
 pub fn set_service(name: &'static str) {
     let _ = SERVICE.set(name);
@@ -305,6 +314,59 @@ impl Default for Bounded {
 static USERS: Bounded = Bounded::new();
 static CLIENTS: Bounded = Bounded::new();
 
+/// The series of one message type, found once per thread ([`with_op`]).
+#[derive(Clone)]
+struct OpSeries {
+    count: Counter,
+    errors: Counter,
+    seconds: Histogram,
+}
+
+thread_local! {
+    /// Per thread: the series of each message type served (keyed by the name's address:
+    /// names are `&'static str` of one table) and sent, and of each user, so that the
+    /// hot path takes no lock and hashes no label set.
+    static SERVED: std::cell::RefCell<std::collections::HashMap<usize, OpSeries>> = Default::default();
+    static CALLED: std::cell::RefCell<std::collections::HashMap<usize, OpSeries>> = Default::default();
+    static BY_USER: std::cell::RefCell<std::collections::HashMap<u32, Counter>> = Default::default();
+}
+
+fn with_op(
+    cache: &'static std::thread::LocalKey<std::cell::RefCell<std::collections::HashMap<usize, OpSeries>>>,
+    served: bool,
+    op: &'static str,
+    f: impl FnOnce(&OpSeries),
+) {
+    cache.with(|c| {
+        let mut c = c.borrow_mut();
+        let s = c.entry(op.as_ptr() as usize).or_insert_with(|| {
+            let m = metrics();
+            let l = OpLabels { service: service(), op };
+            let (count, errors, seconds) = if served {
+                (&m.requests, &m.request_errors, &m.request_seconds)
+            } else {
+                (&m.calls, &m.call_errors, &m.call_seconds)
+            };
+            OpSeries {
+                count: count.get_or_create_owned(&l),
+                errors: errors.get_or_create_owned(&l),
+                seconds: seconds.get_or_create_owned(&l),
+            }
+        });
+        f(s)
+    })
+}
+
+/// A service-wide counter, found once.
+fn service_counter(f: &Family<ServiceLabels, Counter>) -> Counter {
+    f.get_or_create_owned(&ServiceLabels { service: service() })
+}
+
+/// The counter of requests from client address `client` (kept by its connection).
+pub fn client_counter(client: &str) -> Counter {
+    metrics().by_client.get_or_create_owned(&KeyLabels { service: service(), key: CLIENTS.label(client) })
+}
+
 /// One request served: its type, time, outcome, payload bytes, client and user.
 pub fn served(
     op: &'static str,
@@ -312,39 +374,54 @@ pub fn served(
     ok: bool,
     bytes_in: usize,
     bytes_out: usize,
-    client: &str,
+    client: &Counter,
     uid: Option<u32>,
 ) {
-    let m = metrics();
-    let svc = service();
-    let l = OpLabels { service: svc, op };
-    m.requests.get_or_create(&l).inc();
-    if !ok {
-        m.request_errors.get_or_create(&l).inc();
+    if *OFF {
+        return;
     }
-    m.request_seconds.get_or_create(&l).observe(took.as_secs_f64());
-    let s = ServiceLabels { service: svc };
+    with_op(&SERVED, true, op, |s| {
+        s.count.inc();
+        if !ok {
+            s.errors.inc();
+        }
+        s.seconds.observe(took.as_secs_f64());
+    });
+    static RECEIVED: LazyLock<Counter> = LazyLock::new(|| service_counter(&metrics().bytes_received));
+    static SENT: LazyLock<Counter> = LazyLock::new(|| service_counter(&metrics().bytes_sent));
     if bytes_in > 0 {
-        m.bytes_received.get_or_create(&s).inc_by(bytes_in as u64);
+        RECEIVED.inc_by(bytes_in as u64);
     }
     if bytes_out > 0 {
-        m.bytes_sent.get_or_create(&s).inc_by(bytes_out as u64);
+        SENT.inc_by(bytes_out as u64);
     }
-    m.by_client.get_or_create(&KeyLabels { service: svc, key: CLIENTS.label(client) }).inc();
+    client.inc();
     if let Some(uid) = uid {
-        m.by_user.get_or_create(&KeyLabels { service: svc, key: USERS.label(&uid.to_string()) }).inc();
+        BY_USER.with(|u| {
+            u.borrow_mut()
+                .entry(uid)
+                .or_insert_with(|| {
+                    metrics()
+                        .by_user
+                        .get_or_create_owned(&KeyLabels { service: service(), key: USERS.label(&uid.to_string()) })
+                })
+                .inc();
+        });
     }
 }
 
 /// One request sent to another service (retries included).
 pub fn called(op: &'static str, took: Duration, ok: bool) {
-    let m = metrics();
-    let l = OpLabels { service: service(), op };
-    m.calls.get_or_create(&l).inc();
-    if !ok {
-        m.call_errors.get_or_create(&l).inc();
+    if *OFF {
+        return;
     }
-    m.call_seconds.get_or_create(&l).observe(took.as_secs_f64());
+    with_op(&CALLED, false, op, |s| {
+        s.count.inc();
+        if !ok {
+            s.errors.inc();
+        }
+        s.seconds.observe(took.as_secs_f64());
+    });
 }
 
 /// Adds `delta` (+1 / -1) to a gauge of this service.
@@ -359,15 +436,41 @@ pub fn refused(kind: &'static str) {
 
 /// Chunk bytes read from or written to a target.
 pub fn target_io(target: u32, direction: &'static str, bytes: u64) {
-    metrics()
-        .target_bytes
-        .get_or_create(&TargetLabels { service: service(), target: target.to_string(), direction })
-        .inc_by(bytes);
+    if *OFF {
+        return;
+    }
+    thread_local! {
+        static TARGETS: std::cell::RefCell<std::collections::HashMap<(u32, &'static str), Counter>> = Default::default();
+    }
+    TARGETS.with(|t| {
+        t.borrow_mut()
+            .entry((target, direction))
+            .or_insert_with(|| {
+                metrics().target_bytes.get_or_create_owned(&TargetLabels {
+                    service: service(),
+                    target: target.to_string(),
+                    direction,
+                })
+            })
+            .inc_by(bytes);
+    });
 }
 
 /// File bytes this client read or wrote.
 pub fn client_io(direction: &'static str, bytes: u64) {
-    metrics().client_bytes.get_or_create(&KindLabels { service: service(), kind: direction }).inc_by(bytes);
+    if *OFF {
+        return;
+    }
+    static READ: LazyLock<Counter> = LazyLock::new(|| client_bytes("read"));
+    static WRITE: LazyLock<Counter> = LazyLock::new(|| client_bytes("write"));
+    match direction {
+        "read" => READ.inc_by(bytes),
+        _ => WRITE.inc_by(bytes),
+    };
+}
+
+fn client_bytes(kind: &'static str) -> Counter {
+    metrics().client_bytes.get_or_create_owned(&KindLabels { service: service(), kind })
 }
 
 /// Sets the space gauges of target `target` on node `node`.
@@ -393,6 +496,9 @@ pub fn event(emitted: bool) {
 
 /// One metadata journal batch.
 pub fn committed(ops: usize, took: Duration) {
+    if *OFF {
+        return;
+    }
     let m = metrics();
     let s = ServiceLabels { service: service() };
     m.commit_batch_ops.get_or_create(&s).observe(ops as f64);
@@ -406,14 +512,16 @@ mod tests {
     #[test]
     fn the_text_has_every_family_and_the_counts() {
         set_service("test");
-        served("CreateFile", Duration::from_micros(80), true, 0, 0, "10.0.0.1", Some(1000));
-        served("CreateFile", Duration::from_micros(120), false, 0, 0, "10.0.0.1", Some(1000));
+        let client = client_counter("10.0.0.1");
+        served("CreateFile", Duration::from_micros(80), true, 0, 0, &client, Some(1000));
+        served("CreateFile", Duration::from_micros(120), false, 0, 0, &client, Some(1000));
         target_io(3, "write", 4096);
         committed(5, Duration::from_micros(50));
         let t = render();
         assert!(t.contains(r#"hivefs_requests_total{service="test",op="CreateFile"} 2"#), "{t}");
         assert!(t.contains(r#"hivefs_request_errors_total{service="test",op="CreateFile"} 1"#), "{t}");
         assert!(t.contains(r#"hivefs_user_requests_total{service="test",key="1000"} 2"#), "{t}");
+        assert!(t.contains(r#"hivefs_client_requests_total{service="test",key="10.0.0.1"} 2"#), "{t}");
         assert!(t.contains(r#"hivefs_target_io_bytes_total{service="test",target="3",direction="write"} 4096"#), "{t}");
         assert!(t.contains("hivefs_commit_batch_operations_bucket"), "{t}");
         assert!(t.contains("# TYPE hivefs_request_duration_seconds histogram"), "{t}");

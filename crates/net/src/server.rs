@@ -475,7 +475,7 @@ where
     let in_flight = hivefs_metrics::metrics()
         .requests_in_flight
         .get_or_create_owned(&hivefs_metrics::ServiceLabels { service: hivefs_metrics::service() });
-    let client: Arc<str> = peer.addr.ip().to_string().into();
+    let client = hivefs_metrics::client_counter(&peer.addr.ip().to_string());
     loop {
         let header = match read_header(&mut rd).await {
             Ok(h) => h,
