@@ -235,8 +235,13 @@ pub fn run_storage(a: StorageArgs) -> Result<()> {
         let fs = cfg.fs_uuid.clone().ok_or_else(|| anyhow!("--init needs --fs-uuid (or fs_uuid in the config)"))?;
         anyhow::ensure!(!cfg.targets.is_empty(), "--init needs at least one --target DIR");
         for t in &cfg.targets {
+            let had = t.join(hivefs_storage::TARGET_FILE).exists();
             hivefs_storage::init_target(t, &fs).map_err(|e| anyhow!("{e}"))?;
-            println!("formatted storage target {}", t.display());
+            if had {
+                println!("storage target {} was formatted for this file system already; left as it is", t.display());
+            } else {
+                println!("formatted storage target {}", t.display());
+            }
         }
         return Ok(());
     }

@@ -288,17 +288,6 @@ impl Drop for MetaService {
     }
 }
 
-/// The address to advertise when none is configured: the bound address, with
-/// a wildcard IP replaced by loopback (a wildcard reaches no one).
-fn default_advertise(local: SocketAddr) -> String {
-    if local.ip().is_unspecified() {
-        warn!("listening on {local}: advertising 127.0.0.1:{}; set `advertise` for other hosts", local.port());
-        format!("127.0.0.1:{}", local.port())
-    } else {
-        local.to_string()
-    }
-}
-
 async fn root_owner(cluster: &Cluster, mgmtd: &str) -> Result<NodeId, MetaError> {
     let start = tokio::time::Instant::now();
     loop {
@@ -414,7 +403,21 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
         .await
         .map_err(|source| MetaError::Listen { addr: cfg.listen.clone(), source })?;
     let local_addr = server.local_addr;
-    let advertise = cfg.advertise.clone().unwrap_or_else(|| default_advertise(local_addr));
+    let advertise = match &cfg.advertise {
+        Some(a) => a.clone(),
+        // A wildcard reaches no one: registering it would make this node unreachable.
+        None if local_addr.ip().is_unspecified() => {
+            server.abort();
+            return Err(MetaError::Config {
+                path: dir.clone(),
+                message: format!(
+                    "listen address {} is not reachable by peers; set `advertise` to the address they should use",
+                    cfg.listen
+                ),
+            });
+        }
+        None => local_addr.to_string(),
+    };
     let lease = Arc::new(mirror::Lease::default());
 
     let setup = async {

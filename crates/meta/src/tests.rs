@@ -1385,8 +1385,12 @@ mod service {
             r => panic!("{r:?}"),
         }
         // The port is taken: the error names the address.
-        let e = start(Config { listen: addr2.clone(), dir: dir.path().join("other"), ..cfg }).await.err().unwrap();
+        let e =
+            start(Config { listen: addr2.clone(), dir: dir.path().join("other"), ..cfg.clone() }).await.err().unwrap();
         assert!(e.to_string().contains(&addr2), "{e}");
+        // A wildcard address without `advertise` would register an address no peer reaches.
+        let e = start(Config { listen: "0.0.0.0:0".into(), dir: dir.path().join("wild"), ..cfg }).await.err().unwrap();
+        assert!(e.to_string().contains("advertise"), "{e}");
         svc.stop().await;
         srv.abort();
     }
