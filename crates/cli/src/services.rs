@@ -199,7 +199,11 @@ pub fn run_mgmtd(a: MgmtdArgs) -> Result<()> {
 
 pub fn run_meta(a: MetaArgs) -> Result<()> {
     init_logging(&a.common.log_level);
-    let mut cfg: hivefs_meta::Config = load_config(a.common.config.as_deref())?;
+    // With the node's own checks (e.g. the least checkpoint_bytes), not only the keys'.
+    let mut cfg = match &a.common.config {
+        Some(p) => hivefs_meta::Config::load(p).map_err(|e| anyhow!("{e}"))?,
+        None => hivefs_meta::Config::default(),
+    };
     apply_common(&a.common, &mut cfg.dir, &mut cfg.listen, &mut cfg.secret_file);
     a.member.apply(&mut cfg.mgmtd, &mut cfg.advertise);
     cfg.metrics_listen = a.common.metrics_listen.clone().or(cfg.metrics_listen);

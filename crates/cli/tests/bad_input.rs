@@ -21,6 +21,10 @@ fn bad_input_is_refused_clearly() {
     std::fs::write(&cfg, "dir = \"/tmp/x\"\nlisten_adress = \"127.0.0.1:1\"\n").unwrap();
     let e = stderr_of(&["meta", "--config", cfg.to_str().unwrap()]);
     assert!(e.contains("listen_adress") && e.contains("meta.toml"), "{e}");
+    // A value the node refuses.
+    std::fs::write(&cfg, "dir = \"/tmp/x\"\ncheckpoint_bytes = 1\n").unwrap();
+    let e = stderr_of(&["meta", "--config", cfg.to_str().unwrap()]);
+    assert!(e.contains("checkpoint_bytes") && e.contains("meta.toml"), "{e}");
 
     // Busy mount point (already mounted) and non-empty mount point.
     let e =
