@@ -260,10 +260,32 @@ pub fn run_storage(a: StorageArgs) -> Result<()> {
     })
 }
 
-/// Where a mount records how to reach its file system, for admin commands given `--mount`.
+const MOUNT_RECORDS: &str = "/run/hivefs/mounts";
+
+/// Where a mount records how to reach its file system, for admin commands given `--mount`:
+/// keyed by the mount namespace and the path, so that the same path mounted in two
+/// namespaces (containers, test-bed hosts) has two records.
 pub fn mount_record_path(mnt: &Path) -> PathBuf {
     let key: String = mnt.to_string_lossy().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-    PathBuf::from("/run/hivefs/mounts").join(format!("{key}.toml"))
+    let ns = std::fs::read_link("/proc/self/ns/mnt")
+        .ok()
+        .and_then(|l| l.to_string_lossy().trim_start_matches("mnt:[").trim_end_matches(']').parse::<u64>().ok());
+    let name = match ns {
+        Some(ns) => format!("{ns}-{key}.toml"),
+        None => format!("{key}.toml"),
+    };
+    PathBuf::from(MOUNT_RECORDS).join(name)
+}
+
+/// Removes the records of mounts whose process is gone (a killed mount leaves its record).
+fn sweep_mount_records() {
+    let Ok(rd) = std::fs::read_dir(MOUNT_RECORDS) else { return };
+    for e in rd.flatten() {
+        let rec = std::fs::read_to_string(e.path()).ok().and_then(|s| toml::from_str::<MountRecord>(&s).ok());
+        if rec.is_some_and(|r| !crate::util::pid_alive(r.pid as i32)) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -333,6 +355,7 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
             }
         }
     })?;
+    sweep_mount_records();
     let record = mount_record_path(&mnt);
     if let Some(d) = record.parent() {
         let _ = std::fs::create_dir_all(d);
