@@ -170,8 +170,9 @@ fn million_entry_directory_lists_once_in_bounded_memory() {
     // at most `checkpoint_bytes` = 16 MiB of journal each, about 1.5 bytes
     // of memory per journal byte: under 48 MiB), and the rest of the node.
     // Measured up to 152 MiB (2026-11-26; 123-129 MiB before the journal,
-    // when the store cache alone bounded it). The whole million entries in
-    // memory would take about 450 MiB.
+    // when the store cache alone bounded it), 157 MiB with the modification
+    // events' buffer (32,768 events, about 5 MiB; 100,000 took it to 193).
+    // The whole million entries in memory would take about 450 MiB.
     assert!(meta_peak >> 20 < 176, "the metadata node's RSS reached {} MiB", meta_peak >> 20);
     // Listing a million entries three times costs the node no memory beyond
     // what creating them took.

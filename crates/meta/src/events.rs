@@ -5,7 +5,8 @@
 //! - An event is published only after its batch is in the journal, in the batch's order.
 //! - A cross-node operation's event is drafted at its intent and published at its
 //!   commit (dropped at its abort); an intent finished after a restart publishes none.
-//! - The buffer holds [`CAPACITY`] events: older ones are dropped and counted, so a
+//! - The buffer holds `event_buffer` events (meta.toml, default [`DEFAULT_CAPACITY`]):
+//!   older ones are dropped and counted, so a
 //!   consumer that went away costs bounded memory, and one that comes back sees the gap
 //!   (its next sequence number is below `oldest`).
 //! - Numbering starts at 1 in each run of the process (`boot` tells runs apart).
@@ -24,12 +25,14 @@ use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
 
-/// `HIVEFS_EVENTS=off` in the metadata node's environment: no events are kept. For
+/// `HIVEFS_EVENTS=off` in the metadata node's environment: no events are drafted. For
 /// measuring what they cost.
 static OFF: LazyLock<bool> = LazyLock::new(|| std::env::var("HIVEFS_EVENTS").is_ok_and(|v| v == "off"));
 
-/// Events held for consumers (about 100 bytes each plus names).
-pub const CAPACITY: usize = 100_000;
+/// Events held for consumers by default: about 160 bytes each with their names, 5 MiB
+/// (a burst of creates at 14,000/s fills it in 2 s; a following consumer empties it
+/// every poll).
+pub const DEFAULT_CAPACITY: usize = 32_768;
 /// Longest wait of one `Events` request.
 pub const WAIT_MAX: Duration = Duration::from_secs(10);
 
@@ -47,10 +50,10 @@ pub struct EventLog {
     ring: Mutex<Ring>,
     arrived: Notify,
     boot: u64,
-    capacity: usize,
+    capacity: std::sync::atomic::AtomicUsize,
 }
 
-static LOG: LazyLock<EventLog> = LazyLock::new(|| EventLog::new(CAPACITY));
+static LOG: LazyLock<EventLog> = LazyLock::new(|| EventLog::new(DEFAULT_CAPACITY));
 
 /// The process's event log (one per metadata node process).
 pub fn log() -> &'static EventLog {
@@ -205,7 +208,22 @@ impl EventLog {
             ring: Mutex::new(Ring { buf: VecDeque::new(), next: 1, dropped: 0, pending: HashMap::new() }),
             arrived: Notify::new(),
             boot: now_ns(),
-            capacity: capacity.max(1),
+            capacity: capacity.into(),
+        }
+    }
+
+    /// Keeps at most `n` events from now on (0: none).
+    pub fn set_capacity(&self, n: usize) {
+        self.capacity.store(n, std::sync::atomic::Ordering::Relaxed);
+        let mut ring = self.ring();
+        self.trim(&mut ring);
+    }
+
+    fn trim(&self, ring: &mut Ring) {
+        while ring.buf.len() > self.capacity.load(std::sync::atomic::Ordering::Relaxed) {
+            ring.buf.pop_front();
+            ring.dropped += 1;
+            hivefs_metrics::event(false);
         }
     }
 
@@ -262,11 +280,7 @@ impl EventLog {
         ring.next += 1;
         ring.buf.push_back(e);
         hivefs_metrics::event(true);
-        while ring.buf.len() > self.capacity {
-            ring.buf.pop_front();
-            ring.dropped += 1;
-            hivefs_metrics::event(false);
-        }
+        self.trim(ring);
     }
 
     fn answer(&self, node: NodeId, after: u64, max: u32) -> Reply {

@@ -93,6 +93,9 @@ pub struct Config {
     /// (at least 65536). Bounds the memory of changed records and the
     /// replay at start; a filling disk checkpoints earlier.
     pub checkpoint_bytes: u64,
+    /// Modification events kept for `hivefs events` consumers (about 160 bytes each);
+    /// older ones are dropped and counted. 0: no events are kept.
+    pub event_buffer: usize,
     pub heartbeat_interval_ms: u64,
     /// How often the cluster view (targets for new files) is refreshed.
     pub target_refresh_ms: u64,
@@ -124,6 +127,7 @@ impl Default for Config {
             secret_file: None,
             sync: false,
             checkpoint_bytes: store::log::DEFAULT_CHECKPOINT_BYTES,
+            event_buffer: events::DEFAULT_CAPACITY,
             heartbeat_interval_ms: 1000,
             target_refresh_ms: 2000,
             min_free_bytes: 64 << 20,
@@ -395,6 +399,7 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
     // here. No new boot epoch yet: a mirrored namespace's copy takes none.
     let mut store = store::Store::open_replica(&dir.join(DB_FILE), cfg.sync, cfg.store_cache_bytes)?;
     store.log.checkpoint_bytes = cfg.checkpoint_bytes;
+    events::log().set_capacity(cfg.event_buffer);
     let pools = Pools::new(ClientConfig::new(secret.clone()));
     let cluster = Cluster::new(&cfg.mgmtd, pools);
     let handler =
