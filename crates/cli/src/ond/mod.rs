@@ -550,34 +550,22 @@ pub fn start(a: StartArgs) -> Result<()> {
         s
     };
 
+    // Phase `phase` on the first node only (`head`) or on every node, all at once.
+    let phase = |phase: &str, head: bool, what: &str| -> Result<()> {
+        let on = if head { &nodes[..1] } else { &nodes[..] };
+        let r = ssh
+            .run_all(on, limit, |i| (node_command(&bin, phase), job_input(&inst, i, Some(&secret), fresh, a.timeout)));
+        all_ok(on, r, what).map(|_| ())
+    };
     let run = || -> Result<()> {
         progress(t0, &format!("starting mgmtd on {}", nodes[0]));
-        let r = vec![ssh.run(
-            &nodes[0],
-            &node_command(&bin, "mgmtd"),
-            &job_input(&inst, 0, Some(&secret), fresh, a.timeout),
-            limit,
-        )];
-        all_ok(&nodes[..1], r, "starting mgmtd")?;
+        phase("mgmtd", true, "starting mgmtd")?;
         progress(t0, "starting metadata and storage servers");
-        let r = ssh.run_all(&nodes, limit, |i| {
-            (node_command(&bin, "servers"), job_input(&inst, i, Some(&secret), fresh, a.timeout))
-        });
-        all_ok(&nodes, r, "starting the servers")?;
+        phase("servers", false, "starting the servers")?;
         progress(t0, "waiting for every server to register");
-        let r = vec![ssh.run(
-            &nodes[0],
-            &node_command(&bin, "setup"),
-            &job_input(&inst, 0, Some(&secret), fresh, a.timeout),
-            limit,
-        )];
-        all_ok(&nodes[..1], r, "setting up the file system")?;
+        phase("setup", true, "setting up the file system")?;
         progress(t0, "mounting on every node");
-        let r = ssh.run_all(&nodes, limit, |i| {
-            (node_command(&bin, "mount"), job_input(&inst, i, Some(&secret), fresh, a.timeout))
-        });
-        all_ok(&nodes, r, "mounting")?;
-        Ok(())
+        phase("mount", false, "mounting")
     };
     if let Err(e) = run() {
         progress(t0, "start failed; stopping what was started");
