@@ -387,7 +387,10 @@ fn a_full_secondary_degrades_its_group_and_writes_go_on() {
     std::fs::write(fs.path("big"), &data).expect("a write goes on when the secondary's disk is full");
     assert_eq!(std::fs::read(fs.path("big")).unwrap(), data);
     let g = &groups(m)[0];
-    assert_eq!(g["secondary"]["state"], "needs-resync", "{g}");
+    // Degraded; the primary may already be trying a resync (which fails again while
+    // the disk is full).
+    let state = g["secondary"]["state"].as_str().unwrap_or_default();
+    assert!(["needs-resync", "resyncing"].contains(&state), "{g}");
     assert_eq!(g["epoch"], 0, "no switch: the primary lives");
     // Space again: the secondary is resynced.
     let st = std::process::Command::new("umount").arg("-l").arg(&chunks).status();

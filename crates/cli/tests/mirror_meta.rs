@@ -367,7 +367,10 @@ fn a_metadata_secondary_with_a_full_disk_degrades_its_group_and_creates_go_on() 
     }
     eprintln!("the copy's disk was full after {made} creates");
     let g = &groups(&m)[0];
-    assert_eq!((g["secondary"]["state"].as_str(), g["epoch"].as_u64()), (Some("needs-resync"), Some(0)), "{g}");
+    // Degraded, no switch; the primary may already be trying a resync (which fails
+    // again while the disk is full).
+    let state = g["secondary"]["state"].as_str().unwrap_or_default();
+    assert!(["needs-resync", "resyncing"].contains(&state) && g["epoch"] == 0, "{g}");
     let st = std::process::Command::new("touch").arg("after").current_dir(&fs.mnt).status().unwrap();
     assert!(st.success());
 
