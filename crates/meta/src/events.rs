@@ -15,7 +15,6 @@
 
 use crate::cross::MultiMut;
 use crate::ops::Mutation;
-use crate::writer::Change;
 use hivefs_proto::{Event, EventKind, Reply, EVENTS_MAX};
 use hivefs_types::attr::FileKind;
 use hivefs_types::error::FsResult;
@@ -89,106 +88,104 @@ pub enum Draft {
     Abort(EntryId),
 }
 
-/// The draft of `c`.
-pub fn draft(c: &Change) -> Draft {
+/// The draft of a single-node mutation (the writer asks, layers point down).
+pub fn draft_op(m: &Mutation) -> Draft {
     if *OFF {
         return Draft::None;
     }
-    match c {
-        Change::Op(m) => match m {
-            Mutation::Create { parent, name, kind, uid, .. } => {
-                let k = if *kind == FileKind::File { EventKind::Create } else { EventKind::Mknod };
-                Draft::Now(Event { parent: Some(*parent), name: name.clone(), uid: Some(*uid), ..event(k) })
-            }
-            Mutation::Mkdir { parent, name, uid, .. } => Draft::Now(Event {
-                parent: Some(*parent),
-                name: name.clone(),
-                uid: Some(*uid),
-                ..event(EventKind::Mkdir)
-            }),
-            Mutation::Symlink { parent, name, uid, .. } => Draft::Now(Event {
-                parent: Some(*parent),
-                name: name.clone(),
-                uid: Some(*uid),
-                ..event(EventKind::Symlink)
-            }),
-            Mutation::Link { id, new_parent, new_name } => Draft::Now(Event {
-                entry: Some(*id),
-                new_parent: Some(*new_parent),
-                new_name: new_name.clone(),
+    match m {
+        Mutation::Create { parent, name, kind, uid, .. } => {
+            let k = if *kind == FileKind::File { EventKind::Create } else { EventKind::Mknod };
+            Draft::Now(Event { parent: Some(*parent), name: name.clone(), uid: Some(*uid), ..event(k) })
+        }
+        Mutation::Mkdir { parent, name, uid, .. } => {
+            Draft::Now(Event { parent: Some(*parent), name: name.clone(), uid: Some(*uid), ..event(EventKind::Mkdir) })
+        }
+        Mutation::Symlink { parent, name, uid, .. } => Draft::Now(Event {
+            parent: Some(*parent),
+            name: name.clone(),
+            uid: Some(*uid),
+            ..event(EventKind::Symlink)
+        }),
+        Mutation::Link { id, new_parent, new_name } => Draft::Now(Event {
+            entry: Some(*id),
+            new_parent: Some(*new_parent),
+            new_name: new_name.clone(),
+            ..event(EventKind::Link)
+        }),
+        Mutation::Unlink { parent, name } => {
+            Draft::Now(Event { parent: Some(*parent), name: name.clone(), ..event(EventKind::Unlink) })
+        }
+        Mutation::Rmdir { parent, name } => {
+            Draft::Now(Event { parent: Some(*parent), name: name.clone(), ..event(EventKind::Rmdir) })
+        }
+        Mutation::Rename { parent, name, new_parent, new_name, .. } => Draft::Now(Event {
+            parent: Some(*parent),
+            name: name.clone(),
+            new_parent: Some(*new_parent),
+            new_name: new_name.clone(),
+            ..event(EventKind::Rename)
+        }),
+        Mutation::SetAttr { id, attr } => {
+            let k = if attr.size.is_some() { EventKind::Truncate } else { EventKind::SetAttr };
+            Draft::Now(Event { entry: Some(*id), ..event(k) })
+        }
+        Mutation::UpdateSize { id, .. } => Draft::Now(Event { entry: Some(*id), ..event(EventKind::CloseWrite) }),
+        Mutation::SetXattr { id, name, .. } => {
+            Draft::Now(Event { entry: Some(*id), name: name.clone(), ..event(EventKind::SetXattr) })
+        }
+        Mutation::RemoveXattr { id, name } => {
+            Draft::Now(Event { entry: Some(*id), name: name.clone(), ..event(EventKind::RemoveXattr) })
+        }
+        Mutation::SetDirPattern { id, .. } => Draft::Now(Event { entry: Some(*id), ..event(EventKind::SetPattern) }),
+        _ => Draft::None,
+    }
+}
+
+/// The draft of a step of a cross-node operation.
+pub fn draft_cross(m: &MultiMut) -> Draft {
+    if *OFF {
+        return Draft::None;
+    }
+    match m {
+        MultiMut::MkdirIntent(i) => Draft::Hold(
+            i.intent,
+            Event { parent: Some(i.parent), name: i.name.clone(), uid: Some(i.uid), ..event(EventKind::Mkdir) },
+        ),
+        MultiMut::RmdirIntent(i) => {
+            Draft::Hold(i.intent, Event { parent: Some(i.parent), name: i.name.clone(), ..event(EventKind::Rmdir) })
+        }
+        MultiMut::UnlinkIntent(i) => {
+            Draft::Hold(i.intent, Event { parent: Some(i.parent), name: i.name.clone(), ..event(EventKind::Unlink) })
+        }
+        MultiMut::LinkIntent(i) => Draft::Hold(
+            i.intent,
+            Event {
+                entry: Some(i.id),
+                new_parent: Some(i.new_parent),
+                new_name: i.new_name.clone(),
                 ..event(EventKind::Link)
-            }),
-            Mutation::Unlink { parent, name } => {
-                Draft::Now(Event { parent: Some(*parent), name: name.clone(), ..event(EventKind::Unlink) })
-            }
-            Mutation::Rmdir { parent, name } => {
-                Draft::Now(Event { parent: Some(*parent), name: name.clone(), ..event(EventKind::Rmdir) })
-            }
-            Mutation::Rename { parent, name, new_parent, new_name, .. } => Draft::Now(Event {
-                parent: Some(*parent),
-                name: name.clone(),
-                new_parent: Some(*new_parent),
-                new_name: new_name.clone(),
+            },
+        ),
+        MultiMut::RenameIntent(i) => Draft::Hold(
+            i.intent,
+            Event {
+                parent: Some(i.parent),
+                name: i.name.clone(),
+                new_parent: Some(i.new_parent),
+                new_name: i.new_name.clone(),
                 ..event(EventKind::Rename)
-            }),
-            Mutation::SetAttr { id, attr } => {
-                let k = if attr.size.is_some() { EventKind::Truncate } else { EventKind::SetAttr };
-                Draft::Now(Event { entry: Some(*id), ..event(k) })
-            }
-            Mutation::UpdateSize { id, .. } => Draft::Now(Event { entry: Some(*id), ..event(EventKind::CloseWrite) }),
-            Mutation::SetXattr { id, name, .. } => {
-                Draft::Now(Event { entry: Some(*id), name: name.clone(), ..event(EventKind::SetXattr) })
-            }
-            Mutation::RemoveXattr { id, name } => {
-                Draft::Now(Event { entry: Some(*id), name: name.clone(), ..event(EventKind::RemoveXattr) })
-            }
-            Mutation::SetDirPattern { id, .. } => {
-                Draft::Now(Event { entry: Some(*id), ..event(EventKind::SetPattern) })
-            }
-            _ => Draft::None,
-        },
-        Change::Cross(m) => match m {
-            MultiMut::MkdirIntent(i) => Draft::Hold(
-                i.intent,
-                Event { parent: Some(i.parent), name: i.name.clone(), uid: Some(i.uid), ..event(EventKind::Mkdir) },
-            ),
-            MultiMut::RmdirIntent(i) => {
-                Draft::Hold(i.intent, Event { parent: Some(i.parent), name: i.name.clone(), ..event(EventKind::Rmdir) })
-            }
-            MultiMut::UnlinkIntent(i) => Draft::Hold(
-                i.intent,
-                Event { parent: Some(i.parent), name: i.name.clone(), ..event(EventKind::Unlink) },
-            ),
-            MultiMut::LinkIntent(i) => Draft::Hold(
-                i.intent,
-                Event {
-                    entry: Some(i.id),
-                    new_parent: Some(i.new_parent),
-                    new_name: i.new_name.clone(),
-                    ..event(EventKind::Link)
-                },
-            ),
-            MultiMut::RenameIntent(i) => Draft::Hold(
-                i.intent,
-                Event {
-                    parent: Some(i.parent),
-                    name: i.name.clone(),
-                    new_parent: Some(i.new_parent),
-                    new_name: i.new_name.clone(),
-                    ..event(EventKind::Rename)
-                },
-            ),
-            MultiMut::MkdirCommit(c) => Draft::Commit(c.intent),
-            MultiMut::RmdirCommit(c) => Draft::Commit(c.intent),
-            MultiMut::UnlinkCommit(c) => Draft::Commit(c.intent),
-            MultiMut::LinkCommit(c) => Draft::Commit(c.intent),
-            MultiMut::RenameCommit(c) => Draft::Commit(c.intent),
-            MultiMut::MkdirAbort(a) => Draft::Abort(a.intent),
-            MultiMut::LinkAbort(a) => Draft::Abort(a.intent),
-            MultiMut::Abort(a) => Draft::Abort(a.intent),
-            _ => Draft::None,
-        },
-        Change::Fsck(_) => Draft::None,
+            },
+        ),
+        MultiMut::MkdirCommit(c) => Draft::Commit(c.intent),
+        MultiMut::RmdirCommit(c) => Draft::Commit(c.intent),
+        MultiMut::UnlinkCommit(c) => Draft::Commit(c.intent),
+        MultiMut::LinkCommit(c) => Draft::Commit(c.intent),
+        MultiMut::RenameCommit(c) => Draft::Commit(c.intent),
+        MultiMut::MkdirAbort(a) => Draft::Abort(a.intent),
+        MultiMut::LinkAbort(a) => Draft::Abort(a.intent),
+        MultiMut::Abort(a) => Draft::Abort(a.intent),
+        _ => Draft::None,
     }
 }
 
@@ -231,14 +228,8 @@ impl EventLog {
         self.ring.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Publishes the drafts of a committed batch, in order (`results` are the answers).
-    pub fn committed(&self, drafts: Vec<Draft>, results: &[FsResult<Reply>]) {
-        let refs: Vec<&FsResult<Reply>> = results.iter().collect();
-        self.committed_refs(drafts, &refs);
-    }
-
-    /// [`EventLog::committed`] with the answers borrowed.
-    pub fn committed_refs(&self, drafts: Vec<Draft>, results: &[&FsResult<Reply>]) {
+    /// Publishes the drafts of a committed batch, in order (`results`: the answers).
+    pub fn committed<'a>(&self, drafts: Vec<Draft>, results: impl IntoIterator<Item = &'a FsResult<Reply>>) {
         let mut published = false;
         {
             let mut ring = self.ring();

@@ -393,7 +393,14 @@ pub fn run_batch(log: &mut Log, st: &mut WriterState, muts: Vec<Queued>) -> Vec<
         return fail_all(hivefs_types::ErrorCode::Io, "a checkpoint failed; the service must be restarted");
     }
     let used = log.store_used();
-    let drafts: Vec<crate::events::Draft> = muts.iter().map(|(c, _)| crate::events::draft(c)).collect();
+    let drafts: Vec<crate::events::Draft> = muts
+        .iter()
+        .map(|(c, _)| match c {
+            Change::Op(m) => crate::events::draft_op(m),
+            Change::Cross(m) => crate::events::draft_cross(m),
+            Change::Fsck(_) => crate::events::Draft::None,
+        })
+        .collect();
     let mut results = Vec::with_capacity(n);
     let (wake, changes) = match log.mem.batch(|t| apply_all(t, st, muts, &mut results, used).map_err(OpError::Fatal)) {
         Ok(r) => r,
@@ -419,8 +426,7 @@ pub fn run_batch(log: &mut Log, st: &mut WriterState, muts: Vec<Queued>) -> Vec<
     }
     st.epoch_saved = st.epoch;
     // In the journal: what it changed is told now, in the batch's order.
-    let answers: Vec<&FsResult<Reply>> = results.iter().map(|(r, _)| r).collect();
-    crate::events::log().committed_refs(drafts, &answers);
+    crate::events::log().committed(drafts, results.iter().map(|(r, _)| r));
     if wake {
         st.disposal_wakeup.notify_one();
     }
