@@ -322,6 +322,16 @@ struct OpSeries {
     seconds: Histogram,
 }
 
+impl OpSeries {
+    fn record(&self, took: Duration, ok: bool) {
+        self.count.inc();
+        if !ok {
+            self.errors.inc();
+        }
+        self.seconds.observe(took.as_secs_f64());
+    }
+}
+
 thread_local! {
     /// Per thread: the series of each message type served (keyed by the name's address:
     /// names are `&'static str` of one table) and sent, and of each user, so that the
@@ -380,13 +390,7 @@ pub fn served(
     if *OFF {
         return;
     }
-    with_op(&SERVED, true, op, |s| {
-        s.count.inc();
-        if !ok {
-            s.errors.inc();
-        }
-        s.seconds.observe(took.as_secs_f64());
-    });
+    with_op(&SERVED, true, op, |s| s.record(took, ok));
     static RECEIVED: LazyLock<Counter> = LazyLock::new(|| service_counter(&metrics().bytes_received));
     static SENT: LazyLock<Counter> = LazyLock::new(|| service_counter(&metrics().bytes_sent));
     if bytes_in > 0 {
@@ -415,13 +419,7 @@ pub fn called(op: &'static str, took: Duration, ok: bool) {
     if *OFF {
         return;
     }
-    with_op(&CALLED, false, op, |s| {
-        s.count.inc();
-        if !ok {
-            s.errors.inc();
-        }
-        s.seconds.observe(took.as_secs_f64());
-    });
+    with_op(&CALLED, false, op, |s| s.record(took, ok));
 }
 
 /// Adds `delta` (+1 / -1) to a gauge of this service.
