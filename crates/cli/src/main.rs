@@ -13,6 +13,7 @@ mod fsck;
 mod mirror;
 mod ond;
 mod pools;
+mod quota;
 mod services;
 mod stats;
 mod up;
@@ -56,6 +57,9 @@ enum Cmd {
     /// Storage pools: named sets of targets that directories stripe over.
     #[command(subcommand)]
     Pool(pools::PoolCmd),
+    /// User and group quotas on space and inodes: set limits, list usage.
+    #[command(subcommand)]
+    Quota(quota::QuotaCmd),
     /// Buddy groups: pairs of storage targets or metadata nodes that mirror each other.
     #[command(subcommand)]
     Mirror(mirror::MirrorCmd),
@@ -166,6 +170,7 @@ fn main() {
         Cmd::Entry(c) => admin::entry(c),
         Cmd::Pattern(c) => admin::pattern(c),
         Cmd::Pool(c) => pools::pool(c),
+        Cmd::Quota(c) => quota::quota(c),
         Cmd::Mirror(c) => mirror::mirror(c),
         Cmd::Df(c) => pools::df(c),
         Cmd::Fsck(a) => std::process::exit(fsck::fsck(a)),

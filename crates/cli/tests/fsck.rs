@@ -97,6 +97,8 @@ fn fsck_reports_and_repairs_each_kind_of_damage() {
     ]
     .into_iter()
     .map(|(k, id)| (k.to_string(), id.to_string()))
+    // The removed inode is still counted in root's quota usage.
+    .chain(["user 0", "group 0"].map(|who| ("wrong-usage".to_string(), who.to_string())))
     .collect();
 
     // Offline mode: the services are started for the check and stopped again.

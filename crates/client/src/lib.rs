@@ -16,6 +16,7 @@ mod dirattrs;
 mod leases;
 mod local;
 mod locks;
+pub mod quota;
 mod releases;
 
 use hivefs_cluster::Cluster;
@@ -100,6 +101,8 @@ pub struct Client {
     local: local::LocalChunks,
     /// Releases on their way (see `releases`).
     releases: Arc<releases::Releases>,
+    /// Quota limits fetched from mgmtd (see `quota`).
+    quotas: quota::Quotas,
 }
 
 /// Ids of this client's non-idempotent metadata operations, so that they
@@ -167,7 +170,7 @@ impl Client {
             FsError::new(ErrorCode::Unavailable, format!("mgmtd {}: no metadata node has registered yet", opts.mgmtd))
         })?;
         cluster.spawn_refresh(Duration::from_secs(5));
-        Ok(Arc::new(Client {
+        let client = Arc::new(Client {
             cluster,
             root: Ent { id: EntryId::ROOT, owner },
             ops: OpIds::new(),
@@ -178,7 +181,15 @@ impl Client {
             dir_attrs: std::sync::OnceLock::new(),
             local: local::LocalChunks::new(opts.short_circuit, opts.secret.clone()),
             releases: Default::default(),
-        }))
+            quotas: Default::default(),
+        });
+        tokio::spawn(quota::refresh(Arc::downgrade(&client)));
+        Ok(client)
+    }
+
+    /// The quota limits in force (see `quota`).
+    pub fn quotas(&self) -> Arc<std::collections::HashMap<hivefs_proto::QuotaId, hivefs_proto::QuotaState>> {
+        self.quotas.get()
     }
 
     /// How long one request may wait on a metadata node for something (a

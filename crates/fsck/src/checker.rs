@@ -25,6 +25,9 @@ pub enum Kind {
     /// The two copies of a buddy group differ: a storage group's chunk file
     /// (its length, or one missing), or a metadata group's records.
     BuddyMismatch,
+    /// A namespace's quota usage record of a user or group differs from a
+    /// count of its inodes.
+    WrongUsage,
 }
 
 impl Kind {
@@ -38,6 +41,7 @@ impl Kind {
             Kind::WrongParent => "wrong-parent",
             Kind::SizeMismatch => "size-mismatch",
             Kind::BuddyMismatch => "buddy-mismatch",
+            Kind::WrongUsage => "wrong-usage",
         }
     }
 }
@@ -64,8 +68,10 @@ impl Fix {
             Fix::Meta(_, FsckFix::SetSize { .. } | FsckFix::SetParent { .. }) => 3,
             Fix::Meta(_, FsckFix::SetNlink { .. }) => 4,
             Fix::Meta(_, FsckFix::LostFound { .. }) => 5,
-            Fix::ResyncGroup(_) => 6,
-            Fix::None => 7,
+            // After every repair that adds or removes inodes.
+            Fix::Meta(_, FsckFix::CountUsage { .. }) => 6,
+            Fix::ResyncGroup(_) => 7,
+            Fix::None => 8,
         }
     }
 }
@@ -89,6 +95,30 @@ pub struct Problem {
 }
 
 impl Problem {
+    /// Namespace `n`'s usage record of `who` (a user or group) is
+    /// `recorded`, a count of its inodes gives `counted`.
+    pub fn wrong_usage(
+        n: NodeId,
+        who: hivefs_proto::QuotaId,
+        recorded: hivefs_proto::QuotaUse,
+        counted: hivefs_proto::QuotaUse,
+    ) -> Problem {
+        let name = format!("{} {}", who.kind.name(), who.id);
+        Problem {
+            kind: Kind::WrongUsage,
+            entry: name.clone(),
+            meta_node: Some(n.0),
+            target: None,
+            path: None,
+            key: format!("{} namespace {n} {name}", Kind::WrongUsage.as_str()),
+            detail: format!(
+                "quota usage of {name} recorded as {} inodes and {} bytes; the inodes count {} and {}",
+                recorded.inodes, recorded.bytes, counted.inodes, counted.bytes
+            ),
+            fix: Fix::Meta(n, FsckFix::CountUsage { apply: true }),
+        }
+    }
+
     fn new(kind: Kind, entry: EntryId, place: String, detail: String, fix: Fix) -> Problem {
         Problem {
             kind,

@@ -4,7 +4,7 @@
 use crate::checker::{Checker, Problem};
 use crate::{FsckError, Result};
 use hivefs_net::{call_once, ClientConfig, Pool};
-use hivefs_proto::{Envelope, GroupKind, MirrorHdr, MirrorRole, Reachability, Reply, Request};
+use hivefs_proto::{Envelope, FsckFix, GroupKind, MirrorHdr, MirrorRole, Reachability, Reply, Request};
 use hivefs_types::ids::{BuddyGroupId, EntryId, NodeId, NodeType, TargetId};
 use hivefs_types::pattern::StripeUnit;
 use serde::Serialize;
@@ -377,7 +377,7 @@ pub async fn check(nodes: &Nodes, progress: &mut (dyn FnMut(u64) + Send)) -> Res
     let mut pending = pending_ops(nodes).await?;
     let (first, scanned) = walk(nodes, HashSet::new(), progress).await?;
     if first.is_empty() {
-        return Ok(Checked { problems: first, scanned, pending });
+        return Ok(Checked { problems: usage_problems(nodes).await?, scanned, pending });
     }
     let keys: HashSet<String> = first.iter().map(|p| p.key.clone()).collect();
     let want = first.iter().filter_map(|p| EntryId::parse(&p.entry)).collect();
@@ -385,10 +385,29 @@ pub async fn check(nodes: &Nodes, progress: &mut (dyn FnMut(u64) + Send)) -> Res
     let after = pending_ops(nodes).await?;
     let mut all = pending.clone();
     all.extend(after.iter().cloned());
-    let problems = second.into_iter().filter(|p| keys.contains(&p.key) && !touched_by(p, &all)).collect();
+    let mut problems: Vec<Problem> =
+        second.into_iter().filter(|p| keys.contains(&p.key) && !touched_by(p, &all)).collect();
+    problems.extend(usage_problems(nodes).await?);
     // Report what is still pending now.
     pending = after;
     Ok(Checked { problems, scanned, pending })
+}
+
+/// Each namespace counts its inodes' quota usage and compares the count with
+/// its records (in one batch of its writer: a consistent count, so one look
+/// is enough).
+async fn usage_problems(nodes: &Nodes) -> Result<Vec<Problem>> {
+    let mut out = Vec::new();
+    for (n, way) in &nodes.metas {
+        match way.rpc(&Request::FsckFix { fix: FsckFix::CountUsage { apply: false } }).await {
+            Ok(Reply::UsageDiff(diff)) => {
+                out.extend(diff.into_iter().map(|(who, r, c)| Problem::wrong_usage(*n, who, r, c)))
+            }
+            Ok(other) => return Err(FsckError::Reply(format!("metadata node {n}: unexpected reply {other:?}"))),
+            Err(e) => return Err(FsckError::call(format!("metadata node {n}"), e)),
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ pub fn errno(e: &FsError) -> Errno {
         ErrorCode::NotPermitted => libc::EPERM,
         ErrorCode::AccessDenied => libc::EACCES,
         ErrorCode::NoSpace => libc::ENOSPC,
+        ErrorCode::Quota => libc::EDQUOT,
         ErrorCode::NoData => libc::ENODATA,
         ErrorCode::Range => libc::ERANGE,
         ErrorCode::CrossDevice => libc::EXDEV,

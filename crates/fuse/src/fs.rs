@@ -14,7 +14,7 @@ use fuser::{
     LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
     ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
-use hivefs_client::{Client, Ent, Revocation};
+use hivefs_client::{quota, Client, Ent, Revocation};
 use hivefs_proto::{Caller, DirEntry, FileLock, LockKind};
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
@@ -112,6 +112,11 @@ struct LocalSize {
     /// Time of the last write through this mount, reported as mtime and
     /// ctime until the metadata node hears of the writes.
     mtime: Option<Timespec>,
+    /// The file's owner and group at open: whose space quota its growth uses.
+    owner: (u32, u32),
+    /// The size the metadata node knows (its quota usage counts it); growth
+    /// beyond it is this mount's to count against quotas.
+    published: u64,
 }
 
 struct Inner {
@@ -296,10 +301,14 @@ impl Inner {
         }
     }
 
-    fn add_writer(&self, id: EntryId, size: u64) {
+    fn add_writer(&self, id: EntryId, size: u64, owner: (u32, u32)) {
         let mut m = self.local_sizes.lock().expect("sizes");
         let l = m.entry(id).or_default();
+        if l.writers == 0 {
+            l.published = size;
+        }
         l.writers += 1;
+        l.owner = owner;
         l.size = l.size.max(size);
         // Each open asks again (close-to-open).
         l.caps = None;
@@ -318,7 +327,35 @@ impl Inner {
     fn set_local_size(&self, id: EntryId, size: u64) {
         if let Some(l) = self.local_sizes.lock().expect("sizes").get_mut(&id) {
             l.size = size;
+            l.published = size;
         }
+    }
+
+    /// Refuses growing file `id` to `end` when its owner's or group's space
+    /// quota has no room for the growth plus what this mount has written
+    /// beyond the sizes the metadata nodes know (`hivefs_client::quota`).
+    fn check_quota(&self, id: EntryId, end: u64) -> FsResult<()> {
+        let q = self.client.quotas();
+        if q.is_empty() {
+            return Ok(());
+        }
+        let m = self.local_sizes.lock().expect("sizes");
+        let Some(l) = m.get(&id) else { return Ok(()) };
+        if end <= l.size {
+            return Ok(());
+        }
+        let ((uid, gid), grow) = (l.owner, end - l.size);
+        let pending = |same: &dyn Fn(&LocalSize) -> bool| -> u64 {
+            m.values().filter(|o| same(o)).map(|o| o.size.saturating_sub(o.published)).sum()
+        };
+        let [user, group] = quota::owners(uid, gid);
+        if q.contains_key(&user) {
+            quota::check_space(&q, user, pending(&|o| o.owner.0 == uid), grow)?;
+        }
+        if q.contains_key(&group) {
+            quota::check_space(&q, group, pending(&|o| o.owner.1 == gid), grow)?;
+        }
+        Ok(())
     }
 
     /// Publishes the size of every handle of `ino` with unpublished writes.
@@ -349,6 +386,9 @@ impl Inner {
         if let Err(e) = self.client.update_size(f.ent, size, Some(now)).await {
             f.dirty.store(true, Ordering::Release);
             return Err(e);
+        }
+        if let Some(l) = self.local_sizes.lock().expect("sizes").get_mut(&f.ent.id) {
+            l.published = size;
         }
         // The metadata node does not revoke the writer's own lease.
         self.drop_kernel_attrs(f.ent.id);
@@ -389,7 +429,7 @@ impl Inner {
             return Err(FsError::new(ErrorCode::Invalid, format!("{} has no stripe pattern", ent.id)));
         };
         if write {
-            self.add_writer(ent.id, attr.size);
+            self.add_writer(ent.id, attr.size, (attr.uid, attr.gid));
         }
         let kill_privs = AtomicBool::new(write && kills_privs(attr.mode));
         let unchanged = self.cache_mode == CacheMode::Paged && {
@@ -942,6 +982,12 @@ impl Filesystem for HiveFs {
         reply: ReplyWrite,
     ) {
         let c = caller(req);
+        if let Ok(f) = self.inner.file(fh) {
+            if let Err(e) = self.inner.check_quota(f.ent.id, offset + data.len() as u64) {
+                debug!("write refused: {e}");
+                return reply.error(errno(&e));
+            }
+        }
         // Chunk files held here: written on this thread, unless the write
         // must first drop suid/sgid or is an append the metadata node places.
         if let Ok(f) = self.inner.file(fh) {
@@ -1187,6 +1233,9 @@ impl Filesystem for HiveFs {
         run!(self, reply, |inner| {
             let f = inner.file(fh)?;
             let mode = mode as u32;
+            if mode & hivefs_proto::FALLOC_KEEP_SIZE == 0 {
+                inner.check_quota(f.ent.id, offset.saturating_add(length))?;
+            }
             let r = inner.client.fallocate(&f.pattern, f.ent.id, mode, offset, length).await;
             // Punching and zeroing change contents (on some targets even when
             // another failed); a successful allocation without KEEP_SIZE may
@@ -1229,6 +1278,7 @@ impl Filesystem for HiveFs {
             let hint = inner.local_sizes.lock().expect("sizes").get(&src.ent.id).map_or(0, |l| l.size);
             let size = inner.client.size_from_targets(&src.pattern, src.ent.id).await?.max(hint);
             let len = len.min(size.saturating_sub(offset_in)).min(u64::from(u32::MAX) & !0xfff);
+            inner.check_quota(dst.ent.id, offset_out.saturating_add(len))?;
             if len > 0 {
                 let r = inner
                     .client

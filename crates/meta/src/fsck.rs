@@ -182,6 +182,11 @@ pub fn apply_fix(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, fix: FsckFix) -> OpResul
             )))
         }
         FsckFix::LostFound { id } => lost_found(t, ctx, id),
+        FsckFix::CountUsage { apply: false } => Ok(Reply::UsageDiff(crate::store::usage::recount(t, false)?)),
+        FsckFix::CountUsage { apply: true } => {
+            let n = crate::store::usage::recount(t, true)?.len();
+            Ok(Reply::FsckFixed(format!("replaced the quota usage of {n} users and groups with a count of the inodes")))
+        }
     }
 }
 
@@ -283,6 +288,11 @@ pub mod offline {
             t.dentries.remove(child_key(parent, name).as_slice())?;
             Ok(())
         })
+    }
+
+    /// Records `u` as the quota usage of `who` (whatever the inodes hold).
+    pub fn set_usage(dir: &Path, who: hivefs_proto::QuotaId, u: hivefs_proto::QuotaUse) -> Result<(), String> {
+        edit(dir, |t| crate::store::usage::put(&mut t.usage, who, u))
     }
 
     /// Removes the inode `id` (its dentries stay: dangling).

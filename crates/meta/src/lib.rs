@@ -15,7 +15,8 @@
 //! `default_permissions`), or map errors to errno (the FUSE crate does).
 //!
 //! Layout, each module using only those before it: `store` (records, keys,
-//! the journal, the memory layers of a batch, checkpoints, opening) → `ops` (POSIX rules of one node
+//! the journal, the memory layers of a batch, checkpoints, opening, quota
+//! usage) → `quota` (limits in force) → `ops` (POSIX rules of one node
 //! over one transaction) → `cross` (the transactions of operations that
 //! touch two metadata nodes) and `fsck` (scans and repairs) → `leases`,
 //! `locks` (client state in memory) → `writer` (group commit of `ops`,
@@ -37,6 +38,7 @@ pub mod locks;
 pub mod mirror;
 pub mod namespace;
 pub mod ops;
+pub mod quota;
 mod replies;
 pub mod store;
 pub mod targets;
@@ -364,6 +366,7 @@ async fn serve_namespace(
             }
         }));
     }
+    ns.add_task(tokio::spawn(report_quotas(cluster.clone(), Arc::downgrade(&ns))));
     ns.locks.set_lease(Duration::from_millis(cfg.lock_lease_ms.max(1)));
     if let Some(grace) = grace {
         let until = leases::unix_ms() + grace.min(leases::MAX_DURATION).as_millis() as u64;
@@ -498,6 +501,35 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
     tokio::spawn(async move { mirrors.follow_roles().await });
     info!(%local_addr, %node, %advertise, "metadata service ready");
     Ok(MetaService { local_addr, node_id: node, server, tasks, handler })
+}
+
+/// Reports the namespace's usage of every limited user and group to mgmtd
+/// and installs the limits and summed usage it answers, as often as its
+/// answer says; a failed report keeps the limits in force.
+async fn report_quotas(cluster: Arc<Cluster>, ns: std::sync::Weak<Namespace>) {
+    let mut every = Duration::from_secs(2);
+    loop {
+        let Some(n) = ns.upgrade() else { return };
+        let req = match n.quota_report() {
+            Ok(req) => req,
+            Err(e) => {
+                warn!("quota usage of namespace {}: {e}", n.node());
+                tokio::time::sleep(every).await;
+                continue;
+            }
+        };
+        drop(n);
+        match cluster.mgmt().rpc(&req).await {
+            Ok(Reply::Quotas { interval_ms, quotas, .. }) => {
+                let Some(ns) = ns.upgrade() else { return };
+                ns.set_quotas(quotas);
+                every = Duration::from_millis(interval_ms.clamp(100, 60_000));
+            }
+            Ok(r) => debug!("mgmtd answered a quota report with {r:?}"),
+            Err(e) => debug!("quota report to mgmtd {}: {e}", cluster.mgmt().addr()),
+        }
+        tokio::time::sleep(every).await;
+    }
 }
 
 /// One heartbeat to mgmtd; its answer renews the lease for mirrored namespaces.

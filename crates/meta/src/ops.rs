@@ -141,6 +141,8 @@ pub struct Ctx<'a> {
     pub dirs_delta: i64,
     /// Set when chunk deletions were queued: wake the disposal task after commit.
     pub disposal_queued: bool,
+    /// Quota limits: new inodes of a user or group without room are refused.
+    pub quota: &'a crate::quota::QuotaGate,
 }
 
 impl Ctx<'_> {
@@ -427,6 +429,7 @@ fn create(
     // ---- writes only below this line
     let (mut mode, mut gid) = (mode & 0o7777, gid);
     inherit_group(&pdir, kind, &mut mode, &mut gid);
+    ctx.quota.admit(&t.usage, uid, gid)?;
     let mut i = new_inode(kind, mode, uid, gid, ctx.now);
     i.rdev = rdev;
     i.pattern = pattern;
@@ -455,6 +458,7 @@ fn mkdir(
     }
     let (mut mode, mut gid) = (mode & 0o7777, gid);
     inherit_group(&pdir, FileKind::Dir, &mut mode, &mut gid);
+    ctx.quota.admit(&t.usage, uid, gid)?;
     let mut i = new_inode(FileKind::Dir, mode, uid, gid, ctx.now);
     i.nlink = 2;
     i.dir_pattern = Some(pdir.dir_pattern.clone().unwrap_or_default());
@@ -501,6 +505,7 @@ fn symlink(
     let mut gid = gid;
     let mut mode = 0o777;
     inherit_group(&pdir, FileKind::Symlink, &mut mode, &mut gid);
+    ctx.quota.admit(&t.usage, uid, gid)?;
     let mut i = new_inode(FileKind::Symlink, mode, uid, gid, ctx.now);
     i.size = target.len() as u64;
     i.symlink = Some(target);

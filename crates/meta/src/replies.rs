@@ -165,6 +165,7 @@ pub(crate) fn code_number(c: ErrorCode) -> Option<u16> {
         ErrorCode::Protocol => 21,
         ErrorCode::Auth => 22,
         ErrorCode::Internal => 23,
+        ErrorCode::Quota => 24,
         _ => return None,
     })
 }
@@ -195,6 +196,7 @@ pub(crate) fn code_of(n: u16) -> Option<ErrorCode> {
         21 => ErrorCode::Protocol,
         22 => ErrorCode::Auth,
         23 => ErrorCode::Internal,
+        24 => ErrorCode::Quota,
         _ => return None,
     })
 }

@@ -100,6 +100,8 @@ pub struct WriterState {
     /// removed up to, per client: the next removal starts there (the
     /// removed ones stay as deletions in memory until a checkpoint).
     pub reply_floor: std::collections::HashMap<u64, u64>,
+    /// Quota limits in force (see `quota`).
+    pub quota: Arc<crate::quota::QuotaGate>,
 }
 
 /// Set once the store cannot commit any more: the journal could not be cut
@@ -479,6 +481,7 @@ fn apply_all(
     let is_open_fn = |id: EntryId| is_open(id);
     let mut counter = st.counter;
     let mut reply_floor = std::mem::take(&mut st.reply_floor);
+    let quota = st.quota.clone();
     let mut choose = |dp: &DirPattern| st.make_pattern(dp);
     let mut ctx = Ctx {
         node,
@@ -490,6 +493,7 @@ fn apply_all(
         files_delta: 0,
         dirs_delta: 0,
         disposal_queued: false,
+        quota: &quota,
     };
     for (m, op) in muts {
         if let Some(op) = &op {

@@ -42,6 +42,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod quota;
 pub mod registry;
 pub mod state;
 
@@ -90,6 +91,10 @@ pub struct Config {
     /// A target with fewer free inodes than this is in the emergency
     /// capacity pool. At most `inodes_low_limit`.
     pub inodes_emergency_limit: u64,
+    /// How often each metadata namespace reports its quota usage (and
+    /// fetches the limits): the slack of quota enforcement across nodes
+    /// (`docs/design-quota.md`). 100 ms to 60 s.
+    pub quota_interval_ms: u64,
 }
 
 impl Config {
@@ -116,6 +121,12 @@ impl Config {
                 self.failover_after_ms, self.probably_offline_after_ms
             )));
         }
+        if !(100..=60_000).contains(&self.quota_interval_ms) {
+            return Err(MgmtError::Config(format!(
+                "quota_interval_ms ({}) must be 100 to 60000",
+                self.quota_interval_ms
+            )));
+        }
         self.capacity_limits().validate().map_err(MgmtError::Config)
     }
 }
@@ -134,6 +145,7 @@ impl Default for Config {
             space_emergency_limit_bytes: CapacityLimits::DEFAULT.space_emergency_limit_bytes,
             inodes_low_limit: CapacityLimits::DEFAULT.inodes_low_limit,
             inodes_emergency_limit: CapacityLimits::DEFAULT.inodes_emergency_limit,
+            quota_interval_ms: quota::DEFAULT_INTERVAL_MS,
         }
     }
 }
@@ -230,11 +242,14 @@ impl Handler for MgmtHandler {
             | Request::CreatePool { .. }
             | Request::CreateGroup { .. }
             | Request::SetMemberState { .. }
+            | Request::SetQuota(_)
             | Request::MoveTargetToPool { .. } => {
                 // Metadata nodes choose owners of new directories among the
                 // metadata nodes they know: a new one is usable once `up` sees it.
-                let changes_view = !matches!(req, Request::RegisterNode { .. } | Request::SetMemberState { .. })
-                    || matches!(req, Request::RegisterNode { node_type: NodeType::Meta, .. });
+                let changes_view = !matches!(
+                    req,
+                    Request::RegisterNode { .. } | Request::SetMemberState { .. } | Request::SetQuota(_)
+                ) || matches!(req, Request::RegisterNode { node_type: NodeType::Meta, .. });
                 let state = self.state.clone();
                 let r = tokio::task::spawn_blocking(move || lock(&state).handle(req, Instant::now()))
                     .await
@@ -270,9 +285,10 @@ pub async fn start(cfg: Config) -> Result<MgmtService, MgmtError> {
     };
     let limits = cfg.capacity_limits();
     let dir = cfg.dir.clone();
-    let mgmt = tokio::task::spawn_blocking(move || Mgmt::open(&dir, timeouts, limits, Instant::now()))
+    let mut mgmt = tokio::task::spawn_blocking(move || Mgmt::open(&dir, timeouts, limits, Instant::now()))
         .await
         .map_err(|e| MgmtError::Config(format!("registry loader failed: {e}")))??;
+    mgmt.set_quota_interval(cfg.quota_interval_ms);
     let mut ccfg = hivefs_net::ClientConfig::new(secret.clone());
     ccfg.request_timeout = NOTIFY_TIMEOUT;
     ccfg.connect_timeout = NOTIFY_TIMEOUT;

@@ -49,6 +49,12 @@
 //! epoch = 0                      # role switches so far
 //! primary_state = "Good"         # "Good" | "NeedsResync" | "Resyncing" | "Bad"
 //! secondary_state = "Good"
+//!
+//! [[quotas]]                     # quota limits; absent until one is set
+//! kind = "User"                  # "User" | "Group"
+//! id = 1001
+//! bytes = 10737418240            # absent: no space limit
+//! inodes = 100000                # absent: no inode limit
 //! ```
 //!
 //! Storage pools: pool 1 ([`PoolId::DEFAULT`], named [`DEFAULT_POOL_NAME`])
@@ -59,7 +65,7 @@
 //! this mgmtd reads older registries (serde defaults), and an older mgmtd
 //! refuses a newer one (unknown fields) instead of dropping its pools.
 
-use hivefs_proto::{Consistency, GroupKind};
+use hivefs_proto::{Consistency, GroupKind, QuotaId, QuotaKind, QuotaLimit};
 use hivefs_types::error::{ErrorCode, FsError};
 use hivefs_types::fs_err;
 use hivefs_types::ids::{BuddyGroupId, EntryId, NodeId, NodeType, PoolId, TargetId};
@@ -229,6 +235,27 @@ pub struct Registry {
     pub pools: Vec<PoolRecord>,
     #[serde(default)]
     pub groups: Vec<GroupRecord>,
+    /// Sorted by (kind, id).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quotas: Vec<QuotaRecord>,
+}
+
+/// The limits of one user or group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaRecord {
+    pub kind: QuotaKind,
+    pub id: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inodes: Option<u64>,
+}
+
+impl QuotaRecord {
+    pub fn limit(&self) -> QuotaLimit {
+        QuotaLimit { who: QuotaId { kind: self.kind, id: self.id }, bytes: self.bytes, inodes: self.inodes }
+    }
 }
 
 impl Default for Registry {
@@ -241,6 +268,7 @@ impl Default for Registry {
             targets: Vec::new(),
             pools: default_pools(),
             groups: Vec::new(),
+            quotas: Vec::new(),
         }
     }
 }
@@ -286,6 +314,26 @@ pub fn check_pool_name(name: &str) -> Result<(), FsError> {
 }
 
 impl Registry {
+    /// Sets the limits of one user or group; both `None` removes them.
+    /// Returns whether anything changed.
+    pub fn set_quota(&mut self, l: QuotaLimit) -> Result<bool, FsError> {
+        if l.inodes == Some(0) || l.bytes == Some(0) {
+            return Err(fs_err!(Invalid, "a quota limit of 0 allows nothing; to remove a limit, leave it unset"));
+        }
+        let rec = QuotaRecord { kind: l.who.kind, id: l.who.id, bytes: l.bytes, inodes: l.inodes };
+        let at = self.quotas.binary_search_by_key(&(l.who.kind, l.who.id), |q| (q.kind, q.id));
+        match (at, l.bytes.is_none() && l.inodes.is_none()) {
+            (Ok(i), true) => {
+                self.quotas.remove(i);
+            }
+            (Ok(i), false) if self.quotas[i] == rec => return Ok(false),
+            (Ok(i), false) => self.quotas[i] = rec,
+            (Err(_), true) => return Ok(false),
+            (Err(i), false) => self.quotas.insert(i, rec),
+        }
+        Ok(true)
+    }
+
     pub fn node(&self, node_type: NodeType, id: NodeId) -> Option<&NodeRecord> {
         self.nodes.iter().find(|n| n.node_type == node_type && n.id == id)
     }
@@ -539,6 +587,9 @@ impl Registry {
                 "format_version {} is not supported (this mgmtd reads version {FORMAT_VERSION})",
                 self.format_version
             ));
+        }
+        if let Some(w) = self.quotas.windows(2).find(|w| (w[0].kind, w[0].id) >= (w[1].kind, w[1].id)) {
+            return Err(format!("quotas are not sorted by kind and id, or name {:?} {} twice", w[1].kind, w[1].id));
         }
         let mut uuids = HashSet::new();
         let mut ids = HashSet::new();

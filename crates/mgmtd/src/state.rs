@@ -154,6 +154,8 @@ pub struct Mgmt {
     targets: HashMap<TargetId, TargetLive>,
     /// Last resync progress each group's primary reported.
     resync: HashMap<BuddyGroupId, (u64, u64)>,
+    /// Each namespace's last quota usage report.
+    quota: crate::quota::Reports,
 }
 
 impl Mgmt {
@@ -179,7 +181,13 @@ impl Mgmt {
             nodes: HashMap::new(),
             targets: HashMap::new(),
             resync: HashMap::new(),
+            quota: Default::default(),
         })
+    }
+
+    /// How often metadata nodes report quota usage.
+    pub fn set_quota_interval(&mut self, interval_ms: u64) {
+        self.quota.interval_ms = interval_ms;
     }
 
     pub fn registry(&self) -> &Registry {
@@ -287,6 +295,21 @@ impl Mgmt {
                 Ok(Reply::Ok)
             }
             Request::ListPools => Ok(Reply::Pools(self.list_pools())),
+            Request::SetQuota(l) => {
+                if self.mutate(|r| r.set_quota(l).map(|c| (c, c)))? {
+                    let show = |v: Option<u64>| v.map_or("none".to_string(), |v| v.to_string());
+                    info!(kind = l.who.kind.name(), id = l.who.id, bytes = %show(l.bytes), inodes = %show(l.inodes), "quota set");
+                }
+                Ok(Reply::Ok)
+            }
+            Request::GetQuotas => Ok(self.quota.answer(&self.reg.quotas, now)),
+            Request::QuotaReport { namespace, usage } => {
+                if self.reg.node(NodeType::Meta, namespace).is_none() {
+                    return Err(fs_err!(NotFound, "namespace {namespace} is not a registered metadata node"));
+                }
+                self.quota.report(namespace, usage, now);
+                Ok(self.quota.answer(&self.reg.quotas, now))
+            }
             other => Err(fs_err!(NotSupported, "mgmtd does not serve {}", other.name())),
         }
     }

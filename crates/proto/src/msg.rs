@@ -726,6 +726,84 @@ pub enum Request {
         max: u32,
         wait_ms: u32,
     },
+    /// Inodes and bytes a metadata node's entries hold per user and per
+    /// group (`docs/design-quota.md`); `ids` empty: every user and group
+    /// that holds any (at most [`QUOTA_IDS_MAX`] asked). Answer: `QuotaUsage`.
+    QuotaUsage {
+        ids: Vec<QuotaId>,
+    },
+    /// mgmtd: sets (or with both `None`, removes) the limits of one user or
+    /// group. Answer: `Ok`.
+    SetQuota(QuotaLimit),
+    /// mgmtd: every limit with the usage mgmtd last gathered from the
+    /// metadata nodes. Answer: `Quotas`.
+    GetQuotas,
+    /// mgmtd, from the metadata node serving `namespace` (every
+    /// `interval_ms` of the last answer): what that namespace's inodes hold
+    /// for the users and groups with a limit. Answer: `Quotas`, which
+    /// carries the sum over every namespace's last report.
+    QuotaReport {
+        namespace: NodeId,
+        usage: Vec<(QuotaId, QuotaUse)>,
+    },
+}
+
+/// Most users and groups one `QuotaUsage` request names.
+pub const QUOTA_IDS_MAX: usize = 65_536;
+
+/// Whose usage a quota counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum QuotaKind {
+    User,
+    Group,
+}
+
+impl QuotaKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            QuotaKind::User => "user",
+            QuotaKind::Group => "group",
+        }
+    }
+}
+
+/// A user (uid) or a group (gid).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct QuotaId {
+    pub kind: QuotaKind,
+    pub id: u32,
+}
+
+/// What one user's or group's entries hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaUse {
+    /// Files, directories, symlinks and special files.
+    pub inodes: u64,
+    /// The lengths of their regular files.
+    pub bytes: u64,
+}
+
+/// The limits of one user or group (`None`: unlimited).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaLimit {
+    pub who: QuotaId,
+    pub bytes: Option<u64>,
+    pub inodes: Option<u64>,
+}
+
+/// A limit and the usage mgmtd last gathered for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaState {
+    pub limit: QuotaLimit,
+    pub used: QuotaUse,
+}
+
+impl QuotaState {
+    /// `extra_inodes` more inodes or `extra_bytes` more bytes would pass a limit.
+    pub fn exceeded_by(&self, extra_inodes: u64, extra_bytes: u64) -> bool {
+        let over = |limit: Option<u64>, used: u64, extra: u64| limit.is_some_and(|l| used.saturating_add(extra) > l);
+        over(self.limit.inodes, self.used.inodes, extra_inodes) || over(self.limit.bytes, self.used.bytes, extra_bytes)
+    }
 }
 
 /// Most events one `Events` answer carries.
@@ -907,6 +985,10 @@ pub enum FsckFix {
     /// Gives an inode that no dentry names (nlink > 0) the name `<id>` in
     /// `/lost+found` (created on demand; needs the root on this node).
     LostFound { id: EntryId },
+    /// Counts every inode's quota usage again and compares it with the
+    /// records (answer: `UsageDiff`); with `apply`, replaces the wrong ones
+    /// (answer: `FsckFixed`).
+    CountUsage { apply: bool },
 }
 
 impl Request {
@@ -943,6 +1025,8 @@ impl Request {
             Request::StatChunks { targets, .. } => ("targets", targets.len(), STAT_CHUNKS_MAX),
             Request::ReleaseMany { ids } => ("handles", ids.len(), RELEASE_MANY_MAX),
             Request::DigestChunks { entries, .. } => ("chunk files", entries.len(), DIGEST_CHUNKS_MAX),
+            Request::QuotaUsage { ids } => ("users and groups", ids.len(), QUOTA_IDS_MAX),
+            Request::QuotaReport { usage, .. } => ("users and groups", usage.len(), QUOTA_IDS_MAX),
             _ => return Ok(()),
         };
         if len > max {
@@ -1031,6 +1115,10 @@ impl Request {
                 | Request::DigestChunks { .. }
                 | Request::Metrics
                 | Request::Events { .. }
+                | Request::QuotaUsage { .. }
+                | Request::SetQuota(_)
+                | Request::GetQuotas
+                | Request::QuotaReport { .. }
                 | Request::FsyncChunk { .. }
                 | Request::MoveTargetToPool { .. }
                 | Request::ListPools
@@ -1221,6 +1309,20 @@ pub enum Reply {
         dropped: u64,
         events: Vec<Event>,
     },
+    /// Answer to `FsckFix::CountUsage` without `apply`: each user and group
+    /// whose usage record differs from a count of the inodes: (who,
+    /// recorded, counted).
+    UsageDiff(Vec<(QuotaId, QuotaUse, QuotaUse)>),
+    /// Answer to `QuotaUsage`, sorted by id.
+    QuotaUsage(Vec<(QuotaId, QuotaUse)>),
+    /// Answer to `GetQuotas` and `QuotaReport`: every limit and its usage,
+    /// summed over the namespaces' last reports, the oldest of which is
+    /// `age_ms` old (`u64::MAX`: none yet), and how often namespaces report.
+    Quotas {
+        interval_ms: u64,
+        age_ms: u64,
+        quotas: Vec<QuotaState>,
+    },
 }
 
 /// How a new directory's owner (metadata node) is chosen; a per-directory
@@ -1388,7 +1490,7 @@ mod tests {
             let (m, _): (T, _) = postcard::take_from_bytes(&body).unwrap_or_else(|e| panic!("id {id}: {e}"));
             name_of(&m)
         }
-        const REQUESTS: [&str; 78] = [
+        const REQUESTS: [&str; 82] = [
             "Ping",
             "RegisterNode",
             "RegisterTarget",
@@ -1467,8 +1569,12 @@ mod tests {
             "DigestChunks",
             "Metrics",
             "Events",
+            "QuotaUsage",
+            "SetQuota",
+            "GetQuotas",
+            "QuotaReport",
         ];
-        const REPLIES: [&str; 44] = [
+        const REPLIES: [&str; 47] = [
             "Ok",
             "Pong",
             "NodeRegistered",
@@ -1513,6 +1619,9 @@ mod tests {
             "ChunkDigests",
             "Metrics",
             "Events",
+            "UsageDiff",
+            "QuotaUsage",
+            "Quotas",
         ];
         for (id, want) in REQUESTS.iter().enumerate() {
             assert_eq!(decoded::<Request>(id), *want, "request id {id}");

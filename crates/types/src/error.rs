@@ -31,6 +31,8 @@ pub enum ErrorCode {
     Protocol,
     Auth,
     Internal,
+    /// A user's or group's quota is used up (EDQUOT).
+    Quota,
 }
 
 impl ErrorCode {
@@ -59,6 +61,7 @@ impl ErrorCode {
             ErrorCode::Protocol => "protocol error",
             ErrorCode::Auth => "authentication failed",
             ErrorCode::Internal => "internal error",
+            ErrorCode::Quota => "disk quota exceeded",
         }
     }
 }

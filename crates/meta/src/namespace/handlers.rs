@@ -236,6 +236,7 @@ impl Namespace {
                 self.create_open(parent, name, mode, excl, caller, op).await
             }
             Request::MetaStat => self.meta_stat(),
+            Request::QuotaUsage { ids } => self.quota_usage(&ids).map(Reply::QuotaUsage),
             Request::RefreshView => self.targets.refresh().await.map(|()| Reply::Ok),
             r @ (Request::LockAcquire { .. }
             | Request::LockRelease { .. }

@@ -8,7 +8,7 @@
 //! tests drive it directly with a fake [`DataTargets`].
 
 use crate::ops::{check_truncatable, load_inode, Mutation};
-use crate::store::{sys, sys_get, Store, StoreError};
+use crate::store::{sys, sys_get, usage, Store, StoreError};
 use crate::store::{OpError, ReadTables};
 use crate::targets::DataTargets;
 
@@ -20,7 +20,7 @@ use crate::writer::{
 };
 pub use handlers::{spawn_lease_recorder, spawn_lock_expiry};
 use hivefs_cluster::capacity_of;
-use hivefs_proto::{Caller, OpId, Reply, Response};
+use hivefs_proto::{Caller, OpId, QuotaId, QuotaState, QuotaUse, Reply, Response};
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr};
 use hivefs_types::error::{FsError, FsResult};
 use hivefs_types::fs_err;
@@ -109,6 +109,8 @@ pub struct Namespace {
     pub leases: crate::leases::Leases,
     /// Background tasks serving this namespace (stopped before it closes).
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Quota limits fetched from mgmtd (see `quota`).
+    pub quota: Arc<crate::quota::QuotaGate>,
 }
 
 tokio::task_local! {
@@ -143,6 +145,7 @@ impl Namespace {
         let opens = Arc::new(Opens::default());
         let disposal_wakeup = Arc::new(Notify::new());
         let failed = Arc::new(StoreFailure::default());
+        let quota = Arc::new(crate::quota::QuotaGate::default());
         let is_open = {
             let o = opens.clone();
             Arc::new(move |id| o.is_open(id))
@@ -167,6 +170,7 @@ impl Namespace {
             low_space: None,
             disk_free: None,
             reply_floor: Default::default(),
+            quota: quota.clone(),
         };
         if let Some((Err(e), _)) = run_batch(&mut log, &mut state, vec![(Mutation::RecoverOrphans.into(), None)]).pop()
         {
@@ -191,6 +195,7 @@ impl Namespace {
             multi,
             leases: Default::default(),
             tasks: Mutex::default(),
+            quota,
         })
     }
 
@@ -303,6 +308,34 @@ impl Namespace {
     /// `(files, dirs)` counted by this node.
     pub fn counts(&self) -> FsResult<(u64, u64)> {
         self.read(|t| Ok((sys_get(&t.system, sys::FILES)?, sys_get(&t.system, sys::DIRS)?)))
+    }
+
+    /// What this node's inodes hold for `ids` (empty: every user and group
+    /// holding anything).
+    pub fn quota_usage(&self, ids: &[QuotaId]) -> FsResult<Vec<(QuotaId, QuotaUse)>> {
+        self.read(|t| match ids {
+            [] => usage::all(&t.usage),
+            ids => {
+                let mut ids = ids.to_vec();
+                ids.sort_unstable();
+                ids.dedup();
+                ids.into_iter().map(|w| Ok((w, usage::get(&t.usage, w)?))).collect()
+            }
+        })
+    }
+
+    /// The report of this namespace's usage of the users and groups with
+    /// a limit (as of the last limits installed) to mgmtd.
+    pub fn quota_report(&self) -> FsResult<hivefs_proto::Request> {
+        let ids = self.quota.limited();
+        let usage = if ids.is_empty() { Vec::new() } else { self.quota_usage(&ids)? };
+        Ok(hivefs_proto::Request::QuotaReport { namespace: self.node, usage })
+    }
+
+    /// Installs quota limits fetched from mgmtd (see `quota`).
+    pub fn set_quotas(&self, quotas: Vec<QuotaState>) {
+        let mem = self.mem.clone();
+        self.quota.set(quotas, |w| mem.read(|t| usage::get(&t.usage, w)).unwrap_or_default());
     }
 
     pub fn meta_stat(&self) -> FsResult<Reply> {

@@ -22,7 +22,8 @@
 //! works, read through the store's bounded page cache and the kernel's.
 
 use super::{
-    LeaseKey, OpError, OpResult, DENTRIES, DIRX, DISPOSAL, INODES, INTENTS, LOCKED, PEER_DONE, REPLIES, SYSTEM, XATTRS,
+    LeaseKey, OpError, OpResult, DENTRIES, DIRX, DISPOSAL, INODES, INTENTS, LOCKED, PEER_DONE, REPLIES, SYSTEM, USAGE,
+    XATTRS,
 };
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use std::borrow::Cow;
@@ -47,10 +48,11 @@ pub enum Tab {
     PeerDone = 7,
     Replies = 8,
     System = 9,
+    Usage = 10,
 }
 
 /// Number of tables.
-pub const NT: usize = 10;
+pub const NT: usize = 11;
 
 impl Tab {
     pub const ALL: [Tab; NT] = [
@@ -64,6 +66,7 @@ impl Tab {
         Tab::PeerDone,
         Tab::Replies,
         Tab::System,
+        Tab::Usage,
     ];
 
     pub fn from_u8(n: u8) -> Option<Tab> {
@@ -82,6 +85,7 @@ impl Tab {
             Tab::Dirx => DIRX,
             Tab::PeerDone => PEER_DONE,
             Tab::Replies => REPLIES,
+            Tab::Usage => USAGE,
             Tab::System => return None,
         })
     }
@@ -593,6 +597,7 @@ tables! {
     peer_done: PeerDone,
     replies: Replies,
     system: System,
+    usage: Usage,
 }
 
 /// A batch's changes as one journal record body (table order, then key order).

@@ -8,7 +8,7 @@
 //! namespace rules: those are in `ops`, which reads and writes these records
 //! through one batch's [`Tables`].
 //!
-//! # Key schema (format version 3; the journal carries the same keys and values)
+//! # Key schema (format version 4; the journal carries the same keys and values)
 //!
 //! | table      | key                                   | value (postcard)                 |
 //! |------------|---------------------------------------|----------------------------------|
@@ -22,6 +22,7 @@
 //! | `dir_extra`| directory `EntryId` (16 B)            | [`DirExtra`]                     |
 //! | `peer_done`| intent id (16 B)                      | empty                            |
 //! | `replies`  | client id ++ seq (u64 BE each)        | version ++ time ++ answer (see `replies`) |
+//! | `quota_usage` | kind (0 user, 1 group) ++ id (u32 BE) | inodes ++ bytes (u64 LE each), see `usage` |
 //!
 //! The last four tables came with several metadata nodes; they are new
 //! tables (absent records mean "nothing pending", "parent on this node",
@@ -34,7 +35,10 @@
 //! node holds a key range, not the key format.
 //!
 //! Values are postcard-encoded, which is not self-describing: any change of a
-//! record type must bump [`FORMAT_VERSION`] and migrate. Version 3 changed no
+//! record type must bump [`FORMAT_VERSION`] and migrate. Version 4 added the
+//! `quota_usage` table, counted from the inodes at the first start of an
+//! older store (older builds refuse a version 4 store, whose usage records
+//! they would not keep). Version 3 changed no
 //! record (a journal now holds the newest changes; version 2 builds refuse
 //! the store instead of ignoring it). Version 2 added
 //! `mirror` to a directory's [`DirPattern`] and `mirrored` to [`Disposal`];
@@ -46,6 +50,7 @@ pub mod log;
 pub mod mem;
 mod multi;
 mod tables;
+pub mod usage;
 
 pub(crate) use mem::{sys_get, sys_put};
 pub use mem::{Kv, Mem, ReadTables, Tables};
@@ -80,6 +85,8 @@ pub(crate) const DIRX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("dir
 pub(crate) const PEER_DONE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("peer_done");
 /// Answers of client operations that may be retried: client ++ seq → record (see `replies`).
 pub(crate) const REPLIES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("replies");
+/// What each user's and group's inodes hold (see `usage`): kind ++ id → inodes ++ bytes.
+pub(crate) const USAGE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("quota_usage");
 
 /// Test hook: `HIVEFS_CRASH_AT=<op>:<step>` makes the metadata service abort
 /// (as `kill -9`) at a step of a cross-node protocol (`cross`) or of a
@@ -90,7 +97,7 @@ pub const CRASH_ENV: &str = "HIVEFS_CRASH_AT";
 pub const DB_FILE: &str = "meta.redb";
 
 /// Version of the key schema and record encodings above.
-pub const FORMAT_VERSION: u64 = 3;
+pub const FORMAT_VERSION: u64 = 4;
 
 /// Names of the counters in the `system` table.
 pub(crate) mod sys {
@@ -106,6 +113,9 @@ pub(crate) mod sys {
     /// The checksum of that batch, when the checkpoint knew it (a mirror's
     /// copy compares it with its primary's journal after a restart).
     pub const JOURNAL_CRC: &str = "journal_crc";
+    /// 1 once the `quota_usage` table holds a count of every inode (a store
+    /// of format version 3 or older is counted at its first start).
+    pub const USAGE_COUNTED: &str = "usage_counted";
 }
 
 /// A name in a directory.
@@ -270,6 +280,7 @@ impl Store {
     /// default, 1 GiB, would let a large namespace fill the node's memory).
     pub fn open_with_cache(path: &Path, sync: bool, cache_bytes: u64) -> Result<Store, StoreError> {
         let mut s = Self::open_replica(path, sync, cache_bytes)?;
+        s.count_usage_once()?;
         s.bump_epoch()?;
         Ok(s)
     }
@@ -301,7 +312,7 @@ impl Store {
         let txn = db.begin_write().map_err(|e| db_err(&e))?;
         let checkpoint_seq = {
             // Opening every table here means readers never see a missing table.
-            for t in [DENTRIES, INODES, XATTRS, DISPOSAL, INTENTS, LOCKED, DIRX, PEER_DONE, REPLIES] {
+            for t in [DENTRIES, INODES, XATTRS, DISPOSAL, INTENTS, LOCKED, DIRX, PEER_DONE, REPLIES, USAGE] {
                 txn.open_table(t).map_err(|e| db_err(&e))?;
             }
             let mut sys_t = txn.open_table(SYSTEM).map_err(|e| db_err(&e))?;
@@ -311,7 +322,7 @@ impl Store {
                     sys_t.insert(sys::FORMAT, FORMAT_VERSION).map_err(|e| db_err(&e))?;
                 }
                 Some(FORMAT_VERSION) => {}
-                Some(2) => {
+                Some(2 | 3) => {
                     // Same records; from now on the journal beside the store
                     // holds the newest changes, which version 2 would ignore.
                     sys_t.insert(sys::FORMAT, FORMAT_VERSION).map_err(|e| db_err(&e))?;
@@ -363,6 +374,32 @@ impl Store {
         self.log.commit(changes).map_err(|e| db_err(&format!("journal {}: {e:?}", jdir.display())))?;
         self.epoch = epoch as u32;
         self.counter = 0;
+        Ok(())
+    }
+
+    /// A store written before quota usage was kept: count every inode once
+    /// (one batch; then the records follow every inode change).
+    fn count_usage_once(&mut self) -> Result<(), StoreError> {
+        let p = self.path.clone();
+        let db_err = |e: &dyn std::fmt::Display| StoreError::Db { path: p.clone(), message: e.to_string() };
+        let done = self.log.mem.read(|t| sys_get(&t.system, sys::USAGE_COUNTED)).map_err(|e| db_err(&e))?;
+        if done == 1 {
+            return Ok(());
+        }
+        let start = std::time::Instant::now();
+        let (n, changes) = self
+            .log
+            .mem
+            .batch(|t| {
+                let n = usage::recount(t, true)?.len();
+                sys_put(&mut t.system, sys::USAGE_COUNTED, 1)?;
+                Ok(n)
+            })
+            .map_err(|e| db_err(&e))?;
+        self.log.commit(changes).map_err(|e| db_err(&format!("journal: {e:?}")))?;
+        if n > 0 {
+            tracing::info!(store = %p.display(), users_and_groups = n, elapsed = ?start.elapsed(), "quota usage counted");
+        }
         Ok(())
     }
 

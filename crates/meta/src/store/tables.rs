@@ -3,8 +3,8 @@
 //! records they changed ([`LeaseKey`]). No namespace rule lives here (those
 //! are in `ops`).
 
-use super::mem::Tables;
-use super::{child_key, encode, id_key, scan_children, Dentry, Disposal, Inode};
+use super::mem::{Kv, Tables};
+use super::{child_key, decode, encode, id_key, scan_children, Dentry, Disposal, Inode};
 use hivefs_types::attr::FileKind;
 use hivefs_types::error::FsError;
 use hivefs_types::ids::EntryId;
@@ -59,12 +59,22 @@ fatal_from!(redb::StorageError, redb::TableError, redb::Error);
 pub type OpResult<T> = Result<T, OpError>;
 
 impl Tables<'_> {
+    /// Writes an inode record, and moves its quota usage (`usage`).
     pub(crate) fn put_inode(&mut self, id: EntryId, inode: &Inode) -> OpResult<()> {
         if inode.kind != FileKind::Dir {
             self.touched.push(LeaseKey::Attr(id));
         }
+        let old = self.old_inode(id)?;
+        super::usage::account(&mut self.usage, old.as_ref(), Some(inode))?;
         self.inodes.insert(id_key(id).as_slice(), encode(inode).as_slice())?;
         Ok(())
+    }
+
+    fn old_inode(&self, id: EntryId) -> OpResult<Option<Inode>> {
+        match self.inodes.get(id_key(id).as_slice())? {
+            Some(v) => Ok(Some(decode("inode", id, &v).map_err(OpError::Fatal)?)),
+            None => Ok(None),
+        }
     }
 
     pub(crate) fn put_dentry(&mut self, parent: EntryId, name: &[u8], d: &Dentry) -> OpResult<()> {
@@ -88,6 +98,8 @@ impl Tables<'_> {
     /// Removes an inode and all its extended attributes.
     pub(crate) fn remove_inode(&mut self, id: EntryId) -> OpResult<()> {
         self.touched.push(LeaseKey::Attr(id));
+        let old = self.old_inode(id)?;
+        super::usage::account(&mut self.usage, old.as_ref(), None)?;
         self.inodes.remove(id_key(id).as_slice())?;
         self.dirx.remove(id_key(id).as_slice())?;
         let names: Vec<Vec<u8>> =

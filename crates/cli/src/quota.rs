@@ -1,0 +1,111 @@
+//! User and group quotas: `hivefs quota set|list` (`docs/design-quota.md`).
+
+use crate::admin::Conn;
+use crate::pools::Mgmt;
+use crate::util::{human, parse_size, print_table};
+use anyhow::{bail, Result};
+use clap::Subcommand;
+use hivefs_proto::{QuotaId, QuotaKind, QuotaLimit, Reply, Request};
+
+#[derive(Subcommand, Debug)]
+pub enum QuotaCmd {
+    /// Set the limits of a user or a group: space (the lengths of their regular
+    /// files) and inodes (files, directories, symlinks). A user or group at a limit
+    /// gets EDQUOT ("Disk quota exceeded") for new files and for writes that grow a
+    /// file. `none` removes one limit; both `none` removes the quota.
+    #[command(group(clap::ArgGroup::new("who").required(true).args(["uid", "gid"])))]
+    Set {
+        /// The user (numeric uid).
+        #[arg(long)]
+        uid: Option<u32>,
+        /// The group (numeric gid).
+        #[arg(long)]
+        gid: Option<u32>,
+        /// Space limit: bytes with an optional k/m/g/t suffix (powers of 1024), or `none`.
+        #[arg(long, value_name = "SIZE|none")]
+        space: String,
+        /// Inode limit, or `none`.
+        #[arg(long, value_name = "N|none")]
+        inodes: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List every quota with its usage as the metadata nodes last reported it (every
+    /// `quota_interval_ms`, mgmtd.toml; the age is shown).
+    List {
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+fn limit(s: &str, what: &str, parse: impl Fn(&str) -> Result<u64>) -> Result<Option<u64>> {
+    if s.eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    match parse(s) {
+        Ok(0) => bail!("--{what} 0 would allow nothing; use `none` to remove the limit"),
+        Ok(v) => Ok(Some(v)),
+        Err(e) => bail!("--{what} {s:?}: {e}"),
+    }
+}
+
+pub fn quota(cmd: QuotaCmd) -> Result<()> {
+    match cmd {
+        QuotaCmd::Set { uid, gid, space, inodes, conn } => {
+            let who = match (uid, gid) {
+                (Some(id), None) => QuotaId { kind: QuotaKind::User, id },
+                (None, Some(id)) => QuotaId { kind: QuotaKind::Group, id },
+                _ => bail!("give one of --uid and --gid"),
+            };
+            let bytes = limit(&space, "space", parse_size)?;
+            let inodes = limit(&inodes, "inodes", |s| Ok(s.parse::<u64>()?))?;
+            match Mgmt::new(&conn)?.call(Request::SetQuota(QuotaLimit { who, bytes, inodes }))? {
+                Reply::Ok => Ok(()),
+                r => bail!("unexpected reply from mgmtd: {r:?}"),
+            }
+        }
+        QuotaCmd::List { conn } => {
+            let Reply::Quotas { interval_ms, age_ms, quotas } = Mgmt::new(&conn)?.call(Request::GetQuotas)? else {
+                bail!("unexpected reply from mgmtd to GetQuotas");
+            };
+            let age = (age_ms != u64::MAX).then_some(age_ms);
+            if conn.json {
+                let rows: Vec<_> = quotas
+                    .iter()
+                    .map(|q| {
+                        serde_json::json!({
+                            "kind": q.limit.who.kind.name(), "id": q.limit.who.id,
+                            "space_limit": q.limit.bytes, "inode_limit": q.limit.inodes,
+                            "space_used": q.used.bytes, "inodes_used": q.used.inodes,
+                            "exceeded": q.exceeded_by(0, 0),
+                        })
+                    })
+                    .collect();
+                let v = serde_json::json!({ "interval_ms": interval_ms, "age_ms": age, "quotas": rows });
+                println!("{}", serde_json::to_string_pretty(&v)?);
+                return Ok(());
+            }
+            let show = |v: Option<u64>, f: &dyn Fn(u64) -> String| v.map_or("-".to_string(), f);
+            let rows: Vec<Vec<String>> = quotas
+                .iter()
+                .map(|q| {
+                    vec![
+                        q.limit.who.kind.name().to_string(),
+                        q.limit.who.id.to_string(),
+                        human(q.used.bytes),
+                        show(q.limit.bytes, &human),
+                        q.used.inodes.to_string(),
+                        show(q.limit.inodes, &|v| v.to_string()),
+                        if q.exceeded_by(0, 0) { "exceeded" } else { "" }.to_string(),
+                    ]
+                })
+                .collect();
+            print_table(&["KIND", "ID", "SPACE", "SPACE LIMIT", "INODES", "INODE LIMIT", ""], &rows);
+            match age {
+                Some(a) => println!("usage as reported {:.1} s ago (every {interval_ms} ms)", a as f64 / 1000.0),
+                None => println!("no metadata node has reported usage yet"),
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! User and group quotas through the real pieces: limits set with `hivefs quota set`,
+//! enforced on other users working through the mount (EDQUOT at the limit, room again
+//! after a removal), and usage that follows chown, rename, hard links, truncation,
+//! unlink and a restart over two metadata nodes.
+
+mod common;
+
+use common::*;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+/// Metadata nodes report usage and fetch limits every 200 ms here.
+fn up(extra: &[&str]) -> TestFs {
+    TestFs::up_with(extra, |fs| {
+        std::fs::create_dir_all(fs.dir.join("mgmtd")).unwrap();
+        std::fs::write(fs.dir.join("mgmtd/mgmtd.toml"), "quota_interval_ms = 200\n").unwrap();
+    })
+}
+
+fn as_user(fs: &TestFs, uid: u32, gid: u32, script: &str) -> Output {
+    Command::new("setpriv")
+        .args([&format!("--reuid={uid}"), &format!("--regid={gid}"), "--clear-groups", "sh", "-c", script])
+        .current_dir(&fs.mnt)
+        .output()
+        .unwrap()
+}
+
+fn sh(fs: &TestFs, script: &str) {
+    let o = Command::new("sh").arg("-c").arg(script).current_dir(&fs.mnt).output().unwrap();
+    assert!(o.status.success(), "{script}: {}", out(&o));
+}
+
+fn quotas(fs: &TestFs) -> serde_json::Value {
+    serde_json::from_str(&hivefs_ok(&["quota", "list", "--json", "--mount", fs.mnt_s()])).unwrap()
+}
+
+/// (inodes, bytes) mgmtd shows for `kind` `id`.
+fn used(fs: &TestFs, kind: &str, id: u64) -> Option<(u64, u64)> {
+    let q = quotas(fs);
+    let e = q["quotas"].as_array()?.iter().find(|e| e["kind"] == kind && e["id"] == id)?.clone();
+    Some((e["inodes_used"].as_u64()?, e["space_used"].as_u64()?))
+}
+
+/// Waits until the usage of `kind` `id` is `want` (metadata nodes report it every 200 ms).
+fn wait_used(fs: &TestFs, kind: &str, id: u64, want: (u64, u64), step: &str) {
+    let mut last = None;
+    wait_for(
+        &format!("{kind} {id} to use {want:?} after {step} (last seen {last:?})"),
+        Duration::from_secs(20),
+        || {
+            last = used(fs, kind, id);
+            last == Some(want)
+        },
+    );
+}
+
+fn edquot(o: &Output) -> bool {
+    !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("Disk quota exceeded")
+}
+
+#[test]
+fn users_and_groups_get_edquot_at_their_limits_and_room_after_removing() {
+    let fs = up(&[]);
+    sh(&fs, "mkdir u v w && chown 1001:1001 u && chown 1002:1002 v && chown 1003:2001 w");
+    hivefs_ok(&["quota", "set", "--uid", "1001", "--inodes", "5", "--space", "none", "--mount", fs.mnt_s()]);
+    hivefs_ok(&["quota", "set", "--uid", "1002", "--inodes", "none", "--space", "1m", "--mount", fs.mnt_s()]);
+    hivefs_ok(&["quota", "set", "--gid", "2001", "--inodes", "3", "--space", "none", "--mount", fs.mnt_s()]);
+    // A metadata node reports only the users and groups it knows limits of: the
+    // directories' counts showing up means the limits are in force there.
+    wait_used(&fs, "user", 1001, (1, 0), "setting the limit");
+    wait_used(&fs, "user", 1002, (1, 0), "setting the limit");
+    wait_used(&fs, "group", 2001, (1, 0), "setting the limit");
+
+    // Inodes: the directory and four files are five; the sixth inode of any kind is refused.
+    let o = as_user(&fs, 1001, 1001, "touch u/f1 u/f2 u/f3 u/f4");
+    assert!(o.status.success(), "{}", out(&o));
+    for script in ["touch u/f5", "mkdir u/d", "ln -s f1 u/s"] {
+        let o = as_user(&fs, 1001, 1001, script);
+        assert!(edquot(&o), "`{script}` at the inode limit: {}", out(&o));
+    }
+    // Other users are not limited by it.
+    sh(&fs, "touch u/by-root");
+    let o = as_user(&fs, 1001, 1001, "rm u/f1 && touch u/f5");
+    assert!(o.status.success(), "a removal makes room at once: {}", out(&o));
+    wait_used(&fs, "user", 1001, (5, 0), "removing and creating");
+
+    // Groups: user 1003 in group 2001 (limit 3 inodes: the directory and two files).
+    let o = as_user(&fs, 1003, 2001, "touch w/a w/b");
+    assert!(o.status.success(), "{}", out(&o));
+    assert!(edquot(&as_user(&fs, 1003, 2001, "touch w/c")), "group at its inode limit");
+
+    // Space: 2 MiB into a 1 MiB quota stops at exactly 1 MiB with EDQUOT.
+    let o = as_user(&fs, 1002, 1002, "dd if=/dev/zero of=v/big bs=64k count=32 2>&1 >/dev/null; echo rc=$?");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("Disk quota exceeded") && !text.contains("rc=0"), "{text}");
+    assert_eq!(std::fs::metadata(fs.path("v/big")).unwrap().len(), 1 << 20);
+    wait_used(&fs, "user", 1002, (2, 1 << 20), "filling the quota");
+    // A new file is refused too while the space is used up ...
+    assert!(edquot(&as_user(&fs, 1002, 1002, "echo x > v/small")), "new file at the space limit");
+    // ... and after the removal there is room again.
+    let o = as_user(&fs, 1002, 1002, "rm v/big");
+    assert!(o.status.success(), "{}", out(&o));
+    wait_for("room for user 1002 after removing", Duration::from_secs(20), || {
+        as_user(&fs, 1002, 1002, "dd if=/dev/zero of=v/again bs=64k count=8 2>/dev/null").status.success()
+    });
+    assert_eq!(std::fs::metadata(fs.path("v/again")).unwrap().len(), 512 << 10);
+
+    // The limits are listed, and removing them lifts them.
+    let q = quotas(&fs);
+    assert_eq!(q["quotas"].as_array().unwrap().len(), 3, "{q}");
+    hivefs_ok(&["quota", "set", "--uid", "1001", "--inodes", "none", "--space", "none", "--mount", fs.mnt_s()]);
+    wait_for("user 1001 without limits", Duration::from_secs(20), || {
+        as_user(&fs, 1001, 1001, "touch u/free").status.success()
+    });
+    // Bad input names the problem.
+    let o = hivefs(&["quota", "set", "--uid", "1", "--inodes", "0", "--space", "none", "--mount", fs.mnt_s()]);
+    assert!(!o.status.success() && out(&o).contains("none"), "{}", out(&o));
+    fs.assert_fsck_clean();
+}
+
+#[test]
+fn usage_follows_chown_rename_links_truncate_unlink_and_restart() {
+    let fs = up(&["--meta", "2", "--meta-chooser", "roundrobin"]);
+    hivefs_ok(&["quota", "set", "--uid", "1001", "--inodes", "1000", "--space", "1g", "--mount", fs.mnt_s()]);
+    hivefs_ok(&["quota", "set", "--gid", "1001", "--inodes", "1000", "--space", "1g", "--mount", fs.mnt_s()]);
+    // Directories alternate between the two metadata nodes.
+    sh(&fs, "mkdir A B && chown 1001:1001 A B");
+    assert_ne!(fs.entry_info("A")["owner_meta_node"], fs.entry_info("B")["owner_meta_node"]);
+    wait_used(&fs, "user", 1001, (2, 0), "mkdir");
+    sh(&fs, "head -c 100000 /dev/zero > A/f && chown 1001:1001 A/f");
+    wait_used(&fs, "user", 1001, (3, 100_000), "chown of a written file");
+    wait_used(&fs, "group", 1001, (3, 100_000), "chown of a written file");
+    sh(&fs, "ln A/f B/h");
+    wait_used(&fs, "user", 1001, (3, 100_000), "a hard link (one inode)");
+    sh(&fs, "mv A/f B/g");
+    wait_used(&fs, "user", 1001, (3, 100_000), "a rename to the other node");
+    sh(&fs, "truncate -s 50000 B/g");
+    wait_used(&fs, "user", 1001, (3, 50_000), "truncate");
+    sh(&fs, "chown 1002 B/g");
+    wait_used(&fs, "user", 1001, (2, 0), "chown to another user");
+    wait_used(&fs, "group", 1001, (3, 50_000), "chown to another user (same group)");
+    sh(&fs, "chown 1001 B/g && rm B/g");
+    wait_used(&fs, "user", 1001, (3, 50_000), "unlink of one of two links");
+    sh(&fs, "rm B/h");
+    wait_used(&fs, "user", 1001, (2, 0), "unlink of the last link");
+    sh(&fs, "head -c 4096 /dev/zero > A/kept && chown 1001:1001 A/kept");
+    wait_used(&fs, "user", 1001, (3, 4096), "a kept file");
+    fs.down();
+    fs.reup();
+    wait_used(&fs, "user", 1001, (3, 4096), "a restart");
+    fs.assert_fsck_clean();
+
+    // A wrong usage record (as a lost write would leave it) is found and recounted by fsck.
+    fs.down();
+    let who = hivefs_proto::QuotaId { kind: hivefs_proto::QuotaKind::User, id: 1001 };
+    hivefs_meta::fsck::offline::set_usage(&fs.dir.join("meta1"), who, hivefs_proto::QuotaUse { inodes: 77, bytes: 7 })
+        .unwrap();
+    fs.reup();
+    let o = hivefs(&["fsck", "--json", "--mount", fs.mnt_s()]);
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let problems = report["problems"].as_array().unwrap();
+    assert!(problems.iter().all(|p| p["kind"] == "wrong-usage"), "{report}");
+    assert!(problems.iter().any(|p| p["detail"].as_str().unwrap().contains("user 1001")), "{report}");
+    let o = hivefs(&["fsck", "--repair", "--mount", fs.mnt_s()]);
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    fs.assert_fsck_clean();
+    wait_used(&fs, "user", 1001, (3, 4096), "fsck --repair");
+}

@@ -1,0 +1,76 @@
+//! Quota enforcement on a metadata node: new inodes of a user or group whose
+//! quota is used up are refused with EDQUOT (`docs/design-quota.md`).
+//!
+//! Owns the limits this node last fetched from mgmtd (with the usage mgmtd
+//! had gathered from every metadata node) and the check the creating
+//! operations make. The usage of this node's own inodes moves on between
+//! fetches; the check adds what changed here since the fetch, so on a file
+//! system with one metadata node a limit is exact, and with several the
+//! slack is what the other nodes created within one gathering interval.
+//! It must not talk to mgmtd itself (`lib.rs` fetches) nor count usage
+//! (`store::usage` does, with every inode write).
+
+use crate::store::usage;
+use crate::store::{Kv, OpResult};
+use hivefs_proto::{QuotaId, QuotaKind, QuotaState, QuotaUse};
+use hivefs_types::fs_err;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+/// The limits in force on this node.
+#[derive(Default)]
+pub struct QuotaGate {
+    fetched: RwLock<Option<Arc<Fetched>>>,
+}
+
+struct Fetched {
+    quotas: HashMap<QuotaId, QuotaState>,
+    /// This node's own usage of each limited user or group when the limits
+    /// were fetched.
+    local: HashMap<QuotaId, QuotaUse>,
+}
+
+impl QuotaGate {
+    /// Installs what mgmtd answered; `local` reads this node's usage of one
+    /// user or group now.
+    pub fn set(&self, quotas: Vec<QuotaState>, local: impl Fn(QuotaId) -> QuotaUse) {
+        let fetched = (!quotas.is_empty()).then(|| {
+            let local = quotas.iter().map(|q| (q.limit.who, local(q.limit.who))).collect();
+            Arc::new(Fetched { quotas: quotas.into_iter().map(|q| (q.limit.who, q)).collect(), local })
+        });
+        *self.fetched.write().expect("quota gate") = fetched;
+    }
+
+    /// Users and groups with a limit.
+    pub fn limited(&self) -> Vec<QuotaId> {
+        self.fetched.read().expect("quota gate").as_ref().map_or_else(Vec::new, |f| f.quotas.keys().copied().collect())
+    }
+
+    /// Refuses a new inode of `uid`/`gid` when either's quota (inodes, or
+    /// space already at its limit) leaves no room. `usage` is this node's
+    /// usage table as the batch sees it.
+    pub fn admit(&self, usage: &impl Kv, uid: u32, gid: u32) -> OpResult<()> {
+        let Some(f) = self.fetched.read().expect("quota gate").clone() else { return Ok(()) };
+        for who in [QuotaId { kind: QuotaKind::User, id: uid }, QuotaId { kind: QuotaKind::Group, id: gid }] {
+            let Some(q) = f.quotas.get(&who) else { continue };
+            let then = f.local.get(&who).copied().unwrap_or_default();
+            let now = usage::get(usage, who)?;
+            let moved = |used: u64, a: u64, b: u64| (used as i128 + b as i128 - a as i128).max(0) as u64;
+            let used = QuotaUse {
+                inodes: moved(q.used.inodes, then.inodes, now.inodes),
+                bytes: moved(q.used.bytes, then.bytes, now.bytes),
+            };
+            let cur = QuotaState { limit: q.limit, used };
+            // A new inode needs room for itself and, at a space limit, for one byte.
+            if cur.exceeded_by(1, 1) {
+                let what = match (q.limit.inodes, q.limit.bytes) {
+                    (Some(l), _) if used.inodes >= l => format!("{} of {l} inodes", used.inodes),
+                    (_, Some(l)) => format!("{} of {l} bytes", used.bytes),
+                    _ => String::new(),
+                };
+                return Err(fs_err!(Quota, "quota of {} {} used up: {what}", who.kind.name(), who.id).into());
+            }
+        }
+        Ok(())
+    }
+}

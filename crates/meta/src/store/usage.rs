@@ -1,0 +1,238 @@
+//! Quota usage: what the inodes of this metadata node hold per user and per
+//! group, as records of the `quota_usage` table.
+//!
+//! Every write or removal of an inode record goes through
+//! [`Tables::put_inode`] / [`Tables::remove_inode`], which move the
+//! inode's weight (one inode; its length if it is a regular file) from its
+//! old owner and group to its new ones in the same batch. So the counters
+//! are exactly as durable and as replicated as the inodes they count: the
+//! same journal record carries both, a mirror's copy receives both, and
+//! chown, rename to another node (the inode record moves), hard links (one
+//! inode record), truncation, size reports, unlink and a restart need no
+//! rule of their own. [`recount`] derives them from the inodes again
+//! (`hivefs fsck`, and the first start of a store written before usage
+//! was kept).
+//!
+//! Key: kind (0 user, 1 group) ++ id (u32 big-endian). Value: inodes ++
+//! bytes (u64 little-endian each). A user or group holding nothing has no
+//! record.
+
+use super::mem::{Kv, TableW, Tables};
+use super::{decode, Inode, OpError, OpResult};
+use hivefs_proto::{QuotaId, QuotaKind, QuotaUse};
+use hivefs_types::attr::FileKind;
+use std::collections::BTreeMap;
+
+const KEY_LEN: usize = 5;
+
+pub(crate) fn key(who: QuotaId) -> [u8; KEY_LEN] {
+    let mut k = [0u8; KEY_LEN];
+    k[0] = match who.kind {
+        QuotaKind::User => 0,
+        QuotaKind::Group => 1,
+    };
+    k[1..].copy_from_slice(&who.id.to_be_bytes());
+    k
+}
+
+fn who_of(k: &[u8]) -> OpResult<QuotaId> {
+    let bad = || OpError::Fatal(format!("corrupt quota usage key {k:02x?}"));
+    let id: [u8; 4] = k.get(1..KEY_LEN).and_then(|b| b.try_into().ok()).ok_or_else(bad)?;
+    let kind = match k.first() {
+        Some(0) if k.len() == KEY_LEN => QuotaKind::User,
+        Some(1) if k.len() == KEY_LEN => QuotaKind::Group,
+        _ => return Err(bad()),
+    };
+    Ok(QuotaId { kind, id: u32::from_be_bytes(id) })
+}
+
+fn use_of(who: QuotaId, v: &[u8]) -> OpResult<QuotaUse> {
+    let word = |i: usize| v.get(i * 8..i * 8 + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
+    match (v.len(), word(0), word(1)) {
+        (16, Some(inodes), Some(bytes)) => Ok(QuotaUse { inodes, bytes }),
+        _ => Err(OpError::Fatal(format!("corrupt quota usage record of {} {}", who.kind.name(), who.id))),
+    }
+}
+
+pub(crate) fn put(t: &mut TableW<'_>, who: QuotaId, u: QuotaUse) -> OpResult<()> {
+    if u == QuotaUse::default() {
+        return t.remove(&key(who));
+    }
+    let mut v = [0u8; 16];
+    v[..8].copy_from_slice(&u.inodes.to_le_bytes());
+    v[8..].copy_from_slice(&u.bytes.to_le_bytes());
+    t.insert(&key(who), &v)
+}
+
+/// What `who`'s inodes on this node hold.
+pub fn get(t: &impl Kv, who: QuotaId) -> OpResult<QuotaUse> {
+    t.get(&key(who))?.map_or(Ok(QuotaUse::default()), |v| use_of(who, &v))
+}
+
+/// Every user and group holding anything, in key order (users first).
+pub fn all(t: &impl Kv) -> OpResult<Vec<(QuotaId, QuotaUse)>> {
+    let mut out = Vec::new();
+    for r in t.iter()? {
+        let (k, v) = r?;
+        let who = who_of(&k)?;
+        out.push((who, use_of(who, &v)?));
+    }
+    Ok(out)
+}
+
+/// The user and group an inode counts for, and what it counts.
+fn weight(i: &Inode) -> [(QuotaId, u64, u64); 2] {
+    let bytes = if i.kind == FileKind::File { i.size } else { 0 };
+    [
+        (QuotaId { kind: QuotaKind::User, id: i.uid }, 1, bytes),
+        (QuotaId { kind: QuotaKind::Group, id: i.gid }, 1, bytes),
+    ]
+}
+
+/// Moves an inode's weight from its `old` record to its `new` one (either
+/// absent: created or removed).
+pub(crate) fn account(t: &mut TableW<'_>, old: Option<&Inode>, new: Option<&Inode>) -> OpResult<()> {
+    let same_owner = |a: &Inode, b: &Inode| a.uid == b.uid && a.gid == b.gid;
+    if let (Some(a), Some(b)) = (old, new) {
+        let counts = |i: &Inode| if i.kind == FileKind::File { i.size } else { 0 };
+        if same_owner(a, b) && counts(a) == counts(b) {
+            return Ok(());
+        }
+    }
+    // (inodes, bytes) change per user or group; at most four of them.
+    let mut delta: BTreeMap<QuotaId, (i128, i128)> = BTreeMap::new();
+    for (sign, i) in [(-1i128, old), (1, new)] {
+        for (who, n, b) in i.map(weight).into_iter().flatten() {
+            let d = delta.entry(who).or_default();
+            d.0 += sign * i128::from(n);
+            d.1 += sign * i128::from(b);
+        }
+    }
+    for (who, (dn, db)) in delta {
+        if (dn, db) == (0, 0) {
+            continue;
+        }
+        let u = get(t, who)?;
+        let add = |v: u64, d: i128| u64::try_from((i128::from(v) + d).max(0)).unwrap_or(u64::MAX);
+        put(t, who, QuotaUse { inodes: add(u.inodes, dn), bytes: add(u.bytes, db) })?;
+    }
+    Ok(())
+}
+
+/// Counts every inode again and (with `apply`) replaces the wrong usage
+/// records with the count. Returns the users and groups whose records were
+/// wrong: (who, recorded, counted).
+pub fn recount(t: &mut Tables<'_>, apply: bool) -> OpResult<Vec<(QuotaId, QuotaUse, QuotaUse)>> {
+    let mut counted: BTreeMap<QuotaId, QuotaUse> = BTreeMap::new();
+    for r in t.inodes.iter()? {
+        let (k, v) = r?;
+        let i: Inode = decode("inode", format_args!("{k:02x?}"), &v).map_err(OpError::Fatal)?;
+        for (who, n, b) in weight(&i) {
+            let u = counted.entry(who).or_default();
+            u.inodes += n;
+            u.bytes = u.bytes.saturating_add(b);
+        }
+    }
+    let recorded: BTreeMap<QuotaId, QuotaUse> = all(&t.usage)?.into_iter().collect();
+    let mut wrong = Vec::new();
+    for who in recorded.keys().chain(counted.keys()).copied().collect::<std::collections::BTreeSet<_>>() {
+        let (r, c) = (recorded.get(&who).copied().unwrap_or_default(), counted.get(&who).copied().unwrap_or_default());
+        if r != c {
+            wrong.push((who, r, c));
+            if apply {
+                put(&mut t.usage, who, c)?;
+            }
+        }
+    }
+    Ok(wrong)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::mem::test_mem;
+    use hivefs_types::attr::Timespec;
+    use hivefs_types::ids::EntryId;
+
+    fn inode(kind: FileKind, uid: u32, gid: u32, size: u64) -> Inode {
+        let t = Timespec::default();
+        let (pattern, dir_pattern, symlink, parent) = (None, None, None, None);
+        Inode {
+            kind,
+            mode: 0o644,
+            uid,
+            gid,
+            size,
+            nlink: 1,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            rdev: 0,
+            pattern,
+            dir_pattern,
+            symlink,
+            parent,
+        }
+    }
+
+    fn user(id: u32) -> QuotaId {
+        QuotaId { kind: QuotaKind::User, id }
+    }
+
+    fn group(id: u32) -> QuotaId {
+        QuotaId { kind: QuotaKind::Group, id }
+    }
+
+    fn usage(m: &crate::store::Mem) -> Vec<(QuotaId, QuotaUse)> {
+        m.read(|t| all(&t.usage)).unwrap()
+    }
+
+    fn u(inodes: u64, bytes: u64) -> QuotaUse {
+        QuotaUse { inodes, bytes }
+    }
+
+    #[test]
+    fn inode_writes_move_usage_and_a_recount_agrees() {
+        let (_d, m) = test_mem();
+        let (a, b) = (EntryId { node: 1, epoch: 1, counter: 1 }, EntryId { node: 1, epoch: 1, counter: 2 });
+        let edit = |f: &dyn Fn(&mut Tables<'_>) -> OpResult<()>| {
+            let ((), ch) = m.batch(|t| f(t)).unwrap();
+            m.apply(ch);
+        };
+        edit(&|t| {
+            t.put_inode(a, &inode(FileKind::File, 1000, 100, 10))?;
+            t.put_inode(b, &inode(FileKind::Dir, 1000, 100, 4096))
+        });
+        assert_eq!(usage(&m), vec![(user(1000), u(2, 10)), (group(100), u(2, 10))]);
+        // Growth, then a chown of the file to another user (same group).
+        edit(&|t| t.put_inode(a, &inode(FileKind::File, 1000, 100, 50)));
+        edit(&|t| t.put_inode(a, &inode(FileKind::File, 1001, 100, 50)));
+        assert_eq!(usage(&m), vec![(user(1000), u(1, 0)), (user(1001), u(1, 50)), (group(100), u(2, 50))]);
+        // The records agree with a count of the inodes: nothing to fix.
+        let ((), ch) = m.batch(|t| recount(t, true).map(|w| assert!(w.is_empty(), "{w:?}"))).unwrap();
+        m.apply(ch);
+        // Removal: the user's record goes when it holds nothing.
+        edit(&|t| t.remove_inode(a));
+        assert_eq!(usage(&m), vec![(user(1000), u(1, 0)), (group(100), u(1, 0))]);
+        // A wrong record is found and replaced by the count.
+        edit(&|t| put(&mut t.usage, user(7), u(3, 3)));
+        let ((), ch) = m
+            .batch(|t| {
+                assert_eq!(recount(t, false)?.len(), 1);
+                let w = recount(t, true)?;
+                assert_eq!(w, vec![(user(7), u(3, 3), u(0, 0))]);
+                Ok(())
+            })
+            .unwrap();
+        m.apply(ch);
+        assert_eq!(usage(&m), vec![(user(1000), u(1, 0)), (group(100), u(1, 0))]);
+    }
+
+    #[test]
+    fn corrupt_records_are_errors_not_panics() {
+        assert!(who_of(&[2, 0, 0, 0, 1]).is_err());
+        assert!(who_of(&[0, 0]).is_err());
+        assert!(use_of(user(1), &[0; 15]).is_err());
+        assert_eq!(who_of(&key(group(9))).unwrap(), group(9));
+    }
+}
