@@ -53,7 +53,7 @@ impl Mgmt {
         self.rt.block_on(call_once(&self.addr, &self.cfg, &req)).map_err(|e| anyhow!("{e}"))
     }
 
-    fn pools(&self) -> Result<Vec<PoolInfo>> {
+    pub(crate) fn pools(&self) -> Result<Vec<PoolInfo>> {
         match self.call(Request::ListPools)? {
             Reply::Pools(p) => Ok(p),
             r => bail!("unexpected reply from mgmtd: {r:?}"),
@@ -75,7 +75,7 @@ impl Mgmt {
     }
 }
 
-fn find_pool(pools: &[PoolInfo], spec: &str) -> Result<PoolId> {
+pub(crate) fn find_pool(pools: &[PoolInfo], spec: &str) -> Result<PoolId> {
     if let Ok(id) = spec.parse::<u16>() {
         if pools.iter().any(|p| p.id.0 == id) {
             return Ok(PoolId(id));

@@ -10,9 +10,10 @@ use hivefs_proto::{QuotaId, QuotaKind, QuotaLimit, Reply, Request};
 #[derive(Subcommand, Debug)]
 pub enum QuotaCmd {
     /// Set the limits of a user or a group: space (the lengths of their regular
-    /// files) and inodes (files, directories, symlinks). A user or group at a limit
-    /// gets EDQUOT ("Disk quota exceeded") for new files and for writes that grow a
-    /// file. `none` removes one limit; both `none` removes the quota.
+    /// files) and inodes (files, directories, symlinks), on the whole file system or,
+    /// with --pool, on their regular files in one storage pool (inodes: files). A user
+    /// or group at a limit gets EDQUOT ("Disk quota exceeded") for new files and for
+    /// writes that grow a file. `none` removes one limit; both `none` removes the quota.
     #[command(group(clap::ArgGroup::new("who").required(true).args(["uid", "gid"])))]
     Set {
         /// The user (numeric uid).
@@ -27,6 +28,9 @@ pub enum QuotaCmd {
         /// Inode limit, or `none`.
         #[arg(long, value_name = "N|none")]
         inodes: String,
+        /// Limit the regular files in this storage pool (id or name) instead of everything.
+        #[arg(long)]
+        pool: Option<String>,
         #[command(flatten)]
         conn: Conn,
     },
@@ -51,7 +55,7 @@ fn limit(s: &str, what: &str, parse: impl Fn(&str) -> Result<u64>) -> Result<Opt
 
 pub fn quota(cmd: QuotaCmd) -> Result<()> {
     match cmd {
-        QuotaCmd::Set { uid, gid, space, inodes, conn } => {
+        QuotaCmd::Set { uid, gid, space, inodes, pool, conn } => {
             let who = match (uid, gid) {
                 (Some(id), None) => QuotaId { kind: QuotaKind::User, id },
                 (None, Some(id)) => QuotaId { kind: QuotaKind::Group, id },
@@ -59,7 +63,12 @@ pub fn quota(cmd: QuotaCmd) -> Result<()> {
             };
             let bytes = limit(&space, "space", parse_size)?;
             let inodes = limit(&inodes, "inodes", |s| Ok(s.parse::<u64>()?))?;
-            match Mgmt::new(&conn)?.call(Request::SetQuota(QuotaLimit { who, bytes, inodes }))? {
+            let m = Mgmt::new(&conn)?;
+            let pool = match pool {
+                Some(spec) => Some(crate::pools::find_pool(&m.pools()?, &spec)?),
+                None => None,
+            };
+            match m.call(Request::SetQuota(QuotaLimit { who, pool, bytes, inodes }))? {
                 Reply::Ok => Ok(()),
                 r => bail!("unexpected reply from mgmtd: {r:?}"),
             }
@@ -74,7 +83,7 @@ pub fn quota(cmd: QuotaCmd) -> Result<()> {
                     .iter()
                     .map(|q| {
                         serde_json::json!({
-                            "kind": q.limit.who.kind.name(), "id": q.limit.who.id,
+                            "kind": q.limit.who.kind.name(), "id": q.limit.who.id, "pool": q.limit.pool.map(|p| p.0),
                             "space_limit": q.limit.bytes, "inode_limit": q.limit.inodes,
                             "space_used": q.used.bytes, "inodes_used": q.used.inodes,
                             "exceeded": q.exceeded_by(0, 0),
@@ -92,6 +101,7 @@ pub fn quota(cmd: QuotaCmd) -> Result<()> {
                     vec![
                         q.limit.who.kind.name().to_string(),
                         q.limit.who.id.to_string(),
+                        q.limit.pool.map_or("all".to_string(), |p| p.to_string()),
                         human(q.used.bytes),
                         show(q.limit.bytes, &human),
                         q.used.inodes.to_string(),
@@ -100,7 +110,7 @@ pub fn quota(cmd: QuotaCmd) -> Result<()> {
                     ]
                 })
                 .collect();
-            print_table(&["KIND", "ID", "SPACE", "SPACE LIMIT", "INODES", "INODE LIMIT", ""], &rows);
+            print_table(&["KIND", "ID", "POOL", "SPACE", "SPACE LIMIT", "INODES", "INODE LIMIT", ""], &rows);
             match age {
                 Some(a) => println!("usage as reported {:.1} s ago (every {interval_ms} ms)", a as f64 / 1000.0),
                 None => println!("no metadata node has reported usage yet"),

@@ -34,10 +34,10 @@ fn quotas(fs: &TestFs) -> serde_json::Value {
     serde_json::from_str(&hivefs_ok(&["quota", "list", "--json", "--mount", fs.mnt_s()])).unwrap()
 }
 
-/// (inodes, bytes) mgmtd shows for `kind` `id`.
+/// (inodes, bytes) mgmtd shows for `kind` `id` (on the whole file system).
 fn used(fs: &TestFs, kind: &str, id: u64) -> Option<(u64, u64)> {
     let q = quotas(fs);
-    let e = q["quotas"].as_array()?.iter().find(|e| e["kind"] == kind && e["id"] == id)?.clone();
+    let e = q["quotas"].as_array()?.iter().find(|e| e["kind"] == kind && e["id"] == id && e["pool"].is_null())?.clone();
     Some((e["inodes_used"].as_u64()?, e["space_used"].as_u64()?))
 }
 
@@ -61,10 +61,12 @@ fn edquot(o: &Output) -> bool {
 #[test]
 fn users_and_groups_get_edquot_at_their_limits_and_room_after_removing() {
     let fs = up(&[]);
-    sh(&fs, "mkdir u v w && chown 1001:1001 u && chown 1002:1002 v && chown 1003:2001 w");
+    sh(&fs, "mkdir u v w p && chown 1001:1001 u && chown 1002:1002 v && chown 1003:2001 w && chown 1004:1004 p");
     hivefs_ok(&["quota", "set", "--uid", "1001", "--inodes", "5", "--space", "none", "--mount", fs.mnt_s()]);
     hivefs_ok(&["quota", "set", "--uid", "1002", "--inodes", "none", "--space", "1m", "--mount", fs.mnt_s()]);
     hivefs_ok(&["quota", "set", "--gid", "2001", "--inodes", "3", "--space", "none", "--mount", fs.mnt_s()]);
+    let pool = ["--pool", "default", "--mount", fs.mnt_s()];
+    hivefs_ok(&[&["quota", "set", "--uid", "1004", "--inodes", "2", "--space", "512k"][..], &pool].concat());
     // A metadata node reports only the users and groups it knows limits of: the
     // directories' counts showing up means the limits are in force there.
     wait_used(&fs, "user", 1001, (1, 0), "setting the limit");
@@ -105,9 +107,23 @@ fn users_and_groups_get_edquot_at_their_limits_and_room_after_removing() {
     });
     assert_eq!(std::fs::metadata(fs.path("v/again")).unwrap().len(), 512 << 10);
 
+    // A storage pool's limits count the regular files in it: 512 KiB, two files.
+    let o = as_user(&fs, 1004, 1004, "head -c 300000 /dev/zero > p/a && head -c 300000 /dev/zero > p/b");
+    assert!(edquot(&o), "the pool's space limit: {}", out(&o));
+    // A write that does not fit is refused whole: p/b ends within one write of the room.
+    let b = std::fs::metadata(fs.path("p/b")).unwrap().len();
+    assert!(b <= (512 << 10) - 300_000 && b + 65_536 > (512 << 10) - 300_000, "p/b has {b} bytes");
+    let o = as_user(&fs, 1004, 1004, "rm p/b && mkdir p/d1 p/d2 && head -c 1000 /dev/zero > p/c");
+    assert!(o.status.success(), "directories are not files of the pool: {}", out(&o));
+    wait_for("the pool's file count to reach its limit", Duration::from_secs(20), || {
+        quotas(&fs)["quotas"].as_array().unwrap().iter().any(|e| e["id"] == 1004 && e["inodes_used"] == 2)
+    });
+    assert!(edquot(&as_user(&fs, 1004, 1004, "touch p/d1/third")), "the pool's file limit");
+
     // The limits are listed, and removing them lifts them.
     let q = quotas(&fs);
-    assert_eq!(q["quotas"].as_array().unwrap().len(), 3, "{q}");
+    assert_eq!(q["quotas"].as_array().unwrap().len(), 4, "{q}");
+    assert!(q["quotas"].as_array().unwrap().iter().any(|e| e["id"] == 1004 && e["pool"] == 1), "{q}");
     hivefs_ok(&["quota", "set", "--uid", "1001", "--inodes", "none", "--space", "none", "--mount", fs.mnt_s()]);
     wait_for("user 1001 without limits", Duration::from_secs(20), || {
         as_user(&fs, 1001, 1001, "touch u/free").status.success()

@@ -187,9 +187,20 @@ impl Client {
         Ok(client)
     }
 
-    /// The quota limits in force (see `quota`).
-    pub fn quotas(&self) -> Arc<std::collections::HashMap<hivefs_proto::QuotaId, hivefs_proto::QuotaState>> {
-        self.quotas.get()
+    /// The quota limits in force and reported growth not summed yet (see `quota`).
+    pub fn quota(&self) -> &quota::Quotas {
+        &self.quotas
+    }
+
+    /// The storage pool a file's pattern lives in (that of its first unit,
+    /// as the cluster view has it).
+    pub fn pool_of(&self, p: &hivefs_types::pattern::Pattern) -> Option<hivefs_types::ids::PoolId> {
+        let view = self.cluster.view();
+        let target = match p.unit(0) {
+            hivefs_types::pattern::StripeUnit::Target(t) => t,
+            hivefs_types::pattern::StripeUnit::Group(g) => hivefs_types::ids::TargetId(view.groups.get(&g)?.primary),
+        };
+        Some(view.targets.get(&target)?.pool)
     }
 
     /// How long one request may wait on a metadata node for something (a

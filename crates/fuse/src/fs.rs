@@ -112,8 +112,10 @@ struct LocalSize {
     /// Time of the last write through this mount, reported as mtime and
     /// ctime until the metadata node hears of the writes.
     mtime: Option<Timespec>,
-    /// The file's owner and group at open: whose space quota its growth uses.
+    /// The file's owner and group at open: whose space quota its growth
+    /// uses, and the storage pool of its pattern (pool quotas).
     owner: (u32, u32),
+    pool: Option<hivefs_types::ids::PoolId>,
     /// The size the metadata node knows (its quota usage counts it); growth
     /// beyond it is this mount's to count against quotas.
     published: u64,
@@ -301,7 +303,7 @@ impl Inner {
         }
     }
 
-    fn add_writer(&self, id: EntryId, size: u64, owner: (u32, u32)) {
+    fn add_writer(&self, id: EntryId, size: u64, owner: (u32, u32), pool: Option<hivefs_types::ids::PoolId>) {
         let mut m = self.local_sizes.lock().expect("sizes");
         let l = m.entry(id).or_default();
         if l.writers == 0 {
@@ -309,6 +311,7 @@ impl Inner {
         }
         l.writers += 1;
         l.owner = owner;
+        l.pool = pool;
         l.size = l.size.max(size);
         // Each open asks again (close-to-open).
         l.caps = None;
@@ -335,7 +338,7 @@ impl Inner {
     /// quota has no room for the growth plus what this mount has written
     /// beyond the sizes the metadata nodes know (`hivefs_client::quota`).
     fn check_quota(&self, id: EntryId, end: u64) -> FsResult<()> {
-        let q = self.client.quotas();
+        let q = self.client.quota().get();
         if q.is_empty() {
             return Ok(());
         }
@@ -344,16 +347,21 @@ impl Inner {
         if end <= l.size {
             return Ok(());
         }
-        let ((uid, gid), grow) = (l.owner, end - l.size);
-        let pending = |same: &dyn Fn(&LocalSize) -> bool| -> u64 {
-            m.values().filter(|o| same(o)).map(|o| o.size.saturating_sub(o.published)).sum()
-        };
+        let ((uid, gid), pool, grow) = (l.owner, l.pool, end - l.size);
         let [user, group] = quota::owners(uid, gid);
-        if q.contains_key(&user) {
-            quota::check_space(&q, user, pending(&|o| o.owner.0 == uid), grow)?;
-        }
-        if q.contains_key(&group) {
-            quota::check_space(&q, group, pending(&|o| o.owner.1 == gid), grow)?;
+        let in_pool = pool.into_iter().flat_map(|p| [(user, Some(p)), (group, Some(p))]);
+        for key in [(user, None), (group, None)].into_iter().chain(in_pool) {
+            if q.contains_key(&key) {
+                // What this mount has written for the same user or group (and pool) and not reported.
+                let same = |o: (u32, u32)| if key.0 == user { o.0 == uid } else { o.1 == gid };
+                let written: u64 = m
+                    .values()
+                    .filter(|o| same(o.owner) && (key.1.is_none() || o.pool == key.1))
+                    .map(|o| o.size.saturating_sub(o.published))
+                    .sum();
+                let reported = self.client.quota().unsummed(same, key.1);
+                quota::check_space(&q, key, written + reported, grow)?;
+            }
         }
         Ok(())
     }
@@ -388,6 +396,7 @@ impl Inner {
             return Err(e);
         }
         if let Some(l) = self.local_sizes.lock().expect("sizes").get_mut(&f.ent.id) {
+            self.client.quota().note_reported(l.owner, l.pool, size.saturating_sub(l.published));
             l.published = size;
         }
         // The metadata node does not revoke the writer's own lease.
@@ -429,7 +438,7 @@ impl Inner {
             return Err(FsError::new(ErrorCode::Invalid, format!("{} has no stripe pattern", ent.id)));
         };
         if write {
-            self.add_writer(ent.id, attr.size, (attr.uid, attr.gid));
+            self.add_writer(ent.id, attr.size, (attr.uid, attr.gid), self.client.pool_of(&pattern));
         }
         let kill_privs = AtomicBool::new(write && kills_privs(attr.mode));
         let unchanged = self.cache_mode == CacheMode::Paged && {

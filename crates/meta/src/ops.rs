@@ -21,7 +21,7 @@ use hivefs_proto::{DirEntry, Reply, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CRE
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::fs_err;
-use hivefs_types::ids::{EntryId, NodeId};
+use hivefs_types::ids::{EntryId, NodeId, PoolId};
 use hivefs_types::pattern::{DirPattern, Pattern};
 use hivefs_types::{NAME_MAX, PATH_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX};
 
@@ -420,6 +420,10 @@ fn create(
         }
         return Err(fs_err!(Exists, "entry {} already exists in directory {parent}", q(name)).into());
     }
+    let (mut mode, mut gid) = (mode & 0o7777, gid);
+    inherit_group(&pdir, kind, &mut mode, &mut gid);
+    let pool = (kind == FileKind::File).then(|| pdir.dir_pattern.as_ref().map_or(PoolId::DEFAULT, |p| p.pool));
+    ctx.quota.admit(&t.usage, uid, gid, pool)?;
     let pattern = if kind == FileKind::File {
         let dp = pdir.dir_pattern.clone().unwrap_or_default();
         Some((ctx.choose)(&dp)?)
@@ -427,9 +431,6 @@ fn create(
         None
     };
     // ---- writes only below this line
-    let (mut mode, mut gid) = (mode & 0o7777, gid);
-    inherit_group(&pdir, kind, &mut mode, &mut gid);
-    ctx.quota.admit(&t.usage, uid, gid)?;
     let mut i = new_inode(kind, mode, uid, gid, ctx.now);
     i.rdev = rdev;
     i.pattern = pattern;
@@ -458,7 +459,7 @@ fn mkdir(
     }
     let (mut mode, mut gid) = (mode & 0o7777, gid);
     inherit_group(&pdir, FileKind::Dir, &mut mode, &mut gid);
-    ctx.quota.admit(&t.usage, uid, gid)?;
+    ctx.quota.admit(&t.usage, uid, gid, None)?;
     let mut i = new_inode(FileKind::Dir, mode, uid, gid, ctx.now);
     i.nlink = 2;
     i.dir_pattern = Some(pdir.dir_pattern.clone().unwrap_or_default());
@@ -505,7 +506,7 @@ fn symlink(
     let mut gid = gid;
     let mut mode = 0o777;
     inherit_group(&pdir, FileKind::Symlink, &mut mode, &mut gid);
-    ctx.quota.admit(&t.usage, uid, gid)?;
+    ctx.quota.admit(&t.usage, uid, gid, None)?;
     let mut i = new_inode(FileKind::Symlink, mode, uid, gid, ctx.now);
     i.size = target.len() as u64;
     i.symlink = Some(target);

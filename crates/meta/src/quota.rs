@@ -14,6 +14,7 @@ use crate::store::usage;
 use crate::store::{Kv, OpResult};
 use hivefs_proto::{QuotaId, QuotaKind, QuotaState, QuotaUse};
 use hivefs_types::fs_err;
+use hivefs_types::ids::PoolId;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
@@ -24,7 +25,8 @@ pub struct QuotaGate {
 }
 
 struct Fetched {
-    quotas: HashMap<QuotaId, QuotaState>,
+    /// By user or group and pool (`None`: the whole file system).
+    quotas: HashMap<(QuotaId, Option<PoolId>), QuotaState>,
     /// This node's own usage of each limited user or group when the limits
     /// were fetched.
     local: HashMap<QuotaId, QuotaUse>,
@@ -36,23 +38,45 @@ impl QuotaGate {
     pub fn set(&self, quotas: Vec<QuotaState>, local: impl Fn(QuotaId) -> QuotaUse) {
         let fetched = (!quotas.is_empty()).then(|| {
             let local = quotas.iter().map(|q| (q.limit.who, local(q.limit.who))).collect();
-            Arc::new(Fetched { quotas: quotas.into_iter().map(|q| (q.limit.who, q)).collect(), local })
+            Arc::new(Fetched { quotas: quotas.into_iter().map(|q| ((q.limit.who, q.limit.pool), q)).collect(), local })
         });
         *self.fetched.write().expect("quota gate") = fetched;
     }
 
     /// Users and groups with a limit.
     pub fn limited(&self) -> Vec<QuotaId> {
-        self.fetched.read().expect("quota gate").as_ref().map_or_else(Vec::new, |f| f.quotas.keys().copied().collect())
+        let f = self.fetched.read().expect("quota gate");
+        let mut ids: Vec<QuotaId> = f.as_ref().map_or_else(Vec::new, |f| f.quotas.keys().map(|k| k.0).collect());
+        ids.sort_unstable();
+        ids.dedup();
+        ids
     }
 
     /// Refuses a new inode of `uid`/`gid` when either's quota (inodes, or
-    /// space already at its limit) leaves no room. `usage` is this node's
-    /// usage table as the batch sees it.
-    pub fn admit(&self, usage: &impl Kv, uid: u32, gid: u32) -> OpResult<()> {
+    /// space already at its limit) leaves no room; a regular file in storage
+    /// pool `pool` also needs room in that pool's quotas. `usage` is this
+    /// node's usage table as the batch sees it.
+    pub fn admit(&self, usage: &impl Kv, uid: u32, gid: u32, pool: Option<PoolId>) -> OpResult<()> {
         let Some(f) = self.fetched.read().expect("quota gate").clone() else { return Ok(()) };
         for who in [QuotaId { kind: QuotaKind::User, id: uid }, QuotaId { kind: QuotaKind::Group, id: gid }] {
-            let Some(q) = f.quotas.get(&who) else { continue };
+            if let Some(q) = pool.and_then(|p| f.quotas.get(&(who, Some(p)))) {
+                // Summed by mgmtd alone: this node's own files per pool since are not added.
+                if q.exceeded_by(1, 1) {
+                    let p = q.limit.pool.map_or(0, |p| p.0);
+                    return Err(fs_err!(
+                        Quota,
+                        "quota of {} {} in storage pool {p} used up: {} of {} files, {} of {} bytes",
+                        who.kind.name(),
+                        who.id,
+                        q.used.inodes,
+                        q.limit.inodes.map_or("unlimited".into(), |l| l.to_string()),
+                        q.used.bytes,
+                        q.limit.bytes.map_or("unlimited".into(), |l| l.to_string())
+                    )
+                    .into());
+                }
+            }
+            let Some(q) = f.quotas.get(&(who, None)) else { continue };
             let then = f.local.get(&who).copied().unwrap_or_default();
             let now = usage::get(usage, who)?;
             let moved = |used: u64, a: u64, b: u64| (used as i128 + b as i128 - a as i128).max(0) as u64;

@@ -53,6 +53,7 @@
 //! [[quotas]]                     # quota limits; absent until one is set
 //! kind = "User"                  # "User" | "Group"
 //! id = 1001
+//! pool = 2                       # absent: the whole file system, else its files in this storage pool
 //! bytes = 10737418240            # absent: no space limit
 //! inodes = 100000                # absent: no inode limit
 //! ```
@@ -246,6 +247,9 @@ pub struct Registry {
 pub struct QuotaRecord {
     pub kind: QuotaKind,
     pub id: u32,
+    /// Limits on the regular files in this storage pool; absent: on everything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PoolId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -254,7 +258,16 @@ pub struct QuotaRecord {
 
 impl QuotaRecord {
     pub fn limit(&self) -> QuotaLimit {
-        QuotaLimit { who: QuotaId { kind: self.kind, id: self.id }, bytes: self.bytes, inodes: self.inodes }
+        QuotaLimit {
+            who: QuotaId { kind: self.kind, id: self.id },
+            pool: self.pool,
+            bytes: self.bytes,
+            inodes: self.inodes,
+        }
+    }
+
+    fn key(&self) -> (QuotaKind, u32, Option<PoolId>) {
+        (self.kind, self.id, self.pool)
     }
 }
 
@@ -320,8 +333,13 @@ impl Registry {
         if l.inodes == Some(0) || l.bytes == Some(0) {
             return Err(fs_err!(Invalid, "a quota limit of 0 allows nothing; to remove a limit, leave it unset"));
         }
-        let rec = QuotaRecord { kind: l.who.kind, id: l.who.id, bytes: l.bytes, inodes: l.inodes };
-        let at = self.quotas.binary_search_by_key(&(l.who.kind, l.who.id), |q| (q.kind, q.id));
+        if let Some(p) = l.pool {
+            if self.pool(p).is_none() {
+                return Err(fs_err!(NotFound, "storage pool {p} does not exist"));
+            }
+        }
+        let rec = QuotaRecord { kind: l.who.kind, id: l.who.id, pool: l.pool, bytes: l.bytes, inodes: l.inodes };
+        let at = self.quotas.binary_search_by_key(&rec.key(), QuotaRecord::key);
         match (at, l.bytes.is_none() && l.inodes.is_none()) {
             (Ok(i), true) => {
                 self.quotas.remove(i);
@@ -382,6 +400,16 @@ impl Registry {
             t.pool = pool;
         }
         Ok(changed)
+    }
+
+    /// The storage pool of a stripe unit: a target's, or a storage group's
+    /// (its members share one: the primary's).
+    pub fn pool_of_unit(&self, unit: hivefs_types::pattern::StripeUnit) -> Option<PoolId> {
+        let target = match unit {
+            hivefs_types::pattern::StripeUnit::Target(t) => t,
+            hivefs_types::pattern::StripeUnit::Group(g) => TargetId(self.group(g)?.primary),
+        };
+        Some(self.target(target)?.pool)
     }
 
     pub fn group(&self, id: BuddyGroupId) -> Option<&GroupRecord> {
@@ -588,8 +616,11 @@ impl Registry {
                 self.format_version
             ));
         }
-        if let Some(w) = self.quotas.windows(2).find(|w| (w[0].kind, w[0].id) >= (w[1].kind, w[1].id)) {
-            return Err(format!("quotas are not sorted by kind and id, or name {:?} {} twice", w[1].kind, w[1].id));
+        if let Some(w) = self.quotas.windows(2).find(|w| w[0].key() >= w[1].key()) {
+            return Err(format!(
+                "quotas are not sorted by kind, id and pool, or name {:?} {} twice",
+                w[1].kind, w[1].id
+            ));
         }
         let mut uuids = HashSet::new();
         let mut ids = HashSet::new();

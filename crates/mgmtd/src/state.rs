@@ -298,17 +298,18 @@ impl Mgmt {
             Request::SetQuota(l) => {
                 if self.mutate(|r| r.set_quota(l).map(|c| (c, c)))? {
                     let show = |v: Option<u64>| v.map_or("none".to_string(), |v| v.to_string());
-                    info!(kind = l.who.kind.name(), id = l.who.id, bytes = %show(l.bytes), inodes = %show(l.inodes), "quota set");
+                    let pool = l.pool.map_or("all".to_string(), |p| p.to_string());
+                    info!(kind = l.who.kind.name(), id = l.who.id, %pool, bytes = %show(l.bytes), inodes = %show(l.inodes), "quota set");
                 }
                 Ok(Reply::Ok)
             }
-            Request::GetQuotas => Ok(self.quota.answer(&self.reg.quotas, now)),
-            Request::QuotaReport { namespace, usage } => {
+            Request::GetQuotas => Ok(self.quota.answer(&self.reg, now)),
+            Request::QuotaReport { namespace, usage, by_unit } => {
                 if self.reg.node(NodeType::Meta, namespace).is_none() {
                     return Err(fs_err!(NotFound, "namespace {namespace} is not a registered metadata node"));
                 }
-                self.quota.report(namespace, usage, now);
-                Ok(self.quota.answer(&self.reg.quotas, now))
+                self.quota.report(namespace, usage, by_unit, now);
+                Ok(self.quota.answer(&self.reg, now))
             }
             other => Err(fs_err!(NotSupported, "mgmtd does not serve {}", other.name())),
         }

@@ -5,7 +5,7 @@
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, Timespec};
 use hivefs_types::error::FsError;
 use hivefs_types::ids::{BuddyGroupId, EntryId, NodeId, NodeType, PoolId, TargetId};
-use hivefs_types::pattern::DirPattern;
+use hivefs_types::pattern::{DirPattern, StripeUnit};
 use serde::{Deserialize, Serialize};
 
 /// Handshake messages (frame kind `Hello`). See `hivefs-net` for the exchange.
@@ -745,6 +745,9 @@ pub enum Request {
     QuotaReport {
         namespace: NodeId,
         usage: Vec<(QuotaId, QuotaUse)>,
+        /// The same users' and groups' regular files by the first stripe
+        /// unit of their pattern (inodes: files): mgmtd sums them per pool.
+        by_unit: Vec<(QuotaId, StripeUnit, QuotaUse)>,
     },
 }
 
@@ -783,10 +786,12 @@ pub struct QuotaUse {
     pub bytes: u64,
 }
 
-/// The limits of one user or group (`None`: unlimited).
+/// The limits of one user or group (`None`: unlimited), on the whole file
+/// system or (`pool`) on the regular files of one storage pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QuotaLimit {
     pub who: QuotaId,
+    pub pool: Option<PoolId>,
     pub bytes: Option<u64>,
     pub inodes: Option<u64>,
 }
@@ -1026,7 +1031,9 @@ impl Request {
             Request::ReleaseMany { ids } => ("handles", ids.len(), RELEASE_MANY_MAX),
             Request::DigestChunks { entries, .. } => ("chunk files", entries.len(), DIGEST_CHUNKS_MAX),
             Request::QuotaUsage { ids } => ("users and groups", ids.len(), QUOTA_IDS_MAX),
-            Request::QuotaReport { usage, .. } => ("users and groups", usage.len(), QUOTA_IDS_MAX),
+            Request::QuotaReport { usage, by_unit, .. } => {
+                ("users and groups", usage.len().max(by_unit.len()), QUOTA_IDS_MAX)
+            }
             _ => return Ok(()),
         };
         if len > max {

@@ -66,7 +66,7 @@ pub struct Piece {
 }
 
 /// Where one stripe of a file lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum StripeUnit {
     Target(TargetId),
     Group(BuddyGroupId),

@@ -53,7 +53,7 @@ impl MkdirIntent {
         let chooser = load_dirx(&t.dirx, parent)?.and_then(|x| x.chooser);
         let (mut mode, mut gid) = (mode & 0o7777, gid);
         inherit_group(&pdir, FileKind::Dir, &mut mode, &mut gid);
-        ctx.quota.admit(&t.usage, uid, gid)?;
+        ctx.quota.admit(&t.usage, uid, gid, None)?;
         let mut i = new_inode(FileKind::Dir, mode, uid, gid, ctx.now);
         i.nlink = 2;
         i.dir_pattern = Some(pdir.dir_pattern.clone().unwrap_or_default());

@@ -329,7 +329,14 @@ impl Namespace {
     pub fn quota_report(&self) -> FsResult<hivefs_proto::Request> {
         let ids = self.quota.limited();
         let usage = if ids.is_empty() { Vec::new() } else { self.quota_usage(&ids)? };
-        Ok(hivefs_proto::Request::QuotaReport { namespace: self.node, usage })
+        let by_unit = self.read(|t| {
+            let mut out = Vec::new();
+            for &who in &ids {
+                out.extend(usage::by_unit(&t.usage, who)?.into_iter().map(|(u, n)| (who, u, n)));
+            }
+            Ok(out)
+        })?;
+        Ok(hivefs_proto::Request::QuotaReport { namespace: self.node, usage, by_unit })
     }
 
     /// Installs quota limits fetched from mgmtd (see `quota`).

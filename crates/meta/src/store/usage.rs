@@ -13,17 +13,23 @@
 //! (`hivefs fsck`, and the first start of a store written before usage
 //! was kept).
 //!
-//! Key: kind (0 user, 1 group) ++ id (u32 big-endian). Value: inodes ++
-//! bytes (u64 little-endian each). A user or group holding nothing has no
-//! record.
+//! Key: kind (0 user, 1 group) ++ id (u32 big-endian): all inodes of the
+//! user or group. Key ++ unit kind (0 target, 1 buddy group) ++ unit id (u32
+//! big-endian): its regular files whose pattern starts on that unit (mgmtd
+//! sums these per storage pool; a file's units are all in one pool when it
+//! is made). Value: inodes (files) ++ bytes (u64 little-endian each). A
+//! record that would hold nothing is absent.
 
 use super::mem::{Kv, TableW, Tables};
 use super::{decode, Inode, OpError, OpResult};
 use hivefs_proto::{QuotaId, QuotaKind, QuotaUse};
 use hivefs_types::attr::FileKind;
+use hivefs_types::ids::{BuddyGroupId, TargetId};
+use hivefs_types::pattern::StripeUnit;
 use std::collections::BTreeMap;
 
 const KEY_LEN: usize = 5;
+const UNIT_KEY_LEN: usize = 10;
 
 pub(crate) fn key(who: QuotaId) -> [u8; KEY_LEN] {
     let mut k = [0u8; KEY_LEN];
@@ -35,12 +41,35 @@ pub(crate) fn key(who: QuotaId) -> [u8; KEY_LEN] {
     k
 }
 
+fn unit_key(who: QuotaId, unit: StripeUnit) -> [u8; UNIT_KEY_LEN] {
+    let mut k = [0u8; UNIT_KEY_LEN];
+    k[..KEY_LEN].copy_from_slice(&key(who));
+    let (kind, id) = match unit {
+        StripeUnit::Target(t) => (0, t.0),
+        StripeUnit::Group(g) => (1, g.0),
+    };
+    k[KEY_LEN] = kind;
+    k[KEY_LEN + 1..].copy_from_slice(&id.to_be_bytes());
+    k
+}
+
+fn unit_of(k: &[u8]) -> OpResult<StripeUnit> {
+    let bad = || OpError::Fatal(format!("corrupt quota usage key {k:02x?}"));
+    let id: [u8; 4] = k.get(KEY_LEN + 1..UNIT_KEY_LEN).and_then(|b| b.try_into().ok()).ok_or_else(bad)?;
+    let id = u32::from_be_bytes(id);
+    match k.get(KEY_LEN) {
+        Some(0) if k.len() == UNIT_KEY_LEN => Ok(StripeUnit::Target(TargetId(id))),
+        Some(1) if k.len() == UNIT_KEY_LEN => Ok(StripeUnit::Group(BuddyGroupId(id))),
+        _ => Err(bad()),
+    }
+}
+
 fn who_of(k: &[u8]) -> OpResult<QuotaId> {
     let bad = || OpError::Fatal(format!("corrupt quota usage key {k:02x?}"));
     let id: [u8; 4] = k.get(1..KEY_LEN).and_then(|b| b.try_into().ok()).ok_or_else(bad)?;
     let kind = match k.first() {
-        Some(0) if k.len() == KEY_LEN => QuotaKind::User,
-        Some(1) if k.len() == KEY_LEN => QuotaKind::Group,
+        Some(0) if k.len() == KEY_LEN || k.len() == UNIT_KEY_LEN => QuotaKind::User,
+        Some(1) if k.len() == KEY_LEN || k.len() == UNIT_KEY_LEN => QuotaKind::Group,
         _ => return Err(bad()),
     };
     Ok(QuotaId { kind, id: u32::from_be_bytes(id) })
@@ -55,18 +84,26 @@ fn use_of(who: QuotaId, v: &[u8]) -> OpResult<QuotaUse> {
 }
 
 pub(crate) fn put(t: &mut TableW<'_>, who: QuotaId, u: QuotaUse) -> OpResult<()> {
+    put_key(t, &key(who), u)
+}
+
+fn put_key(t: &mut TableW<'_>, k: &[u8], u: QuotaUse) -> OpResult<()> {
     if u == QuotaUse::default() {
-        return t.remove(&key(who));
+        return t.remove(k);
     }
     let mut v = [0u8; 16];
     v[..8].copy_from_slice(&u.inodes.to_le_bytes());
     v[8..].copy_from_slice(&u.bytes.to_le_bytes());
-    t.insert(&key(who), &v)
+    t.insert(k, &v)
+}
+
+fn get_key(t: &impl Kv, who: QuotaId, k: &[u8]) -> OpResult<QuotaUse> {
+    t.get(k)?.map_or(Ok(QuotaUse::default()), |v| use_of(who, &v))
 }
 
 /// What `who`'s inodes on this node hold.
 pub fn get(t: &impl Kv, who: QuotaId) -> OpResult<QuotaUse> {
-    t.get(&key(who))?.map_or(Ok(QuotaUse::default()), |v| use_of(who, &v))
+    get_key(t, who, &key(who))
 }
 
 /// Every user and group holding anything, in key order (users first).
@@ -74,19 +111,55 @@ pub fn all(t: &impl Kv) -> OpResult<Vec<(QuotaId, QuotaUse)>> {
     let mut out = Vec::new();
     for r in t.iter()? {
         let (k, v) = r?;
-        let who = who_of(&k)?;
-        out.push((who, use_of(who, &v)?));
+        if k.len() == KEY_LEN {
+            let who = who_of(&k)?;
+            out.push((who, use_of(who, &v)?));
+        }
     }
     Ok(out)
 }
 
-/// The user and group an inode counts for, and what it counts.
-fn weight(i: &Inode) -> [(QuotaId, u64, u64); 2] {
+/// `who`'s regular files by the first unit of their pattern.
+pub fn by_unit(t: &impl Kv, who: QuotaId) -> OpResult<Vec<(StripeUnit, QuotaUse)>> {
+    let prefix = key(who);
+    let mut out = Vec::new();
+    for r in t.range_from(std::ops::Bound::Excluded(&prefix[..]))? {
+        let (k, v) = r?;
+        if !k.starts_with(&prefix) {
+            break;
+        }
+        out.push((unit_of(&k)?, use_of(who, &v)?));
+    }
+    Ok(out)
+}
+
+/// Every record (totals and per-unit rows), by key: what a recount compares.
+fn records(t: &impl Kv) -> OpResult<BTreeMap<Vec<u8>, QuotaUse>> {
+    let mut out = BTreeMap::new();
+    for r in t.iter()? {
+        let (k, v) = r?;
+        let who = who_of(&k)?;
+        if k.len() == UNIT_KEY_LEN {
+            unit_of(&k)?;
+        }
+        out.insert(k, use_of(who, &v)?);
+    }
+    Ok(out)
+}
+
+/// The records an inode counts in (its user's and group's totals, and for
+/// a regular file their rows of its first stripe unit), and its bytes.
+fn weight(i: &Inode) -> (Vec<(QuotaId, Vec<u8>)>, u64) {
     let bytes = if i.kind == FileKind::File { i.size } else { 0 };
-    [
-        (QuotaId { kind: QuotaKind::User, id: i.uid }, 1, bytes),
-        (QuotaId { kind: QuotaKind::Group, id: i.gid }, 1, bytes),
-    ]
+    let unit = i.pattern.as_ref().filter(|p| p.stripe_count() > 0).map(|p| p.unit(0));
+    let mut keys = Vec::with_capacity(4);
+    for who in [QuotaId { kind: QuotaKind::User, id: i.uid }, QuotaId { kind: QuotaKind::Group, id: i.gid }] {
+        keys.push((who, key(who).to_vec()));
+        if let Some(u) = unit {
+            keys.push((who, unit_key(who, u).to_vec()));
+        }
+    }
+    (keys, bytes)
 }
 
 /// Moves an inode's weight from its `old` record to its `new` one (either
@@ -99,22 +172,23 @@ pub(crate) fn account(t: &mut TableW<'_>, old: Option<&Inode>, new: Option<&Inod
             return Ok(());
         }
     }
-    // (inodes, bytes) change per user or group; at most four of them.
-    let mut delta: BTreeMap<QuotaId, (i128, i128)> = BTreeMap::new();
+    // (inodes, bytes) change per record; at most eight of them.
+    let mut delta: BTreeMap<Vec<u8>, (QuotaId, i128, i128)> = BTreeMap::new();
     for (sign, i) in [(-1i128, old), (1, new)] {
-        for (who, n, b) in i.map(weight).into_iter().flatten() {
-            let d = delta.entry(who).or_default();
-            d.0 += sign * i128::from(n);
-            d.1 += sign * i128::from(b);
+        let Some((keys, b)) = i.map(weight) else { continue };
+        for (who, k) in keys {
+            let d = delta.entry(k).or_insert((who, 0, 0));
+            d.1 += sign;
+            d.2 += sign * i128::from(b);
         }
     }
-    for (who, (dn, db)) in delta {
+    for (k, (who, dn, db)) in delta {
         if (dn, db) == (0, 0) {
             continue;
         }
-        let u = get(t, who)?;
+        let u = get_key(t, who, &k)?;
         let add = |v: u64, d: i128| u64::try_from((i128::from(v) + d).max(0)).unwrap_or(u64::MAX);
-        put(t, who, QuotaUse { inodes: add(u.inodes, dn), bytes: add(u.bytes, db) })?;
+        put_key(t, &k, QuotaUse { inodes: add(u.inodes, dn), bytes: add(u.bytes, db) })?;
     }
     Ok(())
 }
@@ -123,24 +197,31 @@ pub(crate) fn account(t: &mut TableW<'_>, old: Option<&Inode>, new: Option<&Inod
 /// records with the count. Returns the users and groups whose records were
 /// wrong: (who, recorded, counted).
 pub fn recount(t: &mut Tables<'_>, apply: bool) -> OpResult<Vec<(QuotaId, QuotaUse, QuotaUse)>> {
-    let mut counted: BTreeMap<QuotaId, QuotaUse> = BTreeMap::new();
+    let mut counted: BTreeMap<Vec<u8>, QuotaUse> = BTreeMap::new();
     for r in t.inodes.iter()? {
         let (k, v) = r?;
         let i: Inode = decode("inode", format_args!("{k:02x?}"), &v).map_err(OpError::Fatal)?;
-        for (who, n, b) in weight(&i) {
-            let u = counted.entry(who).or_default();
-            u.inodes += n;
+        let (keys, b) = weight(&i);
+        for (_, k) in keys {
+            let u = counted.entry(k).or_default();
+            u.inodes += 1;
             u.bytes = u.bytes.saturating_add(b);
         }
     }
-    let recorded: BTreeMap<QuotaId, QuotaUse> = all(&t.usage)?.into_iter().collect();
-    let mut wrong = Vec::new();
-    for who in recorded.keys().chain(counted.keys()).copied().collect::<std::collections::BTreeSet<_>>() {
-        let (r, c) = (recorded.get(&who).copied().unwrap_or_default(), counted.get(&who).copied().unwrap_or_default());
+    let recorded = records(&t.usage)?;
+    let mut wrong: Vec<(QuotaId, QuotaUse, QuotaUse)> = Vec::new();
+    let keys: std::collections::BTreeSet<Vec<u8>> = recorded.keys().chain(counted.keys()).cloned().collect();
+    for k in keys {
+        let (r, c) = (recorded.get(&k).copied().unwrap_or_default(), counted.get(&k).copied().unwrap_or_default());
         if r != c {
-            wrong.push((who, r, c));
+            // A wrong per-unit row is reported as its user's or group's.
+            let who = who_of(&k)?;
+            if wrong.last().is_none_or(|(w, ..)| *w != who) {
+                let total = |m: &BTreeMap<Vec<u8>, QuotaUse>| m.get(&key(who)[..]).copied().unwrap_or_default();
+                wrong.push((who, total(&recorded), total(&counted)));
+            }
             if apply {
-                put(&mut t.usage, who, c)?;
+                put_key(&mut t.usage, &k, c)?;
             }
         }
     }
