@@ -125,6 +125,12 @@ struct Inner {
     dir_attr_ttl: Duration,
     cache_mode: CacheMode,
     atime: Atime,
+    /// The mount option: POSIX ACLs enforced.
+    acl_wanted: bool,
+    /// The kernel enforces ACLs and leaves the umask to the file system
+    /// (`FUSE_POSIX_ACL` and `FUSE_DONT_MASK` granted at init): creates send
+    /// the umask with the caller (see `Caller::umask`).
+    acl: std::sync::atomic::AtomicBool,
     /// Cache mode paged: (ctime, mtime, size) of each file at its last open
     /// (a closed write, a truncation or a utime by anyone changes ctime).
     opened_versions: Mutex<HashMap<EntryId, (Timespec, Timespec, u64)>>,
@@ -191,7 +197,27 @@ fn without_privs(mode: u32) -> u32 {
 }
 
 fn caller(req: &Request) -> Caller {
-    Caller { uid: req.uid(), gid: req.gid() }
+    Caller::new(req.uid(), req.gid())
+}
+
+impl Inner {
+    /// The caller of a create: with ACLs on, the kernel passed the mode
+    /// unmasked, and the umask goes to the metadata node, which applies it
+    /// unless the parent has a default ACL.
+    fn creator(&self, req: &Request, umask: u32) -> Caller {
+        let umask = self.acl.load(std::sync::atomic::Ordering::Relaxed).then_some(umask & 0o777);
+        Caller { umask, ..caller(req) }
+    }
+
+    /// The mode a create sends: masked here when the metadata node does not
+    /// apply the umask (without ACLs the kernel has already masked it).
+    fn create_mode(&self, mode: u32, umask: u32) -> u32 {
+        if self.acl.load(std::sync::atomic::Ordering::Relaxed) {
+            mode & 0o7777
+        } else {
+            mode & !umask & 0o7777
+        }
+    }
 }
 
 fn stale(ino: u64) -> FsError {
@@ -648,6 +674,19 @@ impl Filesystem for HiveFs {
                 }
             }
         }
+        if self.inner.acl_wanted {
+            // Both or neither: with FUSE_POSIX_ACL the kernel enforces ACLs
+            // (default_permissions fetches them with getxattr and caches
+            // them) and stops applying the umask itself, but without
+            // FUSE_DONT_MASK its FUSE layer would still mask the mode before
+            // sending it, which breaks default ACL inheritance.
+            let both = InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK;
+            if config.add_capabilities(both).is_ok() {
+                self.inner.acl.store(true, std::sync::atomic::Ordering::Relaxed);
+            } else {
+                warn!("the kernel does not offer FUSE_POSIX_ACL and FUSE_DONT_MASK: ACLs are not enforced");
+            }
+        }
         let _ = config.set_max_background(64);
         let _ = config.set_congestion_threshold(48);
         info!("FUSE session initialised (kernel ABI {:?})", config.kernel_abi());
@@ -772,23 +811,23 @@ impl Filesystem for HiveFs {
 
     fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
         let name = name_bytes(name);
-        let c = caller(req);
+        let (c, m) = (self.inner.creator(req, umask), self.inner.create_mode(mode, umask));
         run!(self, reply, |inner| {
             let kind = FileKind::from_mode(mode).ok_or_else(|| {
                 FsError::new(ErrorCode::Invalid, format!("mknod: unknown file type in mode {mode:o}"))
             })?;
             let p = inner.ent(parent)?;
-            let a = inner.client.create(p, &name, kind, mode & !umask & 0o7777, rdev, true, c).await?;
+            let a = inner.client.create(p, &name, kind, m, rdev, true, c).await?;
             Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a, Some((p.id, &name))))
         })
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         let name = name_bytes(name);
-        let c = caller(req);
+        let (c, m) = (self.inner.creator(req, umask), self.inner.create_mode(mode, umask));
         run!(self, reply, |inner| {
             let p = inner.ent(parent)?;
-            let a = inner.client.mkdir(p, &name, mode & !umask & 0o7777, c).await?;
+            let a = inner.client.mkdir(p, &name, m, c).await?;
             Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a, Some((p.id, &name))))
         })
     }
@@ -873,12 +912,12 @@ impl Filesystem for HiveFs {
         reply: ReplyCreate,
     ) {
         let name = name_bytes(name);
-        let c = caller(req);
+        let (c, m) = (self.inner.creator(req, umask), self.inner.create_mode(mode, umask));
         run!(self, reply, |inner| {
             let p = inner.ent(parent)?;
             let excl = flags & libc::O_EXCL != 0;
             // One request creates the file and counts the open.
-            let a = inner.client.create_open(p, &name, mode & !umask & 0o7777, excl, c).await?;
+            let a = inner.client.create_open(p, &name, m, excl, c).await?;
             let ent = Ent::from(&a);
             // A file this call created needs no truncation (nor the time update of O_TRUNC).
             let flags = if a.size == 0 { flags & !libc::O_TRUNC } else { flags };
