@@ -1,8 +1,9 @@
 //! Namespace rules: every metadata operation as a function over the tables
 //! of one transaction.
 //!
-//! Owns the POSIX semantics (error codes, link counts, times) and the record
-//! changes each operation makes. It must not do I/O besides the transaction
+//! Owns the POSIX semantics (error codes, link counts, times, POSIX ACL
+//! inheritance and the ACL/mode coupling) and the record changes each
+//! operation makes. It must not do I/O besides the transaction
 //! it is given, read clocks, or talk to the network: the writer passes the
 //! time, the id counter, the pattern chooser and the open-file table in a
 //! [`Ctx`], so every rule here is testable without a cluster.
