@@ -48,9 +48,10 @@ fn can_write(uid: u32, groups: &[u32], p: &Path) -> bool {
 
 /// Runs a command as root and returns its stdout; it must succeed.
 fn run(cmd: &str, args: &[&str]) -> String {
-    let o = std::process::Command::new(cmd).args(args).output().unwrap_or_else(|e| {
-        panic!("{cmd} is needed (Debian package `acl`, see scripts/install-deps.sh): {e}")
-    });
+    let o = std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd} is needed (Debian package `acl`, see scripts/install-deps.sh): {e}"));
     assert!(o.status.success(), "{cmd} {args:?}: {}", out(&o));
     String::from_utf8(o.stdout).unwrap()
 }

@@ -822,7 +822,8 @@ async fn chmod_rewrites_the_access_acl() {
     let h = H::new().await;
     let f = h.create(ROOT, "f").await;
     h.set_acl(f.id, acl::XATTR_ACCESS, &named_acl()).await.unwrap();
-    let chmod = |mode| Request::SetAttr { id: f.id, attr: SetAttr { mode: Some(mode), ..Default::default() }, caller: ME };
+    let chmod =
+        |mode| Request::SetAttr { id: f.id, attr: SetAttr { mode: Some(mode), ..Default::default() }, caller: ME };
     assert_eq!(h.entry(chmod(0o640)).await.mode, 0o640);
     let want = acl_of(&[(UserObj, 6), (User(1001), 6), (GroupObj, 5), (Mask, 4), (Other, 0)]);
     assert_eq!(h.acl(f.id, acl::XATTR_ACCESS).await, Some(want), "owner, mask and other follow; named entries stay");
@@ -830,11 +831,9 @@ async fn chmod_rewrites_the_access_acl() {
     let g = h.create(ROOT, "g").await;
     let d = h.mkdir(ROOT, "d").await;
     h.set_acl(d.id, acl::XATTR_DEFAULT, &acl::Acl::from_mode(0o750)).await.unwrap();
-    h.entry(Request::SetAttr { id: d.id, attr: SetAttr { mode: Some(0o700), ..Default::default() }, caller: ME })
-        .await;
+    h.entry(Request::SetAttr { id: d.id, attr: SetAttr { mode: Some(0o700), ..Default::default() }, caller: ME }).await;
     assert_eq!(h.acl(d.id, acl::XATTR_DEFAULT).await, Some(acl::Acl::from_mode(0o750)), "chmod leaves default ACLs");
-    h.entry(Request::SetAttr { id: g.id, attr: SetAttr { mode: Some(0o600), ..Default::default() }, caller: ME })
-        .await;
+    h.entry(Request::SetAttr { id: g.id, attr: SetAttr { mode: Some(0o600), ..Default::default() }, caller: ME }).await;
     assert_eq!(h.acl(g.id, acl::XATTR_ACCESS).await, None, "no ACL, none made");
 }
 
@@ -855,7 +854,8 @@ async fn new_entries_inherit_the_default_acl_or_get_the_umask() {
         excl: true,
         caller,
     };
-    let open = |parent, name: &str, mode, caller| Request::CreateOpen { parent, name: name.into(), mode, excl: true, caller };
+    let open =
+        |parent, name: &str, mode, caller| Request::CreateOpen { parent, name: name.into(), mode, excl: true, caller };
     assert_eq!(h.entry(create(d.id, "u", 0o666, acl_caller)).await.mode, 0o640);
     assert_eq!(h.entry(mk(d.id, "ud", 0o777, acl_caller)).await.mode, 0o750);
     assert_eq!(h.entry(create(d.id, "tool", 0o666, ME)).await.mode, 0o666, "no umask: the mode as given");

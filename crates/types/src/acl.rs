@@ -189,7 +189,7 @@ impl Acl {
             return Err(bad(format!("ACL attribute version {version}, expected {VERSION}")));
         }
         let body = &b[4..];
-        if body.is_empty() || body.len() % 8 != 0 {
+        if body.is_empty() || !body.len().is_multiple_of(8) {
             return Err(bad(format!("ACL attribute body of {} bytes is not a non-empty list of entries", body.len())));
         }
         let mut entries = Vec::with_capacity(body.len() / 8);
@@ -375,8 +375,14 @@ mod tests {
             ("no owner", vec![e(Tag::GroupObj, 5), e(Tag::Other, 0)]),
             ("no other", vec![e(Tag::UserObj, 7), e(Tag::GroupObj, 5)]),
             ("no group", vec![e(Tag::UserObj, 7), e(Tag::Other, 0)]),
-            ("named user without mask", vec![e(Tag::UserObj, 7), e(Tag::User(5), 7), e(Tag::GroupObj, 5), e(Tag::Other, 0)]),
-            ("named group without mask", vec![e(Tag::UserObj, 7), e(Tag::GroupObj, 5), e(Tag::Group(5), 7), e(Tag::Other, 0)]),
+            (
+                "named user without mask",
+                vec![e(Tag::UserObj, 7), e(Tag::User(5), 7), e(Tag::GroupObj, 5), e(Tag::Other, 0)],
+            ),
+            (
+                "named group without mask",
+                vec![e(Tag::UserObj, 7), e(Tag::GroupObj, 5), e(Tag::Group(5), 7), e(Tag::Other, 0)],
+            ),
             (
                 "users out of order",
                 vec![

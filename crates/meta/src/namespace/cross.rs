@@ -14,7 +14,9 @@ use crate::cross::{
 use crate::ops::{check_name, dir_inode, is_needs_protocol, load_dentry, load_inode, Mutation};
 use crate::store::Kv;
 use crate::store::{decode, encode, id_key, load_dirx, load_intent, q, Dentry, Inode, Intent, IntentStep, OpError};
-use hivefs_proto::{Caller, Envelope, MetaChooser, OpId, PeerOp, Reply, Request, Response, RENAME_EXCHANGE, RENAME_NOREPLACE};
+use hivefs_proto::{
+    Caller, Envelope, MetaChooser, OpId, PeerOp, Reply, Request, Response, RENAME_EXCHANGE, RENAME_NOREPLACE,
+};
 use hivefs_types::attr::{EntryAttr, FileKind};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::fs_err;
@@ -60,9 +62,7 @@ impl Remote {
 /// The undo of an intent whose remote step was refused.
 fn undo(step: &IntentStep, intent: EntryId, err: FsError) -> MultiMut {
     match step {
-        IntentStep::Mkdir { .. } | IntentStep::MkdirXattrs { .. } => {
-            MultiMut::MkdirAbort(MkdirAbort { intent, err })
-        }
+        IntentStep::Mkdir { .. } | IntentStep::MkdirXattrs { .. } => MultiMut::MkdirAbort(MkdirAbort { intent, err }),
         IntentStep::Link { .. } => MultiMut::LinkAbort(LinkAbort { intent, err }),
         _ => MultiMut::Abort(Abort { intent, err }),
     }
@@ -1065,15 +1065,11 @@ mod tests {
                 .collect(),
         )
         .unwrap();
-        let sx = Request::SetXattr {
-            id: EntryId::ROOT,
-            name: XATTR_DEFAULT.to_vec(),
-            value: dflt.encode(),
-            flags: 0,
-        };
+        let sx = Request::SetXattr { id: EntryId::ROOT, name: XATTR_DEFAULT.to_vec(), value: dflt.encode(), flags: 0 };
         n1.handle(sx).await.unwrap();
         let caller = Caller { umask: Some(0o077), ..Caller::default() };
-        let d = attr(n1.handle(Request::Mkdir { parent: EntryId::ROOT, name: b"d".to_vec(), mode: 0o750, caller }).await);
+        let d =
+            attr(n1.handle(Request::Mkdir { parent: EntryId::ROOT, name: b"d".to_vec(), mode: 0o750, caller }).await);
         assert_eq!((d.owner, d.mode), (NodeId(2), 0o750), "mode from the default ACL masked by 0750, umask unused");
         let mut access = dflt.clone();
         access.chmod(0o750);

@@ -187,9 +187,7 @@ impl Namespace {
                 )
                 .await
             }
-            Request::Mkdir { parent, name, mode, caller } => {
-                self.mkdir_any(parent, name, mode, caller, op).await
-            }
+            Request::Mkdir { parent, name, mode, caller } => self.mkdir_any(parent, name, mode, caller, op).await,
             Request::Unlink { parent, name } => self.remove_any(parent, name, false, op).await,
             Request::Rmdir { parent, name } => self.remove_any(parent, name, true, op).await,
             Request::Rename { parent, name, new_parent, new_name, flags } => {
