@@ -139,6 +139,24 @@ fn named_entries_and_the_mask_decide_access() {
     assert_eq!(std::fs::metadata(d.join("new")).unwrap().uid(), NOBODY);
 }
 
+/// As on ext4: an owner outside the file's group who sets its ACL loses
+/// the setgid bit; a member keeps it.
+#[test]
+fn setting_an_acl_outside_the_files_group_clears_setgid() {
+    let fs = fs_for_others();
+    for (name, groups, kept) in [("outsider", &[][..], false), ("member", &[GROUP][..], true)] {
+        let f = fs.path(name);
+        write_0600(&f);
+        std::os::unix::fs::chown(&f, Some(NOBODY), Some(GROUP)).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o2770)).unwrap();
+        assert_eq!(mode(&f), 0o2770);
+        let o = as_user(NOBODY, groups, &format!("setfacl -m u:{OTHER}:r '{}'", f.display()));
+        assert!(o.status.success(), "the owner sets the ACL: {}", out(&o));
+        assert_eq!(mode(&f) & 0o2000 != 0, kept, "{name}: mode {:o}", mode(&f));
+        assert_eq!(mode(&f) & 0o777, 0o770);
+    }
+}
+
 #[test]
 fn default_acls_are_inherited_and_the_umask_applies_without_one() {
     let fs = fs_for_others();

@@ -15,7 +15,8 @@ use fuser::{
     ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 use hivefs_client::{Client, Ent, Revocation};
-use hivefs_proto::{Caller, DirEntry, FileLock, LockKind};
+use hivefs_proto::{Caller, DirEntry, FileLock, LockKind, XATTR_ACL_KILL_SGID};
+use hivefs_types::acl;
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::ids::EntryId;
@@ -194,6 +195,18 @@ fn without_privs(mode: u32) -> u32 {
         m &= !0o2000;
     }
     m
+}
+
+/// The caller's group and supplementary groups (FUSE passes only the
+/// first): from `/proc/PID/status`, or the group alone when that is gone.
+fn caller_groups(req: &Request) -> Vec<u32> {
+    let mut groups = vec![req.gid()];
+    if let Ok(s) = std::fs::read_to_string(format!("/proc/{}/status", req.pid())) {
+        if let Some(l) = s.lines().find_map(|l| l.strip_prefix("Groups:")) {
+            groups.extend(l.split_whitespace().filter_map(|g| g.parse::<u32>().ok()));
+        }
+    }
+    groups
 }
 
 fn caller(req: &Request) -> Caller {
@@ -1350,7 +1363,7 @@ impl Filesystem for HiveFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -1359,9 +1372,21 @@ impl Filesystem for HiveFs {
         reply: ReplyEmpty,
     ) {
         let (name, value) = (name_bytes(name), value.to_vec());
+        // Setting an access ACL clears S_ISGID when the caller is neither
+        // privileged nor in the file's group, as the kernel decides for
+        // other file systems (its FUSE_SETXATTR_ACL_KILL_SGID needs
+        // FUSE_SETXATTR_EXT, which fuser 0.18 cannot parse): its groups.
+        let acl_by = (name == acl::XATTR_ACCESS && req.uid() != 0).then(|| caller_groups(req));
         run!(self, reply, |inner| {
             inner.forget_caps(inner.ent(ino)?.id);
-            inner.on_ent(ino, |e| inner.client.setxattr(e, &name, &value, flags as u32)).await?;
+            let mut flags = flags as u32;
+            if let Some(groups) = &acl_by {
+                let a = inner.on_ent(ino, |e| inner.client.getattr(e)).await?;
+                if a.mode & 0o2000 != 0 && !groups.contains(&a.gid) {
+                    flags |= XATTR_ACL_KILL_SGID;
+                }
+            }
+            inner.on_ent(ino, |e| inner.client.setxattr(e, &name, &value, flags)).await?;
             Ok(move |reply: ReplyEmpty| reply.ok())
         })
     }

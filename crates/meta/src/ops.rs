@@ -18,7 +18,9 @@ use crate::store::{
     child_key, decode, get_record, id_key, load_dirx, put_dirx, q, scan_children, Dentry, DirExtra, Disposal,
     DisposalState, Inode, OpError, OpResult, ReadTables, Tables,
 };
-use hivefs_proto::{DirEntry, Reply, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CREATE, XATTR_REPLACE};
+use hivefs_proto::{
+    DirEntry, Reply, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_ACL_KILL_SGID, XATTR_CREATE, XATTR_REPLACE,
+};
 use hivefs_types::acl;
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
@@ -956,8 +958,13 @@ fn set_xattr(
     if value.len() > XATTR_SIZE_MAX {
         return Err(fs_err!(Range, "extended attribute value of {} bytes exceeds {XATTR_SIZE_MAX}", value.len()).into());
     }
+    let kill_sgid = flags & XATTR_ACL_KILL_SGID != 0;
+    let flags = flags & !XATTR_ACL_KILL_SGID;
     if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 || flags == XATTR_CREATE | XATTR_REPLACE {
         return Err(fs_err!(Invalid, "setxattr flags {flags:#x} are invalid").into());
+    }
+    if kill_sgid && name != acl::XATTR_ACCESS {
+        return Err(fs_err!(Invalid, "setxattr flag XATTR_ACL_KILL_SGID is only for {}", q(acl::XATTR_ACCESS)).into());
     }
     let mut i = inode(&t.inodes, id)?;
     let key = child_key(id, name);
@@ -984,6 +991,9 @@ fn set_xattr(
         // stored (as Linux file systems).
         Some(a) if name == acl::XATTR_ACCESS => {
             i.mode = (i.mode & !0o777) | a.mode();
+            if kill_sgid {
+                i.mode &= !S_ISGID;
+            }
             if a.is_minimal() {
                 if exists {
                     t.xattrs.remove(key.as_slice())?;

@@ -7,8 +7,8 @@ use crate::namespace::{Namespace, NamespaceOptions};
 use crate::store::{scan_children, DisposalState};
 use crate::targets::{BoxFut, DataTargets};
 use hivefs_proto::{
-    Caller, DirEntry, Envelope, Reply, Request, Response, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CREATE,
-    XATTR_REPLACE,
+    Caller, DirEntry, Envelope, Reply, Request, Response, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_ACL_KILL_SGID,
+    XATTR_CREATE, XATTR_REPLACE,
 };
 use hivefs_types::acl;
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
@@ -814,6 +814,17 @@ async fn access_acl_sets_the_mode_and_minimal_ones_are_not_stored() {
     h.ok(Request::SetAttr { id: f.id, attr: SetAttr { mode: Some(0o4640), ..Default::default() }, caller: ME }).await;
     h.set_acl(f.id, acl::XATTR_ACCESS, &named_acl()).await.unwrap();
     assert_eq!(h.attr(f.id).await.mode, 0o4771);
+    // A caller outside the file's group: setgid goes with the ACL change.
+    h.ok(Request::SetAttr { id: f.id, attr: SetAttr { mode: Some(0o6640), ..Default::default() }, caller: ME }).await;
+    let kill = |name: &[u8]| Request::SetXattr {
+        id: f.id,
+        name: name.to_vec(),
+        value: named_acl().encode(),
+        flags: XATTR_ACL_KILL_SGID,
+    };
+    h.ok(kill(acl::XATTR_ACCESS)).await;
+    assert_eq!(h.attr(f.id).await.mode, 0o4771, "S_ISGID cleared, S_ISUID kept");
+    assert_eq!(h.code(kill(b"user.x")).await, ErrorCode::Invalid, "only for the access ACL");
 }
 
 #[tokio::test]

@@ -280,6 +280,12 @@ pub const RENAME_EXCHANGE: u32 = 2;
 /// `setxattr` flags (as Linux).
 pub const XATTR_CREATE: u32 = 1;
 pub const XATTR_REPLACE: u32 = 2;
+/// HiveFS's `setxattr` flag for `system.posix_acl_access`: the caller is
+/// neither in the file's group nor privileged, so setting the ACL clears
+/// S_ISGID in the same change (what the kernel asks of FUSE file systems
+/// with `FUSE_SETXATTR_ACL_KILL_SGID`, as other file systems do in
+/// `posix_acl_update_mode`).
+pub const XATTR_ACL_KILL_SGID: u32 = 0x100;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr)]
 pub enum Request {
