@@ -281,3 +281,27 @@ fn a_mount_without_acls_decides_by_the_mode_bits() {
     assert_eq!(getfacl(&d.join("f"), &[]).len(), 3, "no access ACL inherited");
     assert!(getfacl(&d.join("s"), &["-d"]).is_empty(), "no default ACL inherited");
 }
+
+/// With several metadata nodes a new directory's inode may live on another
+/// node than its parent (whose default ACL it inherits): the ACLs travel
+/// with the cross-node mkdir.
+#[test]
+fn default_acls_are_inherited_across_metadata_nodes() {
+    let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "1", "--meta", "3"]);
+    let d = fs.path("d");
+    std::fs::create_dir(&d).unwrap();
+    run("setfacl", &["-d", "-m", &format!("u:{NOBODY}:rwx,g:{GROUP}:rx"), d.to_str().unwrap()]);
+    let dflt = getfacl(&d, &["-d"]);
+    let owner = |rel: &str| fs.entry_info(rel)["owner_meta_node"].as_u64().expect("owner_meta_node");
+    let mut owners = std::collections::BTreeSet::new();
+    for k in 0..8 {
+        let rel = format!("d/s{k}");
+        sh(&format!("umask 077; mkdir '{}'; touch '{}/f'", fs.path(&rel).display(), fs.path(&rel).display()));
+        owners.insert(owner(&rel));
+        assert_eq!(mode(&fs.path(&rel)), 0o775, "{rel}: from the default ACL, not the umask");
+        assert_eq!(getfacl(&fs.path(&rel), &["-d"]), dflt, "{rel} keeps the default ACL");
+        let acl = getfacl(&fs.path(&format!("{rel}/f")), &[]);
+        assert!(acl.contains(&format!("user:{NOBODY}:rwx\t#effective:rw-")), "{rel}/f: {acl:?}");
+    }
+    assert!(owners.iter().any(|o| *o != owner("d")), "some subdirectories on other nodes: {owners:?}");
+}
