@@ -165,7 +165,7 @@ impl Native {
         let client = rt
             .block_on(Client::connect(opts))
             .map_err(|e| Error::other(format!("cannot connect to HiveFS at mgmtd {mgmtd}: {e}")))?;
-        let caller = Caller { uid: getuid().as_raw(), gid: getgid().as_raw() };
+        let caller = Caller::new(getuid().as_raw(), getgid().as_raw());
         let n =
             Native { client, rt, dirs: Mutex::new(HashMap::new()), base: base.trim_matches('/').to_string(), caller };
         n.dir(&n.base.clone())?;

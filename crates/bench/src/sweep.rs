@@ -315,7 +315,7 @@ impl Control {
             .block_on(Client::connect(Options::new(mgmtd.to_string(), secret)))
             .map_err(fs_err(format!("connecting to mgmtd {mgmtd}")))?;
         rt.block_on(client.cluster().refresh()).map_err(fs_err(format!("cluster view from mgmtd {mgmtd}")))?;
-        let caller = Caller { uid: getuid().as_raw(), gid: getgid().as_raw() };
+        let caller = Caller::new(getuid().as_raw(), getgid().as_raw());
         Ok(Control { rt, client, caller })
     }
 

@@ -146,6 +146,13 @@ pub struct MountArgs {
     /// file: one in flight at a time; directories once per open).
     #[arg(long, default_value = "noatime", value_parser = ["noatime", "relatime", "strictatime"])]
     pub atime: String,
+    /// Do not enforce POSIX ACLs: the mode bits alone decide access, the kernel applies
+    /// the umask, and new entries do not inherit their directory's default ACL. ACL
+    /// attributes are still stored and shown (getfacl), and a chmod still updates them.
+    /// By default the kernel checks access ACLs with the mode bits and new entries
+    /// inherit default ACLs (see docs/decisions.md, "POSIX ACLs").
+    #[arg(long)]
+    pub no_acl: bool,
     /// Log level.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -379,6 +386,7 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
         dir_attr_ttl: std::time::Duration::from_millis(a.dir_attr_ttl_ms),
         cache_mode: a.cache_mode.parse().map_err(|e: String| anyhow::anyhow!(e))?,
         atime: a.atime.parse().map_err(|e: String| anyhow::anyhow!(e))?,
+        acl: !a.no_acl,
     };
     info!("mounting HiveFS (mgmtd {}) on {}", a.mgmtd, mnt.display());
     let r = hivefs_fuse::mount(client, rt.handle().clone(), &mnt, &opts, stop_rx);

@@ -39,7 +39,7 @@ fn fill(fs: &TestFs, n: usize) {
         let client = Client::connect(Options::new(fs.mgmtd_addr(), Some(secret))).await.unwrap();
         let dir = (&client.resolve("big").await.unwrap()).into();
         let next = Arc::new(AtomicUsize::new(0));
-        let caller = Caller { uid: 0, gid: 0 };
+        let caller = Caller::new(0, 0);
         let mut tasks = Vec::new();
         for _ in 0..64 {
             let (client, next) = (client.clone(), next.clone());

@@ -15,7 +15,8 @@ use fuser::{
     ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 use hivefs_client::{quota, Client, Ent, Revocation};
-use hivefs_proto::{Caller, DirEntry, FileLock, LockKind};
+use hivefs_proto::{Caller, DirEntry, FileLock, LockKind, XATTR_ACL_KILL_SGID};
+use hivefs_types::acl;
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::ids::EntryId;
@@ -132,6 +133,12 @@ struct Inner {
     dir_attr_ttl: Duration,
     cache_mode: CacheMode,
     atime: Atime,
+    /// The mount option: POSIX ACLs enforced.
+    acl_wanted: bool,
+    /// The kernel enforces ACLs and leaves the umask to the file system
+    /// (`FUSE_POSIX_ACL` and `FUSE_DONT_MASK` granted at init): creates send
+    /// the umask with the caller (see `Caller::umask`).
+    acl: std::sync::atomic::AtomicBool,
     /// Cache mode paged: (ctime, mtime, size) of each file at its last open
     /// (a closed write, a truncation or a utime by anyone changes ctime).
     opened_versions: Mutex<HashMap<EntryId, (Timespec, Timespec, u64)>>,
@@ -197,8 +204,40 @@ fn without_privs(mode: u32) -> u32 {
     m
 }
 
+/// The caller's group and supplementary groups (FUSE passes only the
+/// first): from `/proc/PID/status`, or the group alone when that is gone.
+fn caller_groups(req: &Request) -> Vec<u32> {
+    let mut groups = vec![req.gid()];
+    if let Ok(s) = std::fs::read_to_string(format!("/proc/{}/status", req.pid())) {
+        if let Some(l) = s.lines().find_map(|l| l.strip_prefix("Groups:")) {
+            groups.extend(l.split_whitespace().filter_map(|g| g.parse::<u32>().ok()));
+        }
+    }
+    groups
+}
+
 fn caller(req: &Request) -> Caller {
-    Caller { uid: req.uid(), gid: req.gid() }
+    Caller::new(req.uid(), req.gid())
+}
+
+impl Inner {
+    /// The caller of a create: with ACLs on, the kernel passed the mode
+    /// unmasked, and the umask goes to the metadata node, which applies it
+    /// unless the parent has a default ACL.
+    fn creator(&self, req: &Request, umask: u32) -> Caller {
+        let umask = self.acl.load(std::sync::atomic::Ordering::Relaxed).then_some(umask & 0o777);
+        Caller { umask, ..caller(req) }
+    }
+
+    /// The mode a create sends: masked here when the metadata node does not
+    /// apply the umask (without ACLs the kernel has already masked it).
+    fn create_mode(&self, mode: u32, umask: u32) -> u32 {
+        if self.acl.load(std::sync::atomic::Ordering::Relaxed) {
+            mode & 0o7777
+        } else {
+            mode & !umask & 0o7777
+        }
+    }
 }
 
 fn stale(ino: u64) -> FsError {
@@ -697,6 +736,19 @@ impl Filesystem for HiveFs {
                 }
             }
         }
+        if self.inner.acl_wanted {
+            // Both or neither: with FUSE_POSIX_ACL the kernel enforces ACLs
+            // (default_permissions fetches them with getxattr and caches
+            // them) and stops applying the umask itself, but without
+            // FUSE_DONT_MASK its FUSE layer would still mask the mode before
+            // sending it, which breaks default ACL inheritance.
+            let both = InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK;
+            if config.add_capabilities(both).is_ok() {
+                self.inner.acl.store(true, std::sync::atomic::Ordering::Relaxed);
+            } else {
+                warn!("the kernel does not offer FUSE_POSIX_ACL and FUSE_DONT_MASK: ACLs are not enforced");
+            }
+        }
         let _ = config.set_max_background(64);
         let _ = config.set_congestion_threshold(48);
         info!("FUSE session initialised (kernel ABI {:?})", config.kernel_abi());
@@ -821,23 +873,23 @@ impl Filesystem for HiveFs {
 
     fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
         let name = name_bytes(name);
-        let c = caller(req);
+        let (c, m) = (self.inner.creator(req, umask), self.inner.create_mode(mode, umask));
         run!(self, reply, |inner| {
             let kind = FileKind::from_mode(mode).ok_or_else(|| {
                 FsError::new(ErrorCode::Invalid, format!("mknod: unknown file type in mode {mode:o}"))
             })?;
             let p = inner.ent(parent)?;
-            let a = inner.client.create(p, &name, kind, mode & !umask & 0o7777, rdev, true, c).await?;
+            let a = inner.client.create(p, &name, kind, m, rdev, true, c).await?;
             Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a, Some((p.id, &name))))
         })
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         let name = name_bytes(name);
-        let c = caller(req);
+        let (c, m) = (self.inner.creator(req, umask), self.inner.create_mode(mode, umask));
         run!(self, reply, |inner| {
             let p = inner.ent(parent)?;
-            let a = inner.client.mkdir(p, &name, mode & !umask & 0o7777, c).await?;
+            let a = inner.client.mkdir(p, &name, m, c).await?;
             Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a, Some((p.id, &name))))
         })
     }
@@ -922,12 +974,12 @@ impl Filesystem for HiveFs {
         reply: ReplyCreate,
     ) {
         let name = name_bytes(name);
-        let c = caller(req);
+        let (c, m) = (self.inner.creator(req, umask), self.inner.create_mode(mode, umask));
         run!(self, reply, |inner| {
             let p = inner.ent(parent)?;
             let excl = flags & libc::O_EXCL != 0;
             // One request creates the file and counts the open.
-            let a = inner.client.create_open(p, &name, mode & !umask & 0o7777, excl, c).await?;
+            let a = inner.client.create_open(p, &name, m, excl, c).await?;
             let ent = Ent::from(&a);
             // A file this call created needs no truncation (nor the time update of O_TRUNC).
             let flags = if a.size == 0 { flags & !libc::O_TRUNC } else { flags };
@@ -1370,7 +1422,7 @@ impl Filesystem for HiveFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -1379,9 +1431,21 @@ impl Filesystem for HiveFs {
         reply: ReplyEmpty,
     ) {
         let (name, value) = (name_bytes(name), value.to_vec());
+        // Setting an access ACL clears S_ISGID when the caller is neither
+        // privileged nor in the file's group, as the kernel decides for
+        // other file systems (its FUSE_SETXATTR_ACL_KILL_SGID needs
+        // FUSE_SETXATTR_EXT, which fuser 0.18 cannot parse): its groups.
+        let acl_by = (name == acl::XATTR_ACCESS && req.uid() != 0).then(|| caller_groups(req));
         run!(self, reply, |inner| {
             inner.forget_caps(inner.ent(ino)?.id);
-            inner.on_ent(ino, |e| inner.client.setxattr(e, &name, &value, flags as u32)).await?;
+            let mut flags = flags as u32;
+            if let Some(groups) = &acl_by {
+                let a = inner.on_ent(ino, |e| inner.client.getattr(e)).await?;
+                if a.mode & 0o2000 != 0 && !groups.contains(&a.gid) {
+                    flags |= XATTR_ACL_KILL_SGID;
+                }
+            }
+            inner.on_ent(ino, |e| inner.client.setxattr(e, &name, &value, flags)).await?;
             Ok(move |reply: ReplyEmpty| reply.ok())
         })
     }

@@ -2,8 +2,10 @@
 //!
 //! Owns the translation between the kernel's FUSE requests and the native
 //! client library: inode numbers for entry ids, open file and directory
-//! handles, attribute conversion, and the mapping of HiveFS error codes to
-//! errno (the only place in HiveFS that does it). Every request is handed to
+//! handles, attribute conversion, the capabilities negotiated with the kernel
+//! (with POSIX ACLs the kernel checks them and creates carry the umask to the
+//! metadata node), and the mapping of HiveFS error codes to errno (the only
+//! place in HiveFS that does it). Every request is handed to
 //! the async runtime and answered when done, so the mount serves many
 //! requests at once. It must not talk to services itself: all traffic goes
 //! through `hivefs-client`.

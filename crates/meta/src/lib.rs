@@ -11,8 +11,11 @@
 //! append; background checkpoints move the changes into `meta.redb`.
 //!
 //! It must not hold file contents (storage targets do), decide node or target
-//! states (mgmtd does), check permission bits (the kernel does, with
-//! `default_permissions`), or map errors to errno (the FUSE crate does).
+//! states (mgmtd does), check permission bits or ACLs (the kernel does, with
+//! `default_permissions` and `FUSE_POSIX_ACL`), or map errors to errno (the
+//! FUSE crate does). What the kernel leaves to the file system once it
+//! enforces ACLs is here: default ACL inheritance and the umask in creates,
+//! the mode set from an access ACL, and chmod rewriting it (`ops`).
 //!
 //! Layout, each module using only those before it: `store` (records, keys,
 //! the journal, the memory layers of a batch, checkpoints, opening, quota

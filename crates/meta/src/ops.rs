@@ -1,8 +1,9 @@
 //! Namespace rules: every metadata operation as a function over the tables
 //! of one transaction.
 //!
-//! Owns the POSIX semantics (error codes, link counts, times) and the record
-//! changes each operation makes. It must not do I/O besides the transaction
+//! Owns the POSIX semantics (error codes, link counts, times, POSIX ACL
+//! inheritance and the ACL/mode coupling) and the record changes each
+//! operation makes. It must not do I/O besides the transaction
 //! it is given, read clocks, or talk to the network: the writer passes the
 //! time, the id counter, the pattern chooser and the open-file table in a
 //! [`Ctx`], so every rule here is testable without a cluster.
@@ -17,7 +18,10 @@ use crate::store::{
     child_key, decode, get_record, id_key, load_dirx, put_dirx, q, scan_children, Dentry, DirExtra, Disposal,
     DisposalState, Inode, OpError, OpResult, ReadTables, Tables,
 };
-use hivefs_proto::{DirEntry, Reply, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CREATE, XATTR_REPLACE};
+use hivefs_proto::{
+    DirEntry, Reply, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_ACL_KILL_SGID, XATTR_CREATE, XATTR_REPLACE,
+};
+use hivefs_types::acl;
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::fs_err;
@@ -48,6 +52,8 @@ pub enum Mutation {
         excl: bool,
         uid: u32,
         gid: u32,
+        /// See `Caller::umask`: `Some` inherits the parent's default ACL.
+        umask: Option<u32>,
     },
     Mkdir {
         parent: EntryId,
@@ -55,6 +61,7 @@ pub enum Mutation {
         mode: u32,
         uid: u32,
         gid: u32,
+        umask: Option<u32>,
     },
     Symlink {
         parent: EntryId,
@@ -290,6 +297,43 @@ pub(crate) fn inherit_group(parent: &Inode, kind: FileKind, mode: &mut u32, gid:
     }
 }
 
+/// Who creates an entry: uid, gid and the umask of a client with POSIX ACLs
+/// on (see `Caller::umask`).
+pub(crate) type Creator = (u32, u32, Option<u32>);
+
+/// The mode and ACLs of a new `kind` entry in `parent` asked for with
+/// `mode` (POSIX ACL inheritance, see [`acl::create_mode`]): read here, in
+/// the create's transaction, so a concurrent `setfacl -d` on the parent is
+/// either wholly before or after the create. A creator without ACL
+/// semantics (`umask: None`) gets `mode` as given. A default ACL that does
+/// not parse (stored before HiveFS checked ACLs) is not inherited.
+pub(crate) fn acl_create(
+    t: &impl Kv,
+    parent: EntryId,
+    kind: FileKind,
+    mode: u32,
+    umask: Option<u32>,
+) -> OpResult<acl::Inherited> {
+    let Some(umask) = umask else {
+        return Ok(acl::Inherited { mode, ..Default::default() });
+    };
+    let dflt = match t.get(child_key(parent, acl::XATTR_DEFAULT).as_slice())? {
+        Some(v) => acl::Acl::decode(&v).ok(),
+        None => None,
+    };
+    Ok(acl::create_mode(dflt.as_ref(), mode, umask, kind == FileKind::Dir))
+}
+
+/// Stores the ACLs a new entry inherited.
+pub(crate) fn put_acls(t: &mut Tables<'_>, id: EntryId, i: &acl::Inherited) -> OpResult<()> {
+    for (name, v) in [(acl::XATTR_ACCESS, &i.access), (acl::XATTR_DEFAULT, &i.default)] {
+        if let Some(v) = v {
+            t.xattrs.insert(child_key(id, name).as_slice(), v.as_slice())?;
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn touch_dir(dir: &mut Inode, now: Timespec) {
     dir.mtime = now;
     dir.ctime = now;
@@ -345,10 +389,12 @@ impl Mutation {
 pub fn apply(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, m: Mutation) -> OpResult<Reply> {
     match m {
         Mutation::CreateRoot => create_root(t, ctx),
-        Mutation::Create { parent, name, kind, mode, rdev, excl, uid, gid } => {
-            create(t, ctx, parent, &name, kind, mode, rdev, excl, uid, gid)
+        Mutation::Create { parent, name, kind, mode, rdev, excl, uid, gid, umask } => {
+            create(t, ctx, parent, &name, kind, mode, rdev, excl, (uid, gid, umask))
         }
-        Mutation::Mkdir { parent, name, mode, uid, gid } => mkdir(t, ctx, parent, &name, mode, uid, gid),
+        Mutation::Mkdir { parent, name, mode, uid, gid, umask } => {
+            mkdir(t, ctx, parent, &name, mode, (uid, gid, umask))
+        }
         Mutation::Symlink { parent, name, target, uid, gid } => symlink(t, ctx, parent, &name, target, uid, gid),
         Mutation::Link { id, new_parent, new_name } => link(t, ctx, id, new_parent, &new_name),
         Mutation::Unlink { parent, name } => unlink(t, ctx, parent, &name),
@@ -399,8 +445,7 @@ fn create(
     mode: u32,
     rdev: u32,
     excl: bool,
-    uid: u32,
-    gid: u32,
+    (uid, gid, umask): Creator,
 ) -> OpResult<Reply> {
     check_name(name)?;
     if matches!(kind, FileKind::Dir | FileKind::Symlink) {
@@ -420,7 +465,8 @@ fn create(
         }
         return Err(fs_err!(Exists, "entry {} already exists in directory {parent}", q(name)).into());
     }
-    let (mut mode, mut gid) = (mode & 0o7777, gid);
+    let acls = acl_create(&t.xattrs, parent, kind, mode & 0o7777, umask)?;
+    let (mut mode, mut gid) = (acls.mode, gid);
     inherit_group(&pdir, kind, &mut mode, &mut gid);
     let pool = (kind == FileKind::File).then(|| pdir.dir_pattern.as_ref().map_or(PoolId::DEFAULT, |p| p.pool));
     ctx.quota.admit(&t.usage, uid, gid, pool)?;
@@ -436,6 +482,7 @@ fn create(
     i.pattern = pattern;
     let id = ctx.mint()?;
     t.put_inode(id, &i)?;
+    put_acls(t, id, &acls)?;
     t.put_dentry(parent, name, &Dentry { id, kind, owner: ctx.node })?;
     touch_dir(&mut pdir, ctx.now);
     t.put_inode(parent, &pdir)?;
@@ -449,15 +496,15 @@ fn mkdir(
     parent: EntryId,
     name: &[u8],
     mode: u32,
-    uid: u32,
-    gid: u32,
+    (uid, gid, umask): Creator,
 ) -> OpResult<Reply> {
     check_name(name)?;
     let mut pdir = dir_inode(&t.inodes, parent)?;
     if load_dentry(&t.dentries, parent, name)?.is_some() {
         return Err(fs_err!(Exists, "entry {} already exists in directory {parent}", q(name)).into());
     }
-    let (mut mode, mut gid) = (mode & 0o7777, gid);
+    let acls = acl_create(&t.xattrs, parent, FileKind::Dir, mode & 0o7777, umask)?;
+    let (mut mode, mut gid) = (acls.mode, gid);
     inherit_group(&pdir, FileKind::Dir, &mut mode, &mut gid);
     ctx.quota.admit(&t.usage, uid, gid, None)?;
     let mut i = new_inode(FileKind::Dir, mode, uid, gid, ctx.now);
@@ -467,6 +514,7 @@ fn mkdir(
     let chooser = load_dirx(&t.dirx, parent)?.and_then(|x| x.chooser);
     let id = ctx.mint()?;
     t.put_inode(id, &i)?;
+    put_acls(t, id, &acls)?;
     if chooser.is_some() {
         put_dirx(t, id, &DirExtra { parent_owner: None, chooser })?;
     }
@@ -837,8 +885,22 @@ fn set_attr(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, a: &SetAttr) -> 
         check_truncatable(id, &i)?;
     }
     let now = ctx.now;
+    // chmod of an inode with an access ACL rewrites the ACL's owner, mask
+    // (or owning group) and other entries in the same batch (as the
+    // kernel's posix_acl_chmod): the ACL and the mode never disagree.
+    let acl_key = child_key(id, acl::XATTR_ACCESS);
+    let chmod_acl = match (a.mode, t.xattrs.get(acl_key.as_slice())?) {
+        (Some(m), Some(v)) => acl::Acl::decode(&v).ok().map(|mut acl| {
+            acl.chmod(m);
+            acl.encode()
+        }),
+        _ => None,
+    };
     if let Some(m) = a.mode {
         i.mode = m & 0o7777;
+    }
+    if let Some(v) = chmod_acl {
+        t.xattrs.insert(acl_key.as_slice(), v.as_slice())?;
     }
     if let Some(u) = a.uid {
         i.uid = u;
@@ -902,8 +964,13 @@ fn set_xattr(
     if value.len() > XATTR_SIZE_MAX {
         return Err(fs_err!(Range, "extended attribute value of {} bytes exceeds {XATTR_SIZE_MAX}", value.len()).into());
     }
+    let kill_sgid = flags & XATTR_ACL_KILL_SGID != 0;
+    let flags = flags & !XATTR_ACL_KILL_SGID;
     if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 || flags == XATTR_CREATE | XATTR_REPLACE {
         return Err(fs_err!(Invalid, "setxattr flags {flags:#x} are invalid").into());
+    }
+    if kill_sgid && name != acl::XATTR_ACCESS {
+        return Err(fs_err!(Invalid, "setxattr flag XATTR_ACL_KILL_SGID is only for {}", q(acl::XATTR_ACCESS)).into());
     }
     let mut i = inode(&t.inodes, id)?;
     let key = child_key(id, name);
@@ -914,7 +981,37 @@ fn set_xattr(
     if flags & XATTR_REPLACE != 0 && !exists {
         return Err(fs_err!(NoData, "extended attribute {} of {id} does not exist", q(name)).into());
     }
-    t.xattrs.insert(key.as_slice(), value)?;
+    let acl = if name == acl::XATTR_ACCESS || name == acl::XATTR_DEFAULT {
+        if name == acl::XATTR_DEFAULT && i.kind != FileKind::Dir {
+            // As ext4: only directories have default ACLs.
+            return Err(fs_err!(AccessDenied, "{id} is not a directory: it cannot have a default ACL").into());
+        }
+        let a = acl::Acl::decode(value).map_err(|e| fs_err!(Invalid, "{} of {id}: {e}", q(name)))?;
+        Some(a)
+    } else {
+        None
+    };
+    // ---- writes only below this line
+    match acl {
+        // The access ACL sets the mode bits; one the mode says all of is not
+        // stored (as Linux file systems).
+        Some(a) if name == acl::XATTR_ACCESS => {
+            i.mode = (i.mode & !0o777) | a.mode();
+            if kill_sgid {
+                i.mode &= !S_ISGID;
+            }
+            if a.is_minimal() {
+                if exists {
+                    t.xattrs.remove(key.as_slice())?;
+                }
+            } else {
+                t.xattrs.insert(key.as_slice(), a.encode().as_slice())?;
+            }
+        }
+        // Stored as encoded here: ids the format ignores are normalised.
+        Some(a) => t.xattrs.insert(key.as_slice(), a.encode().as_slice())?,
+        None => t.xattrs.insert(key.as_slice(), value)?,
+    }
     i.ctime = ctx.now;
     t.put_inode(id, &i)?;
     Ok(Reply::Ok)

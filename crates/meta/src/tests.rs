@@ -7,9 +7,10 @@ use crate::namespace::{Namespace, NamespaceOptions};
 use crate::store::{scan_children, DisposalState};
 use crate::targets::{BoxFut, DataTargets};
 use hivefs_proto::{
-    Caller, DirEntry, Envelope, Reply, Request, Response, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CREATE,
-    XATTR_REPLACE,
+    Caller, DirEntry, Envelope, Reply, Request, Response, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_ACL_KILL_SGID,
+    XATTR_CREATE, XATTR_REPLACE,
 };
+use hivefs_types::acl;
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
 use hivefs_types::error::{ErrorCode, FsResult};
 use hivefs_types::fs_err;
@@ -20,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 const ROOT: EntryId = EntryId::ROOT;
-const ME: Caller = Caller { uid: 1000, gid: 100 };
+const ME: Caller = Caller::new(1000, 100);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Call {
@@ -759,6 +760,142 @@ async fn xattrs() {
 }
 
 // ---------------------------------------------------- setattr, sizes
+
+// ------------------------------------------------------------ POSIX ACLs
+
+fn acl_of(entries: &[(acl::Tag, u16)]) -> acl::Acl {
+    acl::Acl::new(entries.iter().map(|&(tag, perm)| acl::Entry { tag, perm }).collect()).unwrap()
+}
+
+/// owner rwx, user 1001 rw-, group r-x, mask rwx, other --x.
+fn named_acl() -> acl::Acl {
+    use acl::Tag::*;
+    acl_of(&[(UserObj, 7), (User(1001), 6), (GroupObj, 5), (Mask, 7), (Other, 1)])
+}
+
+impl H {
+    async fn set_acl(&self, id: EntryId, name: &[u8], a: &acl::Acl) -> Response {
+        self.call(Request::SetXattr { id, name: name.to_vec(), value: a.encode(), flags: 0 }).await
+    }
+
+    async fn acl(&self, id: EntryId, name: &[u8]) -> Option<acl::Acl> {
+        match self.call(Request::GetXattr { id, name: name.to_vec() }).await {
+            Ok(Reply::Xattr(v)) => Some(acl::Acl::decode(&v).expect("a stored ACL decodes")),
+            Err(e) if e.code == ErrorCode::NoData => None,
+            r => panic!("{r:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn access_acl_sets_the_mode_and_minimal_ones_are_not_stored() {
+    let h = H::new().await;
+    let f = h.create(ROOT, "f").await;
+    assert_eq!(f.mode, 0o644);
+    h.set_acl(f.id, acl::XATTR_ACCESS, &named_acl()).await.unwrap();
+    assert_eq!(h.attr(f.id).await.mode, 0o771, "mode from the ACL: the group bits are the mask's");
+    assert_eq!(h.acl(f.id, acl::XATTR_ACCESS).await, Some(named_acl()));
+    // An ACL the mode says all of replaces the mode and is not kept.
+    h.set_acl(f.id, acl::XATTR_ACCESS, &acl::Acl::from_mode(0o640)).await.unwrap();
+    assert_eq!(h.attr(f.id).await.mode, 0o640);
+    assert_eq!(h.acl(f.id, acl::XATTR_ACCESS).await, None);
+    // Malformed: a named user without a mask, garbage, a wrong version.
+    let mut no_mask = named_acl().encode();
+    no_mask.drain(28..36); // the mask entry (after the header and 3 entries of 8 bytes)
+    for bad in [no_mask, b"garbage".to_vec(), vec![1, 0, 0, 0, 1, 0, 7, 0, 255, 255, 255, 255]] {
+        let r = h.call(Request::SetXattr { id: f.id, name: acl::XATTR_ACCESS.to_vec(), value: bad, flags: 0 }).await;
+        assert_eq!(r.unwrap_err().code, ErrorCode::Invalid);
+    }
+    assert_eq!(h.attr(f.id).await.mode, 0o640, "a refused ACL changes nothing");
+    // Default ACLs only on directories (EACCES, as ext4).
+    let r = h.set_acl(f.id, acl::XATTR_DEFAULT, &named_acl()).await;
+    assert_eq!(r.unwrap_err().code, ErrorCode::AccessDenied);
+    // Set-id bits survive an ACL.
+    h.ok(Request::SetAttr { id: f.id, attr: SetAttr { mode: Some(0o4640), ..Default::default() }, caller: ME }).await;
+    h.set_acl(f.id, acl::XATTR_ACCESS, &named_acl()).await.unwrap();
+    assert_eq!(h.attr(f.id).await.mode, 0o4771);
+    // A caller outside the file's group: setgid goes with the ACL change.
+    h.ok(Request::SetAttr { id: f.id, attr: SetAttr { mode: Some(0o6640), ..Default::default() }, caller: ME }).await;
+    let kill = |name: &[u8]| Request::SetXattr {
+        id: f.id,
+        name: name.to_vec(),
+        value: named_acl().encode(),
+        flags: XATTR_ACL_KILL_SGID,
+    };
+    h.ok(kill(acl::XATTR_ACCESS)).await;
+    assert_eq!(h.attr(f.id).await.mode, 0o4771, "S_ISGID cleared, S_ISUID kept");
+    assert_eq!(h.code(kill(b"user.x")).await, ErrorCode::Invalid, "only for the access ACL");
+}
+
+#[tokio::test]
+async fn chmod_rewrites_the_access_acl() {
+    use acl::Tag::*;
+    let h = H::new().await;
+    let f = h.create(ROOT, "f").await;
+    h.set_acl(f.id, acl::XATTR_ACCESS, &named_acl()).await.unwrap();
+    let chmod =
+        |mode| Request::SetAttr { id: f.id, attr: SetAttr { mode: Some(mode), ..Default::default() }, caller: ME };
+    assert_eq!(h.entry(chmod(0o640)).await.mode, 0o640);
+    let want = acl_of(&[(UserObj, 6), (User(1001), 6), (GroupObj, 5), (Mask, 4), (Other, 0)]);
+    assert_eq!(h.acl(f.id, acl::XATTR_ACCESS).await, Some(want), "owner, mask and other follow; named entries stay");
+    // Without a mask the owning group follows.
+    let g = h.create(ROOT, "g").await;
+    let d = h.mkdir(ROOT, "d").await;
+    h.set_acl(d.id, acl::XATTR_DEFAULT, &acl::Acl::from_mode(0o750)).await.unwrap();
+    h.entry(Request::SetAttr { id: d.id, attr: SetAttr { mode: Some(0o700), ..Default::default() }, caller: ME }).await;
+    assert_eq!(h.acl(d.id, acl::XATTR_DEFAULT).await, Some(acl::Acl::from_mode(0o750)), "chmod leaves default ACLs");
+    h.entry(Request::SetAttr { id: g.id, attr: SetAttr { mode: Some(0o600), ..Default::default() }, caller: ME }).await;
+    assert_eq!(h.acl(g.id, acl::XATTR_ACCESS).await, None, "no ACL, none made");
+}
+
+#[tokio::test]
+async fn new_entries_inherit_the_default_acl_or_get_the_umask() {
+    use acl::Tag::*;
+    let h = H::new().await;
+    let acl_caller = Caller { umask: Some(0o027), ..ME };
+    let d = h.mkdir(ROOT, "d").await;
+    // No default ACL: the umask applies (only for an ACL caller).
+    let mk = |parent, name: &str, mode, caller| Request::Mkdir { parent, name: name.into(), mode, caller };
+    let create = |parent, name: &str, mode, caller| Request::Create {
+        parent,
+        name: name.into(),
+        kind: FileKind::File,
+        mode,
+        rdev: 0,
+        excl: true,
+        caller,
+    };
+    let open =
+        |parent, name: &str, mode, caller| Request::CreateOpen { parent, name: name.into(), mode, excl: true, caller };
+    assert_eq!(h.entry(create(d.id, "u", 0o666, acl_caller)).await.mode, 0o640);
+    assert_eq!(h.entry(mk(d.id, "ud", 0o777, acl_caller)).await.mode, 0o750);
+    assert_eq!(h.entry(create(d.id, "tool", 0o666, ME)).await.mode, 0o666, "no umask: the mode as given");
+    // A default ACL: inherited, the umask is not used.
+    h.set_acl(d.id, acl::XATTR_DEFAULT, &named_acl()).await.unwrap();
+    let f = h.entry(open(d.id, "f", 0o666, acl_caller)).await;
+    assert_eq!(f.mode, 0o660);
+    let want = acl_of(&[(UserObj, 6), (User(1001), 6), (GroupObj, 5), (Mask, 6), (Other, 0)]);
+    assert_eq!(h.acl(f.id, acl::XATTR_ACCESS).await, Some(want));
+    assert_eq!(h.acl(f.id, acl::XATTR_DEFAULT).await, None);
+    let n = h.entry(create(d.id, "n", 0o600, acl_caller)).await;
+    assert_eq!(n.mode, 0o600);
+    let want = acl_of(&[(UserObj, 6), (User(1001), 6), (GroupObj, 5), (Mask, 0), (Other, 0)]);
+    assert_eq!(h.acl(n.id, acl::XATTR_ACCESS).await, Some(want), "the mask limited by the create mode");
+    let sub = h.entry(mk(d.id, "sub", 0o777, acl_caller)).await;
+    assert_eq!(sub.mode, 0o771);
+    assert_eq!(h.acl(sub.id, acl::XATTR_ACCESS).await, Some(named_acl()));
+    assert_eq!(h.acl(sub.id, acl::XATTR_DEFAULT).await, Some(named_acl()), "directories keep the default");
+    // ... and pass it on.
+    let deeper = h.entry(create(sub.id, "x", 0o640, acl_caller)).await;
+    assert_eq!(deeper.mode, 0o640);
+    // Symlinks and non-ACL callers inherit nothing.
+    let s = h
+        .entry(Request::Symlink { parent: d.id, name: b"s".to_vec(), target: b"f".to_vec(), caller: acl_caller })
+        .await;
+    assert_eq!((s.mode, h.acl(s.id, acl::XATTR_ACCESS).await), (0o777, None));
+    let t = h.entry(create(d.id, "t", 0o644, ME)).await;
+    assert_eq!((t.mode, h.acl(t.id, acl::XATTR_ACCESS).await), (0o644, None));
+}
 
 #[tokio::test]
 async fn setattr_modes_owners_times() {

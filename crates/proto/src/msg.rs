@@ -38,6 +38,22 @@ pub enum Hello {
 pub struct Caller {
     pub uid: u32,
     pub gid: u32,
+    /// The caller's file mode creation mask, for the creates (`Create`,
+    /// `CreateOpen`, `Mkdir`) of a client with POSIX ACLs on (a mount
+    /// without `--no-acl`): the new entry inherits its parent's default
+    /// ACL, or without one gets `mode & !umask`, decided on the metadata
+    /// node in the create's transaction (the kernel leaves both to the file
+    /// system once it enforces ACLs). `None` (tools, and mounts without
+    /// ACLs, whose kernel already applied the umask): the mode is taken as
+    /// given and no ACL is inherited. Other requests ignore it.
+    pub umask: Option<u32>,
+}
+
+impl Caller {
+    /// A caller without ACL semantics for its creates (`umask: None`).
+    pub const fn new(uid: u32, gid: u32) -> Caller {
+        Caller { uid, gid, umask: None }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -264,6 +280,12 @@ pub const RENAME_EXCHANGE: u32 = 2;
 /// `setxattr` flags (as Linux).
 pub const XATTR_CREATE: u32 = 1;
 pub const XATTR_REPLACE: u32 = 2;
+/// HiveFS's `setxattr` flag for `system.posix_acl_access`: the caller is
+/// neither in the file's group nor privileged, so setting the ACL clears
+/// S_ISGID in the same change (what the kernel asks of FUSE file systems
+/// with `FUSE_SETXATTR_ACL_KILL_SGID`, as other file systems do in
+/// `posix_acl_update_mode`).
+pub const XATTR_ACL_KILL_SGID: u32 = 0x100;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr)]
 pub enum Request {
@@ -1363,8 +1385,16 @@ impl MetaChooser {
 /// records travel as the metadata store's own encoding (`inode`), opaque here.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PeerOp {
-    /// Creates directory inode `id` unless it exists (answer: `Entry`).
-    CreateDir { id: EntryId, inode: Vec<u8>, parent_owner: NodeId, chooser: Option<MetaChooser> },
+    /// Creates directory inode `id` unless it exists (answer: `Entry`),
+    /// with extended attributes `xattrs` (the ACLs it inherits from its
+    /// parent's default ACL, which the coordinator holds).
+    CreateDir {
+        id: EntryId,
+        inode: Vec<u8>,
+        parent_owner: NodeId,
+        chooser: Option<MetaChooser>,
+        xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    },
     /// Removes directory inode `id` if it is empty (`NotEmpty` otherwise); a
     /// missing inode is success.
     RemoveDir { id: EntryId },
@@ -1647,7 +1677,7 @@ mod tests {
         assert_eq!(Request::Ping.name(), "Ping");
         assert_eq!(Request::StatChunk { target: TargetId(1), entry: EntryId::ROOT }.name(), "StatChunk");
         assert_eq!(Request::RetiredLeasing.name(), "RetiredLeasing");
-        let caller = Caller { uid: 7, gid: 8 };
+        let caller = Caller::new(7, 8);
         let r = Request::Mkdir { parent: EntryId::ROOT, name: b"d".to_vec(), mode: 0o755, caller };
         assert_eq!((r.kind(), r.caller()), ("Mkdir", Some(caller)));
     }

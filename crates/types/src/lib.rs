@@ -1,5 +1,6 @@
 //! HiveFS vocabulary shared by every crate: identifiers, stripe patterns with
-//! their offset mapping, entry attributes and error codes.
+//! their offset mapping, entry attributes, error codes and POSIX ACLs (their
+//! xattr format and the rules tying them to the mode).
 //!
 //! This crate owns pure data and pure arithmetic. It must not do I/O, spawn
 //! threads, read clocks or depend on any other HiveFS crate: everything above
@@ -8,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod acl;
 pub mod attr;
 pub mod error;
 pub mod ids;

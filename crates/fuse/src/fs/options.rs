@@ -1,5 +1,5 @@
-//! Mount options: what the kernel may cache (cache modes) and when reads
-//! move access times.
+//! Mount options: what the kernel may cache (cache modes), when reads
+//! move access times, and whether POSIX ACLs are enforced.
 
 use super::DIR_ATTR_TTL;
 use fuser::FopenFlags;
@@ -100,6 +100,12 @@ pub struct MountOptions {
     pub cache_mode: CacheMode,
     /// When reads move access times.
     pub atime: Atime,
+    /// POSIX ACLs enforced (`hivefs mount --no-acl` turns it off): the
+    /// kernel checks access and default ACLs with the mode bits, new
+    /// entries inherit their parent's default ACL on the metadata node, and
+    /// the umask is applied there too. Off: the mode bits alone decide (ACL
+    /// attributes are still stored, and a chmod still updates them).
+    pub acl: bool,
 }
 
 impl Default for MountOptions {
@@ -111,6 +117,7 @@ impl Default for MountOptions {
             dir_attr_ttl: DIR_ATTR_TTL,
             cache_mode: CacheMode::Native,
             atime: Atime::NoAtime,
+            acl: true,
         }
     }
 }

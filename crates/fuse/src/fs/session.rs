@@ -79,6 +79,8 @@ pub fn mount(
             dir_attr_ttl: opts.dir_attr_ttl,
             cache_mode: opts.cache_mode,
             atime: opts.atime,
+            acl_wanted: opts.acl,
+            acl: std::sync::atomic::AtomicBool::new(false),
             opened_versions: Mutex::default(),
             locked: Mutex::default(),
             notifier: std::sync::OnceLock::new(),

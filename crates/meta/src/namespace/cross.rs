@@ -14,7 +14,9 @@ use crate::cross::{
 use crate::ops::{check_name, dir_inode, is_needs_protocol, load_dentry, load_inode, Mutation};
 use crate::store::Kv;
 use crate::store::{decode, encode, id_key, load_dirx, load_intent, q, Dentry, Inode, Intent, IntentStep, OpError};
-use hivefs_proto::{Envelope, MetaChooser, OpId, PeerOp, Reply, Request, Response, RENAME_EXCHANGE, RENAME_NOREPLACE};
+use hivefs_proto::{
+    Caller, Envelope, MetaChooser, OpId, PeerOp, Reply, Request, Response, RENAME_EXCHANGE, RENAME_NOREPLACE,
+};
 use hivefs_types::attr::{EntryAttr, FileKind};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::fs_err;
@@ -60,7 +62,7 @@ impl Remote {
 /// The undo of an intent whose remote step was refused.
 fn undo(step: &IntentStep, intent: EntryId, err: FsError) -> MultiMut {
     match step {
-        IntentStep::Mkdir { .. } => MultiMut::MkdirAbort(MkdirAbort { intent, err }),
+        IntentStep::Mkdir { .. } | IntentStep::MkdirXattrs { .. } => MultiMut::MkdirAbort(MkdirAbort { intent, err }),
         IntentStep::Link { .. } => MultiMut::LinkAbort(LinkAbort { intent, err }),
         _ => MultiMut::Abort(Abort { intent, err }),
     }
@@ -231,8 +233,7 @@ impl Namespace {
         parent: EntryId,
         name: Vec<u8>,
         mode: u32,
-        uid: u32,
-        gid: u32,
+        caller: Caller,
         op: Option<OpId>,
     ) -> Response {
         let (_claim, first) = self.claim(op).await?;
@@ -241,14 +242,15 @@ impl Namespace {
         }
         let chooser = self.read(|t| load_dirx(&t.dirx, parent))?.and_then(|x| x.chooser).unwrap_or_default();
         let owner = self.choose_owner(chooser);
+        let Caller { uid, gid, umask } = caller;
         if owner == self.node() {
-            return self.submit_op(op, Mutation::Mkdir { parent, name, mode, uid, gid }).await;
+            return self.submit_op(op, Mutation::Mkdir { parent, name, mode, uid, gid, umask }).await;
         }
         let intent = self.next_intent();
         self.start_protocol(
             "mkdir",
             intent,
-            MultiMut::MkdirIntent(MkdirIntent { intent, parent, name, mode, uid, gid, owner, op }),
+            MultiMut::MkdirIntent(MkdirIntent { intent, parent, name, mode, uid, gid, umask, owner, op }),
         )
         .await
     }
@@ -554,8 +556,15 @@ impl Namespace {
         let me = self.node();
         let refused = |r: FsResult<Reply>| r.err().map(Remote::Refused);
         Ok(match step.clone() {
-            IntentStep::Mkdir { id, owner, inode, chooser, .. } => {
-                let req = PeerOp::CreateDir { id, inode: encode(&inode), parent_owner: me, chooser };
+            step @ (IntentStep::Mkdir { .. } | IntentStep::MkdirXattrs { .. }) => {
+                let (id, owner, inode, chooser, xattrs) = match step {
+                    IntentStep::Mkdir { id, owner, inode, chooser, .. } => (id, owner, inode, chooser, Vec::new()),
+                    IntentStep::MkdirXattrs { id, owner, inode, chooser, xattrs, .. } => {
+                        (id, owner, inode, chooser, xattrs)
+                    }
+                    _ => unreachable!("matched above"),
+                };
+                let req = PeerOp::CreateDir { id, inode: encode(&inode), parent_owner: me, chooser, xattrs };
                 match self.peer_call(owner, req).await {
                     Ok(Reply::Entry(attr)) => Remote::done(MultiMut::MkdirCommit(MkdirCommit { intent, attr })),
                     Ok(r) => return Err(unexpected(r)),
@@ -750,11 +759,10 @@ impl Namespace {
             _ => None,
         };
         match op {
-            PeerOp::CreateDir { id, inode, parent_owner, chooser } => {
+            PeerOp::CreateDir { id, inode, parent_owner, chooser, xattrs } => {
                 let inode: Inode = decode("inode", id, &inode).map_err(|m| fs_err!(Protocol, "{m}"))?;
-                let r = self
-                    .submit_multi(None, MultiMut::PeerCreateDir(PeerCreateDir { id, inode, parent_owner, chooser }))
-                    .await;
+                let m = PeerCreateDir { id, inode, parent_owner, chooser, xattrs };
+                let r = self.submit_multi(None, MultiMut::PeerCreateDir(m)).await;
                 self.crash("mkdir", "peer").await?;
                 r
             }
@@ -1042,6 +1050,34 @@ mod tests {
         assert!(intents(&n1).is_empty());
     }
 
+    /// A directory made on another node inherits the default ACL of its
+    /// parent (which lives on the coordinator): access and default ACL
+    /// arrive with the inode.
+    #[tokio::test]
+    async fn a_directory_on_another_node_inherits_the_default_acl() {
+        use hivefs_types::acl::{Acl, Entry, Tag, XATTR_ACCESS, XATTR_DEFAULT};
+        let c = setup().await;
+        let (n1, n2) = (c.ns(0), c.ns(1));
+        let dflt = Acl::new(
+            [(Tag::UserObj, 7), (Tag::User(1001), 7), (Tag::GroupObj, 5), (Tag::Mask, 7), (Tag::Other, 0)]
+                .into_iter()
+                .map(|(tag, perm)| Entry { tag, perm })
+                .collect(),
+        )
+        .unwrap();
+        let sx = Request::SetXattr { id: EntryId::ROOT, name: XATTR_DEFAULT.to_vec(), value: dflt.encode(), flags: 0 };
+        n1.handle(sx).await.unwrap();
+        let caller = Caller { umask: Some(0o077), ..Caller::default() };
+        let d =
+            attr(n1.handle(Request::Mkdir { parent: EntryId::ROOT, name: b"d".to_vec(), mode: 0o750, caller }).await);
+        assert_eq!((d.owner, d.mode), (NodeId(2), 0o750), "mode from the default ACL masked by 0750, umask unused");
+        let mut access = dflt.clone();
+        access.chmod(0o750);
+        assert_eq!(n2.getxattr(d.id, XATTR_ACCESS).unwrap(), access.encode());
+        assert_eq!(n2.getxattr(d.id, XATTR_DEFAULT).unwrap(), dflt.encode());
+        assert!(intents(&n1).is_empty());
+    }
+
     /// A rename across nodes onto another name of the same file renames
     /// nothing (POSIX), as the local rule does: both names stay. (It used
     /// to remove the source name and leave the link count one too high.)
@@ -1237,8 +1273,16 @@ mod tests {
                 let d = attr(c.ns(0).handle(mkdir_req(EntryId::ROOT, "d")).await);
                 let create = create_req(EntryId::ROOT, "f");
                 c.ns(0).handle(create).await.unwrap();
+                // The new directory inherits a default ACL: the intent carries it.
+                let dflt = hivefs_types::acl::Acl::from_mode(0o750).encode();
+                let xattr = hivefs_types::acl::XATTR_DEFAULT.to_vec();
+                let sx = Request::SetXattr { id: EntryId::ROOT, name: xattr.clone(), value: dflt.clone(), flags: 0 };
+                c.ns(0).handle(sx).await.unwrap();
                 let req = match op {
-                    "mkdir" => mkdir_req(EntryId::ROOT, "new"),
+                    "mkdir" => {
+                        let caller = Caller { umask: Some(0o022), ..Caller::default() };
+                        Request::Mkdir { parent: EntryId::ROOT, name: b"new".to_vec(), mode: 0o777, caller }
+                    }
                     "rmdir" => Request::Rmdir { parent: EntryId::ROOT, name: b"d".to_vec() },
                     _ => Request::RenameTo {
                         parent: EntryId::ROOT,
@@ -1274,7 +1318,8 @@ mod tests {
                 match op {
                     "mkdir" => {
                         let a = n1.lookup_any(EntryId::ROOT, b"new").await.unwrap();
-                        assert_eq!(a.owner, NodeId(2));
+                        assert_eq!((a.owner, a.mode), (NodeId(2), 0o750), "{op}:{step}");
+                        assert_eq!(n2.getxattr(a.id, &xattr).unwrap(), dflt, "{op}:{step}");
                         assert_eq!(n1.getattr(EntryId::ROOT).unwrap().nlink, 4, "{op}:{step}");
                     }
                     "rmdir" => {

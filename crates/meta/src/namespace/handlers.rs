@@ -173,13 +173,21 @@ impl Namespace {
                 }
                 self.submit_op(
                     op,
-                    Mutation::Create { parent, name, kind, mode, rdev, excl, uid: caller.uid, gid: caller.gid },
+                    Mutation::Create {
+                        parent,
+                        name,
+                        kind,
+                        mode,
+                        rdev,
+                        excl,
+                        uid: caller.uid,
+                        gid: caller.gid,
+                        umask: caller.umask,
+                    },
                 )
                 .await
             }
-            Request::Mkdir { parent, name, mode, caller } => {
-                self.mkdir_any(parent, name, mode, caller.uid, caller.gid, op).await
-            }
+            Request::Mkdir { parent, name, mode, caller } => self.mkdir_any(parent, name, mode, caller, op).await,
             Request::Unlink { parent, name } => self.remove_any(parent, name, false, op).await,
             Request::Rmdir { parent, name } => self.remove_any(parent, name, true, op).await,
             Request::Rename { parent, name, new_parent, new_name, flags } => {

@@ -385,7 +385,8 @@ impl Namespace {
         }
         self.targets.refresh_if_empty().await;
         let kind = FileKind::File;
-        let m = Mutation::Create { parent, name, kind, mode, rdev: 0, excl, uid: caller.uid, gid: caller.gid };
+        let (uid, gid, umask) = (caller.uid, caller.gid, caller.umask);
+        let m = Mutation::Create { parent, name, kind, mode, rdev: 0, excl, uid, gid, umask };
         let r = self.submit_op(op, m).await?;
         match &r {
             Reply::Entry(a) if a.kind == FileKind::File => self.opens.inc(a.id),

@@ -69,6 +69,19 @@ pub enum IntentStep {
         a: Dentry,
         b: Dentry,
     },
+    /// A [`IntentStep::Mkdir`] whose new directory also gets `xattrs` (the
+    /// ACLs it inherits from its parent's default ACL, which lives here). A
+    /// variant of its own, so the intents recorded before ACL inheritance
+    /// read as they are (no new store format).
+    MkdirXattrs {
+        parent: EntryId,
+        name: Vec<u8>,
+        id: EntryId,
+        owner: NodeId,
+        inode: Inode,
+        chooser: Option<MetaChooser>,
+        xattrs: Xattrs,
+    },
 }
 
 impl IntentStep {
@@ -76,6 +89,7 @@ impl IntentStep {
     pub(crate) fn dentry_key(&self) -> Vec<u8> {
         match self {
             IntentStep::Mkdir { parent, name, .. }
+            | IntentStep::MkdirXattrs { parent, name, .. }
             | IntentStep::Rmdir { parent, name, .. }
             | IntentStep::Unlink { parent, name, .. }
             | IntentStep::Exchange { parent, name, .. }
@@ -87,7 +101,7 @@ impl IntentStep {
 
     pub(crate) fn op_name(&self) -> &'static str {
         match self {
-            IntentStep::Mkdir { .. } => "mkdir",
+            IntentStep::Mkdir { .. } | IntentStep::MkdirXattrs { .. } => "mkdir",
             IntentStep::Rmdir { .. } => "rmdir",
             IntentStep::Rename { .. } => "rename",
             IntentStep::Link { .. } => "link",
@@ -100,7 +114,8 @@ impl IntentStep {
 impl std::fmt::Display for Intent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.step {
-            IntentStep::Mkdir { parent, name, id, owner, .. } => {
+            IntentStep::Mkdir { parent, name, id, owner, .. }
+            | IntentStep::MkdirXattrs { parent, name, id, owner, .. } => {
                 write!(f, "mkdir {parent}/{} ({id}) on metadata node {owner}", q(name))
             }
             IntentStep::Rmdir { parent, name, id, owner, .. } => {
