@@ -181,13 +181,16 @@ impl Layout {
     /// The metrics port of the service whose directory is `sdir` (or of the mount, for
     /// `<dir>/client`), when the layout has them.
     pub fn metrics_port(&self, sdir: &Path) -> Option<u16> {
+        self.metrics_ports.get(self.metrics_index(sdir)?).copied()
+    }
+
+    fn metrics_index(&self, sdir: &Path) -> Option<usize> {
         let name = sdir.file_name()?.to_str()?;
         let dir = sdir.parent()?;
-        let i = match name {
-            "client" => self.meta_ports.len() + self.storage_ports.len() + 1,
-            _ => self.services(dir).iter().position(|s| s.0 == name)?,
-        };
-        self.metrics_ports.get(i).copied()
+        match name {
+            "client" => Some(self.meta_ports.len() + self.storage_ports.len() + 1),
+            _ => self.services(dir).iter().position(|s| s.0 == name),
+        }
     }
 
     /// (name, role, port, service dir)
@@ -442,8 +445,17 @@ pub fn up(a: UpArgs) -> Result<()> {
                 Err(e) if first_up && taken < 5 && port_was_taken(name, sdir) => {
                     taken += 1;
                     let (port, l) = free_port(&layout.host)?;
-                    eprintln!("{name}: {addr} was taken by another program; using port {port}");
+                    eprintln!("{name}: {addr} (or its metrics port) was taken by another program; using port {port}");
                     layout.set_port(name, port);
+                    // Either port may be the taken one: the metrics port is chosen again too.
+                    let metrics = match layout.metrics_index(sdir) {
+                        Some(i) if i < layout.metrics_ports.len() => Some((i, free_port(&layout.host)?)),
+                        _ => None,
+                    };
+                    if let Some((i, (m, _))) = &metrics {
+                        layout.metrics_ports[*i] = *m;
+                    }
+                    drop(metrics);
                     hivefs_cluster::write_atomic(&dir.join("fs.toml"), toml::to_string(&*layout)?.as_bytes())?;
                     drop(l);
                     spawn_service(name, &layout.service_args(role, port, sdir, &secret), sdir)

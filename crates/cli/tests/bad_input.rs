@@ -120,3 +120,23 @@ fn a_port_taken_before_its_service_started_is_replaced() {
     fs.reup();
     assert_eq!(std::fs::read(fs.path("f")).unwrap(), b"works");
 }
+
+/// The same for a service's metrics port: the service fails to start on it, and gets
+/// another service port and another metrics port.
+#[test]
+fn a_metrics_port_taken_before_its_service_started_is_replaced() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let m = taken.local_addr().unwrap().port();
+    // Services mgmtd, meta1, storage1, then their metrics ports: meta1's is the fifth.
+    let ports = format!(",,,,{m}");
+    let fs = TestFs::up_env(
+        &["--storage", "1", "--targets-per-storage", "1"],
+        &[("HIVEFS_UP_PORTS", ports.as_str())],
+        |_| {},
+    );
+    let layout = std::fs::read_to_string(fs.dir.join("fs.toml")).unwrap();
+    assert!(!layout.contains(&m.to_string()), "{layout}");
+    std::fs::write(fs.path("f"), b"works").unwrap();
+    assert_eq!(std::fs::read(fs.path("f")).unwrap(), b"works");
+    drop(taken);
+}
