@@ -5,7 +5,9 @@ use crate::pools::Mgmt;
 use crate::util::{human, parse_size, print_table};
 use anyhow::{bail, Result};
 use clap::Subcommand;
-use hivefs_proto::{QuotaId, QuotaKind, QuotaLimit, Reply, Request};
+use hivefs_proto::{QuotaId, QuotaKind, QuotaLimit, QuotaUse, Reply, Request};
+use hivefs_types::ids::{NodeId, NodeType};
+use std::collections::BTreeMap;
 
 #[derive(Subcommand, Debug)]
 pub enum QuotaCmd {
@@ -35,8 +37,13 @@ pub enum QuotaCmd {
         conn: Conn,
     },
     /// List every quota with its usage as the metadata nodes last reported it (every
-    /// `quota_interval_ms`, mgmtd.toml; the age is shown).
+    /// `quota_interval_ms`, mgmtd.toml; the age is shown). With --all: the usage of
+    /// every user and group holding anything, limited or not, asked from every
+    /// metadata node now.
     List {
+        /// Every user and group with their current usage, instead of the limits.
+        #[arg(long)]
+        all: bool,
         #[command(flatten)]
         conn: Conn,
     },
@@ -73,7 +80,8 @@ pub fn quota(cmd: QuotaCmd) -> Result<()> {
                 r => bail!("unexpected reply from mgmtd: {r:?}"),
             }
         }
-        QuotaCmd::List { conn } => {
+        QuotaCmd::List { all: true, conn } => list_all(&conn),
+        QuotaCmd::List { all: false, conn } => {
             let Reply::Quotas { interval_ms, age_ms, quotas } = Mgmt::new(&conn)?.call(Request::GetQuotas)? else {
                 bail!("unexpected reply from mgmtd to GetQuotas");
             };
@@ -118,4 +126,48 @@ pub fn quota(cmd: QuotaCmd) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Every user's and group's usage, summed over every metadata namespace (each
+/// asked where it is served now: its node, or its buddy group's primary).
+fn list_all(conn: &Conn) -> Result<()> {
+    let r = crate::admin::resolve(conn)?;
+    let usage = crate::admin::rt()?.block_on(async {
+        let pools = hivefs_net::Pools::new(hivefs_net::ClientConfig::new(r.secret.clone()));
+        let cluster = hivefs_cluster::Cluster::new(&r.mgmtd, pools);
+        let view = cluster.refresh().await.map_err(|e| anyhow::anyhow!("mgmtd {}: {e}", r.mgmtd))?;
+        let mut namespaces: Vec<NodeId> =
+            view.nodes.keys().filter(|(t, _)| *t == NodeType::Meta).map(|(_, n)| *n).collect();
+        namespaces.sort();
+        let mut sum: BTreeMap<QuotaId, QuotaUse> = BTreeMap::new();
+        for n in namespaces {
+            let req = Request::QuotaUsage { ids: Vec::new() };
+            match cluster.meta_rpc(n, &req).await {
+                Ok(Reply::QuotaUsage(rows)) => {
+                    for (who, u) in rows {
+                        let s = sum.entry(who).or_default();
+                        s.inodes += u.inodes;
+                        s.bytes += u.bytes;
+                    }
+                }
+                Ok(other) => bail!("metadata node {n}: unexpected reply {other:?}"),
+                Err(e) => bail!("metadata node {n}: {e}"),
+            }
+        }
+        Ok(sum)
+    })?;
+    if conn.json {
+        let rows: Vec<_> = usage
+            .iter()
+            .map(|(w, u)| serde_json::json!({"kind": w.kind.name(), "id": w.id, "space_used": u.bytes, "inodes_used": u.inodes}))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "usage": rows }))?);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = usage
+        .iter()
+        .map(|(w, u)| vec![w.kind.name().to_string(), w.id.to_string(), human(u.bytes), u.inodes.to_string()])
+        .collect();
+    print_table(&["KIND", "ID", "SPACE", "INODES"], &rows);
+    Ok(())
 }

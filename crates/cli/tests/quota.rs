@@ -165,6 +165,16 @@ fn usage_follows_chown_rename_links_truncate_unlink_and_restart() {
     fs.reup();
     wait_used(&fs, "user", 1001, (3, 4096), "a restart");
     fs.assert_fsck_clean();
+    // Every user and group holding anything, asked from both metadata nodes now.
+    let all: serde_json::Value =
+        serde_json::from_str(&hivefs_ok(&["quota", "list", "--all", "--json", "--mount", fs.mnt_s()])).unwrap();
+    let row = |kind: &str, id: u64| {
+        all["usage"].as_array().unwrap().iter().find(|e| e["kind"] == kind && e["id"] == id).cloned()
+    };
+    let u1001 = row("user", 1001).unwrap_or_else(|| panic!("{all}"));
+    assert_eq!((u1001["inodes_used"].as_u64(), u1001["space_used"].as_u64()), (Some(3), Some(4096)), "{all}");
+    assert!(row("user", 0).is_some_and(|r| r["inodes_used"].as_u64() >= Some(1)), "root holds the root: {all}");
+    assert!(row("user", 1002).is_none(), "user 1002 holds nothing any more: {all}");
 
     // A wrong usage record (as a lost write would leave it) is found and recounted by fsck.
     fs.down();
