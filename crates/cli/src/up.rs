@@ -536,28 +536,47 @@ pub fn up(a: UpArgs) -> Result<()> {
         }
         std::fs::create_dir_all(&mnt).with_context(|| format!("cannot create mount point {}", mnt.display()))?;
         hivefs_fuse::check_mountpoint(&mnt).map_err(|e| anyhow!(e))?;
-        let args = vec![
-            "mount".to_string(),
-            "--mgmtd".into(),
-            mgmtd.clone(),
-            "--secret-file".into(),
-            secret_s.clone(),
-            "--cache-mode".into(),
-            layout.cache_mode.clone(),
-            "--atime".into(),
-            layout.atime.clone(),
-        ];
-        let mut args = args;
-        if let Some(m) = layout.metrics_port(&cdir) {
-            args.extend(["--metrics-listen".into(), format!("{}:{m}", layout.host)]);
+        let mut taken = 0;
+        loop {
+            let mut args = vec![
+                "mount".to_string(),
+                "--mgmtd".into(),
+                mgmtd.clone(),
+                "--secret-file".into(),
+                secret_s.clone(),
+                "--cache-mode".into(),
+                layout.cache_mode.clone(),
+                "--atime".into(),
+                layout.atime.clone(),
+            ];
+            if let Some(m) = layout.metrics_port(&cdir) {
+                args.extend(["--metrics-listen".into(), format!("{}:{m}", layout.host)]);
+            }
+            args.push(mnt.display().to_string());
+            spawn_service("mount", &args, &cdir)?;
+            let r = wait_until("the mount", timeout, || {
+                check_alive("mount", &cdir)?;
+                Ok(is_mounted(&mnt) && std::fs::metadata(&mnt).is_ok())
+            });
+            match (r, layout.metrics_index(&cdir)) {
+                // Its metrics port was taken since it was chosen (as for the services above).
+                (Err(e), Some(i))
+                    if first_up && taken < 5 && i < layout.metrics_ports.len() && port_was_taken("mount", &cdir) =>
+                {
+                    taken += 1;
+                    let (port, l) = free_port(&layout.host)?;
+                    eprintln!("mount: its metrics port was taken by another program ({e}); using port {port}");
+                    layout.metrics_ports[i] = port;
+                    hivefs_cluster::write_atomic(&dir.join("fs.toml"), toml::to_string(&layout)?.as_bytes())?;
+                    drop(l);
+                }
+                (r, _) => {
+                    r?;
+                    break;
+                }
+            }
         }
-        args.push(mnt.display().to_string());
-        spawn_service("mount", &args, &cdir)?;
         started.push("mount".into());
-        wait_until("the mount", timeout, || {
-            check_alive("mount", &cdir)?;
-            Ok(is_mounted(&mnt) && std::fs::metadata(&mnt).is_ok())
-        })?;
     }
 
     print_status(&dir, &layout)?;

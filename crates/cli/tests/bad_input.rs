@@ -121,22 +121,25 @@ fn a_port_taken_before_its_service_started_is_replaced() {
     assert_eq!(std::fs::read(fs.path("f")).unwrap(), b"works");
 }
 
-/// The same for a service's metrics port: the service fails to start on it, and gets
-/// another service port and another metrics port.
+/// The same for a service's and the mount's metrics ports: the service (the mount)
+/// fails to start on it, and gets other ports.
 #[test]
 fn a_metrics_port_taken_before_its_service_started_is_replaced() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let m = taken.local_addr().unwrap().port();
-    // Services mgmtd, meta1, storage1, then their metrics ports: meta1's is the fifth.
-    let ports = format!(",,,,{m}");
+    let taken2 = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let m2 = taken2.local_addr().unwrap().port();
+    // Services mgmtd, meta1, storage1, then the metrics ports of mgmtd, meta1 (the
+    // fifth), storage1 and the mount (the seventh).
+    let ports = format!(",,,,{m},,{m2}");
     let fs = TestFs::up_env(
         &["--storage", "1", "--targets-per-storage", "1"],
         &[("HIVEFS_UP_PORTS", ports.as_str())],
         |_| {},
     );
     let layout = std::fs::read_to_string(fs.dir.join("fs.toml")).unwrap();
-    assert!(!layout.contains(&m.to_string()), "{layout}");
+    assert!(!layout.contains(&m.to_string()) && !layout.contains(&m2.to_string()), "{layout}");
     std::fs::write(fs.path("f"), b"works").unwrap();
     assert_eq!(std::fs::read(fs.path("f")).unwrap(), b"works");
-    drop(taken);
+    drop((taken, taken2));
 }
