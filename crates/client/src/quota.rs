@@ -14,6 +14,7 @@ use hivefs_proto::{QuotaId, QuotaKind, QuotaState, Reply, Request};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::ids::PoolId;
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -36,17 +37,25 @@ const REPORTED_MAX: usize = 65_536;
 #[derive(Default)]
 pub struct Quotas {
     state: RwLock<Arc<HashMap<QuotaKey, QuotaState>>>,
+    /// `state` is not empty: read without a lock by every write.
+    any: AtomicBool,
     /// Every namespace report in `state` is newer than this.
     as_of: Mutex<Option<Instant>>,
     reported: Mutex<VecDeque<Reported>>,
 }
 
 impl Quotas {
+    /// Whether any limit is in force (no lock: checked before every growing write).
+    pub fn any(&self) -> bool {
+        self.any.load(Ordering::Relaxed)
+    }
+
     pub fn get(&self) -> Arc<HashMap<QuotaKey, QuotaState>> {
         self.state.read().expect("quotas").clone()
     }
 
     fn set(&self, q: Vec<QuotaState>, as_of: Option<Instant>) {
+        self.any.store(!q.is_empty(), Ordering::Relaxed);
         *self.state.write().expect("quotas") =
             Arc::new(q.into_iter().map(|s| ((s.limit.who, s.limit.pool), s)).collect());
         *self.as_of.lock().expect("quotas") = as_of;
@@ -55,7 +64,7 @@ impl Quotas {
     /// Notes `bytes` of growth of a file of `owner` (uid, gid) in `pool`
     /// that the metadata node now knows (while any limit is in force).
     pub fn note_reported(&self, owner: (u32, u32), pool: Option<PoolId>, bytes: u64) {
-        if bytes == 0 || self.state.read().expect("quotas").is_empty() {
+        if bytes == 0 || !self.any() {
             return;
         }
         let mut r = self.reported.lock().expect("quotas");

@@ -377,10 +377,10 @@ impl Inner {
     /// quota has no room for the growth plus what this mount has written
     /// beyond the sizes the metadata nodes know (`hivefs_client::quota`).
     fn check_quota(&self, id: EntryId, end: u64) -> FsResult<()> {
-        let q = self.client.quota().get();
-        if q.is_empty() {
+        if !self.client.quota().any() {
             return Ok(());
         }
+        let q = self.client.quota().get();
         let m = self.local_sizes.lock().expect("sizes");
         let Some(l) = m.get(&id) else { return Ok(()) };
         if end <= l.size {
@@ -1048,10 +1048,8 @@ impl Filesystem for HiveFs {
                 debug!("write refused: {e}");
                 return reply.error(errno(&e));
             }
-        }
-        // Chunk files held here: written on this thread, unless the write
-        // must first drop suid/sgid or is an append the metadata node places.
-        if let Ok(f) = self.inner.file(fh) {
+            // Chunk files held here: written on this thread, unless the write
+            // must first drop suid/sgid or is an append the metadata node places.
             let append = self.inner.global_locks && flags.0 & libc::O_APPEND != 0;
             if !append && (c.uid == 0 || !f.kill_privs.load(Ordering::Acquire)) {
                 if let Some(r) = self.inner.client.write_now(&f.pattern, f.ent.id, offset, data) {
