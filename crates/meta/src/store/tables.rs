@@ -64,8 +64,13 @@ impl Tables<'_> {
         if inode.kind != FileKind::Dir {
             self.touched.push(LeaseKey::Attr(id));
         }
-        let old = self.old_inode(id)?;
-        super::usage::account(&mut self.usage, old.as_ref(), Some(inode))?;
+        // Most writes (times, a parent's link count) move no usage: told
+        // from the old record's first fields, without decoding all of it.
+        let unchanged = self.inodes.get(id_key(id).as_slice())?.is_some_and(|v| super::usage::moves_nothing(&v, inode));
+        if !unchanged {
+            let old = self.old_inode(id)?;
+            super::usage::account(&mut self.usage, old.as_ref(), Some(inode))?;
+        }
         self.inodes.insert(id_key(id).as_slice(), encode(inode).as_slice())?;
         Ok(())
     }

@@ -150,7 +150,7 @@ fn records(t: &impl Kv) -> OpResult<BTreeMap<Vec<u8>, QuotaUse>> {
 /// The records an inode counts in (its user's and group's totals, and for
 /// a regular file their rows of its first stripe unit), and its bytes.
 fn weight(i: &Inode) -> (Vec<(QuotaId, Vec<u8>)>, u64) {
-    let bytes = if i.kind == FileKind::File { i.size } else { 0 };
+    let bytes = counted(i.kind, i.size);
     let unit = i.pattern.as_ref().filter(|p| p.stripe_count() > 0).map(|p| p.unit(0));
     let mut keys = Vec::with_capacity(4);
     for who in [QuotaId { kind: QuotaKind::User, id: i.uid }, QuotaId { kind: QuotaKind::Group, id: i.gid }] {
@@ -162,13 +162,39 @@ fn weight(i: &Inode) -> (Vec<(QuotaId, Vec<u8>)>, u64) {
     (keys, bytes)
 }
 
+/// The leading fields of an encoded [`Inode`] (postcard keeps declaration
+/// order): all that says whether a new version moves usage.
+#[derive(serde::Deserialize)]
+struct Head {
+    kind: FileKind,
+    _mode: u32,
+    uid: u32,
+    gid: u32,
+    size: u64,
+}
+
+fn counted(kind: FileKind, size: u64) -> u64 {
+    if kind == FileKind::File {
+        size
+    } else {
+        0
+    }
+}
+
+/// Whether replacing the encoded inode `old` by `new` leaves every usage
+/// record as it is (same owner, group and counted length). No allocation;
+/// an undecodable `old` answers false (the full decode then reports it).
+pub(crate) fn moves_nothing(old: &[u8], new: &Inode) -> bool {
+    postcard::take_from_bytes::<Head>(old).is_ok_and(|(h, _)| {
+        h.uid == new.uid && h.gid == new.gid && counted(h.kind, h.size) == counted(new.kind, new.size)
+    })
+}
+
 /// Moves an inode's weight from its `old` record to its `new` one (either
 /// absent: created or removed).
 pub(crate) fn account(t: &mut TableW<'_>, old: Option<&Inode>, new: Option<&Inode>) -> OpResult<()> {
-    let same_owner = |a: &Inode, b: &Inode| a.uid == b.uid && a.gid == b.gid;
     if let (Some(a), Some(b)) = (old, new) {
-        let counts = |i: &Inode| if i.kind == FileKind::File { i.size } else { 0 };
-        if same_owner(a, b) && counts(a) == counts(b) {
+        if a.uid == b.uid && a.gid == b.gid && counted(a.kind, a.size) == counted(b.kind, b.size) {
             return Ok(());
         }
     }
@@ -307,6 +333,18 @@ mod tests {
             .unwrap();
         m.apply(ch);
         assert_eq!(usage(&m), vec![(user(1000), u(1, 0)), (group(100), u(1, 0))]);
+    }
+
+    #[test]
+    fn the_first_fields_of_a_record_tell_whether_usage_moves() {
+        let i = inode(FileKind::File, 1000, 100, 10);
+        let old = crate::store::encode(&i);
+        assert!(moves_nothing(&old, &Inode { nlink: 3, ..i.clone() }));
+        assert!(!moves_nothing(&old, &Inode { size: 11, ..i.clone() }));
+        assert!(!moves_nothing(&old, &Inode { gid: 101, ..i.clone() }));
+        let dir = crate::store::encode(&inode(FileKind::Dir, 1000, 100, 4096));
+        assert!(moves_nothing(&dir, &inode(FileKind::Dir, 1000, 100, 8192)));
+        assert!(!moves_nothing(&old[..3], &i));
     }
 
     #[test]
