@@ -184,6 +184,18 @@ impl Layout {
         self.metrics_ports.get(self.metrics_index(sdir)?).copied()
     }
 
+    /// Gives the service (or mount) of `sdir` a new free metrics port, when it has one.
+    fn new_metrics_port(&mut self, sdir: &Path) -> Result<Option<u16>> {
+        match self.metrics_index(sdir) {
+            Some(i) if i < self.metrics_ports.len() => {
+                let (port, _free_until_here) = free_port(&self.host)?;
+                self.metrics_ports[i] = port;
+                Ok(Some(port))
+            }
+            _ => Ok(None),
+        }
+    }
+
     fn metrics_index(&self, sdir: &Path) -> Option<usize> {
         let name = sdir.file_name()?.to_str()?;
         let dir = sdir.parent()?;
@@ -448,14 +460,7 @@ pub fn up(a: UpArgs) -> Result<()> {
                     eprintln!("{name}: {addr} (or its metrics port) was taken by another program; using port {port}");
                     layout.set_port(name, port);
                     // Either port may be the taken one: the metrics port is chosen again too.
-                    let metrics = match layout.metrics_index(sdir) {
-                        Some(i) if i < layout.metrics_ports.len() => Some((i, free_port(&layout.host)?)),
-                        _ => None,
-                    };
-                    if let Some((i, (m, _))) = &metrics {
-                        layout.metrics_ports[*i] = *m;
-                    }
-                    drop(metrics);
+                    layout.new_metrics_port(sdir)?;
                     hivefs_cluster::write_atomic(&dir.join("fs.toml"), toml::to_string(&*layout)?.as_bytes())?;
                     drop(l);
                     spawn_service(name, &layout.service_args(role, port, sdir, &secret), sdir)
@@ -558,19 +563,15 @@ pub fn up(a: UpArgs) -> Result<()> {
                 check_alive("mount", &cdir)?;
                 Ok(is_mounted(&mnt) && std::fs::metadata(&mnt).is_ok())
             });
-            match (r, layout.metrics_index(&cdir)) {
+            match r {
                 // Its metrics port was taken since it was chosen (as for the services above).
-                (Err(e), Some(i))
-                    if first_up && taken < 5 && i < layout.metrics_ports.len() && port_was_taken("mount", &cdir) =>
-                {
+                Err(e) if first_up && taken < 5 && port_was_taken("mount", &cdir) => {
                     taken += 1;
-                    let (port, l) = free_port(&layout.host)?;
+                    let Some(port) = layout.new_metrics_port(&cdir)? else { return Err(e) };
                     eprintln!("mount: its metrics port was taken by another program ({e}); using port {port}");
-                    layout.metrics_ports[i] = port;
                     hivefs_cluster::write_atomic(&dir.join("fs.toml"), toml::to_string(&layout)?.as_bytes())?;
-                    drop(l);
                 }
-                (r, _) => {
+                r => {
                     r?;
                     break;
                 }
