@@ -287,6 +287,58 @@ fn both_buddies_dead_fail_with_eio_in_bounded_time_and_recover() {
     });
 }
 
+/// Writes that arrive while a resync runs reach the secondary too: the
+/// primary's view of the group still says needs-resync for up to a heartbeat
+/// after the resync began (and mgmtd says good as soon as it ended), so a
+/// primary trusting its view would skip those forwards and a later failover
+/// would serve zeros where acknowledged data was.
+#[test]
+fn writes_during_a_resync_reach_the_secondary() {
+    // Targets limited to 24 MiB/s, so the resync of 16 MiB takes most of a second.
+    let fs =
+        TestFs::up_with(&["--storage", "2", "--targets-per-storage", "1", "--mirror", "--chunk-size", "1m"], |fs| {
+            std::fs::create_dir_all(fs.dir.join("mgmtd")).unwrap();
+            std::fs::write(fs.dir.join("mgmtd/mgmtd.toml"), FAST_FAILOVER).unwrap();
+            for s in ["storage1", "storage2"] {
+                std::fs::create_dir_all(fs.dir.join(s)).unwrap();
+                std::fs::write(fs.dir.join(format!("{s}/storage.toml")), "target_rate_limit = \"24MiB\"\n").unwrap();
+            }
+        });
+    let m = fs.mnt_s();
+    let victim = service_of_target(&fs, groups(m)[0]["secondary"]["id"].as_u64().unwrap());
+    fs.kill9(&victim);
+    // A writer makes small files one after another until told to stop,
+    // before, during and after the resync; it returns what it wrote. Each
+    // file is written once: a write the secondary missed stays missing.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (stop, dir) = (stop.clone(), fs.mnt.clone());
+        std::thread::spawn(move || {
+            let mut written = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let d = random_bytes(1000 + written.len() as u64, 16 << 10);
+                std::fs::write(dir.join(format!("w{}", written.len())), &d).unwrap();
+                written.push(d);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            written
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::write(fs.path("big"), random_bytes(40, 16 << 20)).unwrap();
+    fs.reup();
+    wait_for("the resync to finish", Duration::from_secs(60), || groups(m)[0]["secondary"]["state"] == "good");
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let written = writer.join().unwrap();
+    eprintln!("the writer made {} files", written.len());
+    assert_eq!(groups(m)[0]["secondary"]["state"], "good", "a forward failed after the resync");
+    assert_eq!(assert_buddies_equal(&fs, m), vec![written.len() + 1]);
+    for (i, d) in written.iter().enumerate() {
+        assert!(std::fs::read(fs.path(&format!("w{i}"))).unwrap() == *d, "w{i}");
+    }
+}
+
 #[test]
 fn an_interrupted_resync_goes_on_after_the_next_return() {
     // Targets limited to 24 MiB/s, so a resync of 64 MiB takes seconds and can be cut.

@@ -59,6 +59,12 @@ pub(crate) struct TargetMirror {
     recent: Mutex<Recent>,
     locks: Vec<tokio::sync::RwLock<()>>,
     resyncing: AtomicBool,
+    /// As primary, this target sends every change to its secondary, whatever
+    /// the (possibly older) group view says: set by a resync before it reads
+    /// the dirty list, cleared when a forward fails and on a change of role.
+    /// mgmtd's state may be newer than the view (a resync sets it good), so
+    /// the view alone must never decide to skip a forward.
+    forwarding: AtomicBool,
 }
 
 impl TargetMirror {
@@ -92,11 +98,20 @@ impl TargetMirror {
             recent: Mutex::new(Recent { entries: VecDeque::new(), overflowed: false }),
             locks: (0..LOCK_STRIPES).map(|_| tokio::sync::RwLock::new(())).collect(),
             resyncing: AtomicBool::new(false),
+            forwarding: AtomicBool::new(false),
         })
     }
 
     fn lock(&self, e: EntryId) -> &tokio::sync::RwLock<()> {
         &self.locks[usize::from(e.hash_dir()) % LOCK_STRIPES]
+    }
+
+    /// Waits until every change that holds an entry lock now has finished
+    /// (a change decides whether to forward while it holds its lock).
+    async fn drain_changes(&self) {
+        for l in &self.locks {
+            drop(l.write().await);
+        }
     }
 
     /// Adds entries to the dirty list, appending the new ones to its file
@@ -254,6 +269,11 @@ impl Mirror {
             if primary && matches!(before, Some((e, false)) if e < g.epoch) {
                 self.promoted(&g).await;
             }
+            if !primary {
+                if let Some(tm) = self.targets.get(&TargetId(g.secondary)) {
+                    tm.forwarding.store(false, Ordering::SeqCst);
+                }
+            }
             if !primary && !matches!(before, Some((_, false))) {
                 // Demoted (or first seen as secondary after a restart): the
                 // primary decides what this copy misses; a list kept from an
@@ -300,6 +320,8 @@ impl Mirror {
             (r.entries.iter().map(|(_, e)| *e).collect::<BTreeSet<_>>(), r.overflowed)
         };
         warn!(group = %g.id, target = %tm.target, epoch = g.epoch, recent = entries.len(), "this target is now the primary of its buddy group");
+        // The old primary is a secondary that needs a resync: only that turns forwarding on.
+        tm.forwarding.store(false, Ordering::SeqCst);
         if let Err(e) = tm.mark_dirty(&entries.into_iter().collect::<Vec<_>>()) {
             error!("{e}");
         }
@@ -328,6 +350,11 @@ impl Mirror {
         let full = g.secondary_state == Consistency::Bad;
         let sec = TargetId(g.secondary);
         self.set_state(&g, Consistency::Resyncing).await?;
+        // From here every change is forwarded; a change that decided not to
+        // forward before this has marked its entries dirty once it lets go of
+        // its lock, so the dirty list read after the drain is complete.
+        tm.forwarding.store(true, Ordering::SeqCst);
+        tm.drain_changes().await;
         let pool = self.cluster.group_target_pool(sec).await?;
         let env = Envelope {
             mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Resync }),
@@ -362,19 +389,30 @@ impl Mirror {
             }
         }
         let todo: Vec<EntryId> = tm.dirty.lock().expect("dirty lock").iter().copied().collect();
-        let total = todo.len() as u64;
+        let mut total = todo.len() as u64;
         info!(group = %g.id, from = %tm.target, to = %sec, chunks = total, full, "resync started");
         let mut last_report = Instant::now();
-        for (done, e) in todo.into_iter().enumerate() {
-            {
-                let _held = tm.lock(e).write().await;
-                self.copy_entry(tm, &*pool, &env, sec, e).await?;
-                tm.dirty.lock().expect("dirty lock").remove(&e);
+        let mut done = 0u64;
+        let mut todo = todo;
+        while !todo.is_empty() {
+            for e in todo {
+                if !tm.forwarding.load(Ordering::SeqCst) {
+                    return Err(fs_err!(Unavailable, "a forward to target {sec} failed during the resync"));
+                }
+                {
+                    let _held = tm.lock(e).write().await;
+                    self.copy_entry(tm, &*pool, &env, sec, e).await?;
+                    tm.dirty.lock().expect("dirty lock").remove(&e);
+                }
+                done += 1;
+                if last_report.elapsed() > Duration::from_secs(1) {
+                    last_report = Instant::now();
+                    let _ = self.mgmt.rpc(&Request::ResyncProgress { group: g.id, done, total }).await;
+                }
             }
-            if last_report.elapsed() > Duration::from_secs(1) {
-                last_report = Instant::now();
-                let _ = self.mgmt.rpc(&Request::ResyncProgress { group: g.id, done: done as u64 + 1, total }).await;
-            }
+            // Entries a change marked dirty while the list was being read.
+            todo = tm.dirty.lock().expect("dirty lock").iter().copied().collect();
+            total += todo.len() as u64;
         }
         let _ = self.mgmt.rpc(&Request::ResyncProgress { group: g.id, done: total, total }).await;
         tm.persist_dirty()?;
@@ -542,7 +580,10 @@ async fn as_primary(ready: &Ready, h: MirrorHdr, mut req: Request, payload: Byte
         guards.push(tm.locks[s].read().await);
     }
     let sec = TargetId(g.secondary);
-    let forward = matches!(g.secondary_state, Consistency::Good | Consistency::Resyncing);
+    // A forward too many is harmless; one too few loses data at the next
+    // failover: forward when either this target or the view says so.
+    let forward =
+        tm.forwarding.load(Ordering::SeqCst) || matches!(g.secondary_state, Consistency::Good | Consistency::Resyncing);
     if forward {
         let env = Envelope {
             mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Forward }),
@@ -600,6 +641,8 @@ async fn as_member(ready: &Ready, h: MirrorHdr, mut req: Request, payload: Bytes
 /// unless mgmtd agrees (it refuses a primary of an older epoch), so a
 /// primary cut off from mgmtd acknowledges nothing with one copy.
 async fn degrade(m: &Mirror, tm: &TargetMirror, g: &GroupInfo, entries: &[EntryId], why: &str) -> FsResult<()> {
+    // First: a resync running now must not end as good (it checks this).
+    tm.forwarding.store(false, Ordering::SeqCst);
     tm.mark_dirty(entries)?;
     if let Err(e) = m.set_state(g, Consistency::NeedsResync).await {
         return Err(fs_err!(
