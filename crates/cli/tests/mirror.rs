@@ -287,6 +287,19 @@ fn both_buddies_dead_fail_with_eio_in_bounded_time_and_recover() {
     });
 }
 
+/// One buddy group over two storage servers of one target each, limited to
+/// 24 MiB/s, so a resync of 16 MiB or more takes a noticeable time.
+fn slow_mirrored_pair() -> TestFs {
+    TestFs::up_with(&["--storage", "2", "--targets-per-storage", "1", "--mirror", "--chunk-size", "1m"], |fs| {
+        std::fs::create_dir_all(fs.dir.join("mgmtd")).unwrap();
+        std::fs::write(fs.dir.join("mgmtd/mgmtd.toml"), FAST_FAILOVER).unwrap();
+        for s in ["storage1", "storage2"] {
+            std::fs::create_dir_all(fs.dir.join(s)).unwrap();
+            std::fs::write(fs.dir.join(format!("{s}/storage.toml")), "target_rate_limit = \"24MiB\"\n").unwrap();
+        }
+    })
+}
+
 /// Writes that arrive while a resync runs reach the secondary too: the
 /// primary's view of the group still says needs-resync for up to a heartbeat
 /// after the resync began (and mgmtd says good as soon as it ended), so a
@@ -295,15 +308,7 @@ fn both_buddies_dead_fail_with_eio_in_bounded_time_and_recover() {
 #[test]
 fn writes_during_a_resync_reach_the_secondary() {
     // Targets limited to 24 MiB/s, so the resync of 16 MiB takes most of a second.
-    let fs =
-        TestFs::up_with(&["--storage", "2", "--targets-per-storage", "1", "--mirror", "--chunk-size", "1m"], |fs| {
-            std::fs::create_dir_all(fs.dir.join("mgmtd")).unwrap();
-            std::fs::write(fs.dir.join("mgmtd/mgmtd.toml"), FAST_FAILOVER).unwrap();
-            for s in ["storage1", "storage2"] {
-                std::fs::create_dir_all(fs.dir.join(s)).unwrap();
-                std::fs::write(fs.dir.join(format!("{s}/storage.toml")), "target_rate_limit = \"24MiB\"\n").unwrap();
-            }
-        });
+    let fs = slow_mirrored_pair();
     let m = fs.mnt_s();
     let victim = service_of_target(&fs, groups(m)[0]["secondary"]["id"].as_u64().unwrap());
     fs.kill9(&victim);
@@ -342,15 +347,7 @@ fn writes_during_a_resync_reach_the_secondary() {
 #[test]
 fn an_interrupted_resync_goes_on_after_the_next_return() {
     // Targets limited to 24 MiB/s, so a resync of 64 MiB takes seconds and can be cut.
-    let fs =
-        TestFs::up_with(&["--storage", "2", "--targets-per-storage", "1", "--mirror", "--chunk-size", "1m"], |fs| {
-            std::fs::create_dir_all(fs.dir.join("mgmtd")).unwrap();
-            std::fs::write(fs.dir.join("mgmtd/mgmtd.toml"), FAST_FAILOVER).unwrap();
-            for s in ["storage1", "storage2"] {
-                std::fs::create_dir_all(fs.dir.join(s)).unwrap();
-                std::fs::write(fs.dir.join(format!("{s}/storage.toml")), "target_rate_limit = \"24MiB\"\n").unwrap();
-            }
-        });
+    let fs = slow_mirrored_pair();
     let m = fs.mnt_s();
     let g = &groups(m)[0];
     let secondary = g["secondary"]["id"].as_u64().unwrap();
