@@ -257,14 +257,25 @@ fn mirrored_chunks(target: &Path) -> BTreeMap<String, Vec<u8>> {
     out
 }
 
-/// `hivefs mirror list --json` from the client host.
+/// `hivefs mirror list --json` from the client host (storage groups).
 fn mirror_list(c: &NetCluster) -> Vec<serde_json::Value> {
+    groups_of(c, "storage")
+}
+
+/// `hivefs mirror list --json --type KIND` from the client host; empty when it fails.
+fn groups_of(c: &NetCluster, kind: &str) -> Vec<serde_json::Value> {
     let m = c.clients[0].mnt.to_str().unwrap().to_string();
-    let out = c.hivefs_on(&c.clients[0].host, &["mirror", "list", "--json", "--mount", &m]);
+    let out = c.hivefs_on(&c.clients[0].host, &["mirror", "list", "--json", "--type", kind, "--mount", &m]);
     serde_json::from_slice::<serde_json::Value>(&out.stdout)
         .ok()
         .and_then(|v| v.as_array().cloned())
         .unwrap_or_default()
+}
+
+/// Both metadata groups have both members good.
+fn meta_groups_good(c: &NetCluster) -> bool {
+    let gs = groups_of(c, "meta");
+    gs.len() == 2 && gs.iter().all(|g| g["primary"]["state"] == "good" && g["secondary"]["state"] == "good")
 }
 
 /// A mirrored directory `d` on a cluster of 2 storage hosts x 2 targets (one group's
@@ -379,18 +390,8 @@ fn a_metadata_primary_behind_a_cut_link_is_replaced_and_resynced() {
     }
     // The hosts are network namespaces of one machine: one hostname, so --force.
     c.hivefs_ok_on(&client, &["mirror", "create", "--type", "meta", "--auto", "--force", "--mount", &m]);
-    let groups = |c: &NetCluster| -> Vec<serde_json::Value> {
-        let out = c.hivefs_on(&client, &["mirror", "list", "--json", "--type", "meta", "--mount", &m]);
-        serde_json::from_slice::<serde_json::Value>(&out.stdout)
-            .ok()
-            .and_then(|v| v.as_array().cloned())
-            .unwrap_or_default()
-    };
-    let good = |c: &NetCluster| {
-        let gs = groups(c);
-        gs.len() == 2 && gs.iter().all(|g| g["primary"]["state"] == "good" && g["secondary"]["state"] == "good")
-    };
-    c.wait_for("both metadata groups good", Duration::from_secs(60), |c| good(c));
+    let groups = |c: &NetCluster| groups_of(c, "meta");
+    c.wait_for("both metadata groups good", Duration::from_secs(60), meta_groups_good);
     // The root's namespace is the first metadata host's (node 1): cut its link.
     let root = c.entry_info(&mnt)["owner_meta_node"].as_u64().unwrap();
     let meta_host = c.meta_host.clone();
@@ -409,7 +410,7 @@ fn a_metadata_primary_behind_a_cut_link_is_replaced_and_resynced() {
     }
     // The old primary, which lost mgmtd too, never served alone; healed, it is resynced.
     c.tb.heal(&host_of_root).unwrap();
-    c.wait_for("both metadata groups good again", Duration::from_secs(60), |c| good(c));
+    c.wait_for("both metadata groups good again", Duration::from_secs(60), meta_groups_good);
     assert_eq!(std::fs::read_to_string(mnt.join("d0/after-cut")).unwrap(), "after\n");
     let out = c.hivefs_on(&client, &["fsck", "--mount", &m]);
     assert!(
@@ -418,4 +419,198 @@ fn a_metadata_primary_behind_a_cut_link_is_replaced_and_resynced() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// One storm worker, a shell in a child process (I/O that waits for a failover stays
+/// out of the test's threads): in `$1` it creates, renames, moves to `$2` (another
+/// namespace's directory) and unlinks, appending each acknowledged operation to the
+/// local file `$4`; it stops once `$5` exists (after at least 50 rounds) and fails at
+/// the first error.
+const STORM: &str = r#"set -eu
+mine=$1 other=$2 w=$3 log=$4 stop=$5
+i=0
+while [ ! -e "$stop" ] || [ "$i" -lt 50 ]; do
+  n="w$w-$i"
+  printf %s "$n" > "$mine/$n"; echo "create $n" >> "$log"
+  case $((i % 6)) in
+    2) mv "$mine/$n" "$mine/$n-r"; echo "rename $n" >> "$log" ;;
+    4) mv "$mine/$n" "$other/$n"; echo "move $n" >> "$log" ;;
+    5) rm "$mine/$n"; echo "unlink $n" >> "$log" ;;
+  esac
+  i=$((i + 1))
+done
+"#;
+
+/// What the storm logs say each directory holds: (worker's own, the other's).
+fn storm_model(log: &str) -> (std::collections::BTreeSet<String>, std::collections::BTreeSet<String>) {
+    let (mut here, mut there) = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
+    for line in log.lines() {
+        let (op, n) = line.split_once(' ').unwrap_or_else(|| panic!("storm log line {line:?}"));
+        let n = n.to_string();
+        match op {
+            "create" => {
+                here.insert(n);
+            }
+            "rename" => {
+                here.remove(&n);
+                here.insert(format!("{n}-r"));
+            }
+            "move" => {
+                here.remove(&n);
+                there.insert(n);
+            }
+            "unlink" => {
+                here.remove(&n);
+            }
+            _ => panic!("storm log line {line:?}"),
+        }
+    }
+    (here, there)
+}
+
+#[test]
+fn a_metadata_primary_killed_during_a_storm_loses_and_doubles_nothing() {
+    let mut c = NetCluster::start("mh-mdstorm", 1, 1, 1);
+    c.add_meta("meta2");
+    let client = c.clients[0].host.clone();
+    let mnt = c.clients[0].mnt.clone();
+    let m = mnt.to_str().unwrap().to_string();
+    c.hivefs_ok_on(&client, &["mirror", "create", "--type", "meta", "--auto", "--force", "--mount", &m]);
+    c.wait_for("both metadata groups good", Duration::from_secs(60), meta_groups_good);
+    // One directory in each namespace (the chooser decides: names are tried).
+    let mut by_owner = BTreeMap::new();
+    for k in 0..20 {
+        let d = mnt.join(format!("s{k}"));
+        std::fs::create_dir(&d).unwrap();
+        by_owner.entry(c.entry_info(&d)["owner_meta_node"].as_u64().unwrap()).or_insert(d);
+        if by_owner.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(by_owner.len(), 2, "directories in both namespaces");
+    let dirs: Vec<std::path::PathBuf> = by_owner.into_values().collect();
+    // Settle: the mount knows both groups before anything dies.
+    std::thread::sleep(Duration::from_secs(4));
+    let stop = c.tmp.path().join("storm-stop");
+    let logs: Vec<std::path::PathBuf> = (0..2).map(|w| c.tmp.path().join(format!("storm{w}.log"))).collect();
+    let workers: Vec<netcluster::Bounded> = (0..2)
+        .map(|w| {
+            let mut sh = Command::new("sh");
+            sh.args(["-c", STORM, "storm"]).arg(&dirs[w]).arg(&dirs[1 - w]).arg(w.to_string()).arg(&logs[w]).arg(&stop);
+            bounded(&format!("storm worker {w}"), sh)
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    // The root's namespace is the first metadata host's (node 1): kill its server.
+    let root = c.entry_info(&mnt)["owner_meta_node"].as_u64().unwrap();
+    assert_eq!(root, 1, "the root is served by the first metadata node");
+    let killed = Instant::now();
+    c.kill9("meta");
+    c.wait_for("the switch-over", Duration::from_secs(30), |c| {
+        groups_of(c, "meta").iter().any(|g| g["secondary"]["id"] == root && g["epoch"] == 1)
+    });
+    eprintln!("switched over {:?} after the kill", killed.elapsed());
+    std::thread::sleep(Duration::from_secs(3));
+    std::fs::write(&stop, b"").unwrap();
+    for (w, worker) in workers.into_iter().enumerate() {
+        let (out, took) = worker.wait(Duration::from_secs(120));
+        assert!(
+            out.status.success(),
+            "storm worker {w} failed after {took:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut expect = [std::collections::BTreeSet::new(), std::collections::BTreeSet::new()];
+    let mut ops = 0;
+    for (w, log) in logs.iter().enumerate() {
+        let text = std::fs::read_to_string(log).unwrap();
+        ops += text.lines().count();
+        let (here, there) = storm_model(&text);
+        expect[w].extend(here);
+        expect[1 - w].extend(there);
+    }
+    eprintln!("{ops} acknowledged storm operations");
+    // Every acknowledged entry exactly once: the listing is the model.
+    for (w, d) in dirs.iter().enumerate() {
+        let got: std::collections::BTreeSet<String> =
+            std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        assert_eq!(got, expect[w], "entries of {}", d.display());
+        for name in &got {
+            let body = std::fs::read_to_string(d.join(name)).unwrap();
+            assert!(name.starts_with(&body), "{}/{name} holds {body:?}", d.display());
+        }
+    }
+    // The killed server returns as secondary and is resynced; fsck is clean.
+    c.restart("meta");
+    c.wait_for("both metadata groups good again", Duration::from_secs(60), meta_groups_good);
+    let out = c.hivefs_on(&client, &["fsck", "--mount", &m]);
+    assert!(
+        out.status.success(),
+        "fsck: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Copies local `src` to `dst` inside the mount in a child process, bounded.
+fn copy_in(src: &Path, dst: &Path) {
+    let mut cp = Command::new("cp");
+    cp.arg(src).arg(dst);
+    let (out, _) = bounded("cp into the mount", cp).wait(Duration::from_secs(90));
+    assert!(out.status.success(), "cp {} {}: {}", src.display(), dst.display(), String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn a_storage_resync_interrupted_by_a_kill_goes_on_after_the_next_return() {
+    let mut c = NetCluster::start("mh-resync", 2, 2, 1);
+    let (primary_service, dirs) = mirrored_setup(&c);
+    let away = if primary_service == "storage1" { "storage2" } else { "storage1" };
+    let away_host = c.storage[if away == "storage1" { 0 } else { 1 }].host.clone();
+    let mnt = c.clients[0].mnt.clone();
+    let local = c.tmp.path().join("local");
+    std::fs::create_dir(&local).unwrap();
+    let mut files = Vec::new();
+    for (i, len) in [1, 12, 12, 12].into_iter().enumerate() {
+        let src = local.join(format!("f{i}"));
+        std::fs::write(&src, random_bytes(60 + i as u64, len * MIB)).unwrap();
+        files.push((src, mnt.join(format!("d/f{i}"))));
+    }
+    copy_in(&files[0].0, &files[0].1);
+    // The server of group 1's secondary (and group 2's primary) dies: group 2 switches
+    // over; what is written meanwhile is in its groups' dirty lists.
+    c.kill9(away);
+    for (src, dst) in &files[1..] {
+        copy_in(src, dst);
+    }
+    let state = |c: &NetCluster, want: &str| {
+        let gs = mirror_list(c);
+        gs.len() == 2 && gs.iter().all(|g| g["secondary"]["state"] == want)
+    };
+    c.wait_for("both groups degraded", Duration::from_secs(30), |c| state(c, "needs-resync"));
+    // It returns behind a slow link, so its resync takes seconds; it dies in the middle.
+    c.tb.shape(&away_host, 64_000_000).unwrap();
+    c.restart(away);
+    c.wait_for("a resync to start", Duration::from_secs(30), |c| {
+        mirror_list(c).iter().any(|g| g["secondary"]["state"] == "resyncing")
+    });
+    std::thread::sleep(Duration::from_millis(1000));
+    let gs = mirror_list(&c);
+    assert!(gs.iter().any(|g| g["secondary"]["state"] == "resyncing"), "the resyncs ended before the kill: {gs:?}");
+    c.kill9(away);
+    c.wait_for("the cut resyncs noticed", Duration::from_secs(30), |c| state(c, "needs-resync"));
+    // A write meanwhile joins what the next resync copies.
+    let late = local.join("late");
+    std::fs::write(&late, random_bytes(70, 3 * MIB)).unwrap();
+    copy_in(&late, &mnt.join("d/late"));
+    files.push((late, mnt.join("d/late")));
+    c.tb.unshape(&away_host).unwrap();
+    c.restart(away);
+    c.wait_for("every group good again", Duration::from_secs(90), |c| state(c, "good"));
+    assert_buddies_equal(&c, &dirs);
+    for (src, dst) in &files {
+        check_same(dst, &std::fs::read(src).unwrap(), "after the interrupted resync");
+    }
+    let m = mnt.to_str().unwrap();
+    let out = c.hivefs_on(&c.clients[0].host, &["fsck", "--mount", m]);
+    assert!(out.status.success(), "fsck: {}", String::from_utf8_lossy(&out.stdout));
 }
