@@ -377,13 +377,31 @@ fn mirrored_fio_survives_a_link_cut_to_a_primary() {
     assert_buddies_equal(&c, &dirs);
 }
 
+/// `hivefs fsck` from the first client host finds nothing.
+fn assert_fsck_clean(c: &NetCluster) {
+    let m = c.clients[0].mnt.to_str().unwrap();
+    let out = c.hivefs_on(&c.clients[0].host, &["fsck", "--mount", m]);
+    assert!(
+        out.status.success(),
+        "fsck: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A cluster with two metadata hosts (one storage host, one client): the cluster,
+/// the client host, its mount point and that as a string.
+fn two_metadata_hosts(tag: &str) -> (NetCluster, hivefs_testbed::Host, std::path::PathBuf, String) {
+    let mut c = NetCluster::start(tag, 1, 1, 1);
+    c.add_meta("meta2");
+    let (client, mnt) = (c.clients[0].host.clone(), c.clients[0].mnt.clone());
+    let m = mnt.to_str().unwrap().to_string();
+    (c, client, mnt, m)
+}
+
 #[test]
 fn a_metadata_primary_behind_a_cut_link_is_replaced_and_resynced() {
-    let mut c = NetCluster::start("mh-mdcut", 1, 1, 1);
-    c.add_meta("meta2");
-    let client = c.clients[0].host.clone();
-    let mnt = c.clients[0].mnt.clone();
-    let m = mnt.to_str().unwrap().to_string();
+    let (c, client, mnt, m) = two_metadata_hosts("mh-mdcut");
     for i in 0..6 {
         std::fs::create_dir(mnt.join(format!("d{i}"))).unwrap();
         std::fs::write(mnt.join(format!("d{i}/f")), format!("file {i}")).unwrap();
@@ -412,13 +430,7 @@ fn a_metadata_primary_behind_a_cut_link_is_replaced_and_resynced() {
     c.tb.heal(&host_of_root).unwrap();
     c.wait_for("both metadata groups good again", Duration::from_secs(60), meta_groups_good);
     assert_eq!(std::fs::read_to_string(mnt.join("d0/after-cut")).unwrap(), "after\n");
-    let out = c.hivefs_on(&client, &["fsck", "--mount", &m]);
-    assert!(
-        out.status.success(),
-        "fsck: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_fsck_clean(&c);
 }
 
 /// One storm worker, a shell in a child process (I/O that waits for a failover stays
@@ -470,11 +482,7 @@ fn storm_model(log: &str) -> (std::collections::BTreeSet<String>, std::collectio
 
 #[test]
 fn a_metadata_primary_killed_during_a_storm_loses_and_doubles_nothing() {
-    let mut c = NetCluster::start("mh-mdstorm", 1, 1, 1);
-    c.add_meta("meta2");
-    let client = c.clients[0].host.clone();
-    let mnt = c.clients[0].mnt.clone();
-    let m = mnt.to_str().unwrap().to_string();
+    let (mut c, client, mnt, m) = two_metadata_hosts("mh-mdstorm");
     c.hivefs_ok_on(&client, &["mirror", "create", "--type", "meta", "--auto", "--force", "--mount", &m]);
     c.wait_for("both metadata groups good", Duration::from_secs(60), meta_groups_good);
     // One directory in each namespace (the chooser decides: names are tried).
@@ -543,13 +551,7 @@ fn a_metadata_primary_killed_during_a_storm_loses_and_doubles_nothing() {
     // The killed server returns as secondary and is resynced; fsck is clean.
     c.restart("meta");
     c.wait_for("both metadata groups good again", Duration::from_secs(60), meta_groups_good);
-    let out = c.hivefs_on(&client, &["fsck", "--mount", &m]);
-    assert!(
-        out.status.success(),
-        "fsck: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_fsck_clean(&c);
 }
 
 /// Copies local `src` to `dst` inside the mount in a child process, bounded.
@@ -610,7 +612,5 @@ fn a_storage_resync_interrupted_by_a_kill_goes_on_after_the_next_return() {
     for (src, dst) in &files {
         check_same(dst, &std::fs::read(src).unwrap(), "after the interrupted resync");
     }
-    let m = mnt.to_str().unwrap();
-    let out = c.hivefs_on(&c.clients[0].host, &["fsck", "--mount", m]);
-    assert!(out.status.success(), "fsck: {}", String::from_utf8_lossy(&out.stdout));
+    assert_fsck_clean(&c);
 }
