@@ -417,3 +417,39 @@ fn a_secondary_away_through_many_checkpoints_gets_only_what_it_missed() {
     assert_eq!(std::fs::read_dir(&fs.mnt).unwrap().count(), 4000);
     fs.assert_fsck_clean();
 }
+
+/// Directories made below a mirrored namespace stay in mirrored namespaces:
+/// with only the root's namespace mirrored, every new directory below the
+/// root is owned by it, never by the unmirrored second node.
+#[test]
+fn new_directories_below_a_mirrored_namespace_stay_mirrored() {
+    let fs = TestFs::up(&["--meta", "2", "--storage", "1"]);
+    let m = fs.mnt_s();
+    let root = fs.entry_info("")["owner_meta_node"].as_u64().unwrap();
+    let other = if root == 1 { "2" } else { "1" };
+    hivefs_ok(&[
+        "mirror",
+        "create",
+        "--type",
+        "meta",
+        "--primary",
+        &root.to_string(),
+        "--secondary",
+        other,
+        "--force",
+        "--mount",
+        m,
+    ]);
+    wait_for("the root's namespace mirrored", Duration::from_secs(60), || {
+        let gs = groups(m);
+        gs.len() == 1 && all_good(m)
+    });
+    // Time for the metadata nodes to see the group in their view.
+    std::thread::sleep(Duration::from_secs(3));
+    for i in 0..12 {
+        let d = format!("d{i}");
+        std::fs::create_dir(fs.path(&d)).unwrap();
+        let owner = fs.entry_info(&d)["owner_meta_node"].as_u64().unwrap();
+        assert_eq!(owner, root, "{d} is owned by unmirrored metadata node {owner}");
+    }
+}

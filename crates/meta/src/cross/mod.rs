@@ -52,7 +52,7 @@ use crate::store::{
 };
 use crate::targets::BoxFut;
 use hivefs_cluster::Cluster;
-use hivefs_proto::{Envelope, MetaChooser, OpId, Reachability, Reply, Request, RENAME_NOREPLACE};
+use hivefs_proto::{Envelope, GroupKind, MetaChooser, OpId, Reachability, Reply, Request, RENAME_NOREPLACE};
 use hivefs_types::attr::{EntryAttr, FileKind, Timespec};
 use hivefs_types::error::{FsError, FsResult};
 use hivefs_types::fs_err;
@@ -137,6 +137,13 @@ impl CrashHook {
 pub trait Peers: Send + Sync + 'static {
     /// Metadata nodes that may own new directories (online ones).
     fn meta_nodes(&self) -> Vec<NodeId>;
+    /// Of those, the ones that may own a directory made in namespace
+    /// `parent_ns`: below a mirrored namespace only mirrored ones, so a
+    /// mirrored tree stays mirrored.
+    fn new_dir_owners(&self, parent_ns: NodeId) -> Vec<NodeId> {
+        let _ = parent_ns;
+        self.meta_nodes()
+    }
     /// Sends a request with its envelope to metadata node `node`.
     fn call_with(&self, node: NodeId, env: Envelope, req: Request) -> BoxFut<FsResult<Reply>>;
     /// Sends a request to metadata node `node`.
@@ -161,6 +168,16 @@ impl Peers for ClusterPeers {
             .collect();
         n.sort();
         n
+    }
+
+    fn new_dir_owners(&self, parent_ns: NodeId) -> Vec<NodeId> {
+        let v = self.cluster.view();
+        let mirrored = |ns: NodeId| v.groups.values().any(|g| g.kind == GroupKind::Meta && g.serves == Some(ns));
+        let all = self.meta_nodes();
+        if !mirrored(parent_ns) {
+            return all;
+        }
+        all.into_iter().filter(|n| mirrored(*n)).collect()
     }
 
     fn call_with(&self, node: NodeId, env: Envelope, req: Request) -> BoxFut<FsResult<Reply>> {

@@ -176,7 +176,7 @@ impl Namespace {
     fn choose_owner(&self, chooser: MetaChooser) -> NodeId {
         let me = self.node();
         let Some(peers) = self.peers() else { return me };
-        let nodes = peers.meta_nodes();
+        let nodes = peers.new_dir_owners(me);
         if nodes.len() <= 1 {
             return me;
         }
