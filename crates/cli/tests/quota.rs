@@ -193,3 +193,25 @@ fn usage_follows_chown_rename_links_truncate_unlink_and_restart() {
     fs.assert_fsck_clean();
     wait_used(&fs, "user", 1001, (3, 4096), "fsck --repair");
 }
+
+/// At an inode limit, a removal makes room at once every time, also while a
+/// usage report is on its way to mgmtd: the node counts what changed since
+/// the usage it reported, not since mgmtd's answer arrived.
+#[test]
+fn a_removal_at_the_limit_always_makes_room() {
+    let fs = TestFs::up_with(&[], |fs| {
+        std::fs::create_dir_all(fs.dir.join("mgmtd")).unwrap();
+        std::fs::write(fs.dir.join("mgmtd/mgmtd.toml"), "quota_interval_ms = 100\n").unwrap();
+    });
+    sh(&fs, "mkdir r && chown 1005:1005 r");
+    hivefs_ok(&["quota", "set", "--uid", "1005", "--inodes", "3", "--space", "none", "--mount", fs.mnt_s()]);
+    wait_used(&fs, "user", 1005, (1, 0), "setting the limit");
+    // Directories: no open handle whose release (sent in the background)
+    // could keep a removed file counted for a moment.
+    let o = as_user(&fs, 1005, 1005, "mkdir r/a r/b");
+    assert!(o.status.success(), "{}", out(&o));
+    assert!(edquot(&as_user(&fs, 1005, 1005, "mkdir r/c")), "at the inode limit");
+    let o =
+        as_user(&fs, 1005, 1005, "i=0; while [ $i -lt 400 ]; do rmdir r/a && mkdir r/a || exit 1; i=$((i+1)); done");
+    assert!(o.status.success(), "a removal at the limit did not make room: {}", out(&o));
+}

@@ -522,10 +522,17 @@ async fn report_quotas(cluster: Arc<Cluster>, ns: std::sync::Weak<Namespace>) {
             }
         };
         drop(n);
+        // mgmtd's sums include this node's usage as reported here, not as it
+        // is when the answer arrives: what changed meanwhile is counted as
+        // changed since (a removal in between makes room at once).
+        let reported: std::collections::HashMap<_, _> = match &req {
+            Request::QuotaReport { usage, .. } => usage.iter().copied().collect(),
+            _ => Default::default(),
+        };
         match cluster.mgmt().rpc(&req).await {
             Ok(Reply::Quotas { interval_ms, quotas, .. }) => {
                 let Some(ns) = ns.upgrade() else { return };
-                ns.set_quotas(quotas);
+                ns.set_quotas(quotas, &reported);
                 every = Duration::from_millis(interval_ms.clamp(100, 60_000));
             }
             Ok(r) => debug!("mgmtd answered a quota report with {r:?}"),

@@ -27,14 +27,15 @@ pub struct QuotaGate {
 struct Fetched {
     /// By user or group and pool (`None`: the whole file system).
     quotas: HashMap<(QuotaId, Option<PoolId>), QuotaState>,
-    /// This node's own usage of each limited user or group when the limits
-    /// were fetched.
+    /// This node's own usage of each limited user or group as mgmtd's sums
+    /// include it.
     local: HashMap<QuotaId, QuotaUse>,
 }
 
 impl QuotaGate {
-    /// Installs what mgmtd answered; `local` reads this node's usage of one
-    /// user or group now.
+    /// Installs what mgmtd answered; `local` gives this node's usage of one
+    /// user or group as mgmtd's sums count it (as reported with the request
+    /// mgmtd answered): the checks add what changed here since.
     pub fn set(&self, quotas: Vec<QuotaState>, local: impl Fn(QuotaId) -> QuotaUse) {
         let fetched = (!quotas.is_empty()).then(|| {
             let local = quotas.iter().map(|q| (q.limit.who, local(q.limit.who))).collect();

@@ -339,10 +339,11 @@ impl Namespace {
         Ok(hivefs_proto::Request::QuotaReport { namespace: self.node, usage, by_unit })
     }
 
-    /// Installs quota limits fetched from mgmtd (see `quota`).
-    pub fn set_quotas(&self, quotas: Vec<QuotaState>) {
-        let mem = self.mem.clone();
-        self.quota.set(quotas, |w| mem.read(|t| usage::get(&t.usage, w)).unwrap_or_default());
+    /// Installs quota limits fetched from mgmtd (see `quota`), whose usage
+    /// includes this node's as `reported` with the request that fetched them
+    /// (nothing for a user or group it did not report).
+    pub fn set_quotas(&self, quotas: Vec<QuotaState>, reported: &HashMap<QuotaId, QuotaUse>) {
+        self.quota.set(quotas, |w| reported.get(&w).copied().unwrap_or_default());
     }
 
     pub fn meta_stat(&self) -> FsResult<Reply> {
