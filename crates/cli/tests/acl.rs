@@ -305,3 +305,58 @@ fn default_acls_are_inherited_across_metadata_nodes() {
     }
     assert!(owners.iter().any(|o| *o != owner("d")), "some subdirectories on other nodes: {owners:?}");
 }
+
+/// open(O_CREAT) without O_EXCL of a name another client creates between
+/// this kernel's lookup and its create: the kernel trusts the create's answer
+/// as a file this call made and checks nothing, so the mount must check the
+/// found file's permissions itself. A user loops `>>` (O_CREAT|O_APPEND) on
+/// one name while root, through another mount, keeps creating it mode 0600
+/// and removing it; the user must never hold root's file open.
+#[test]
+fn a_create_racing_another_clients_create_checks_permissions() {
+    let fs = TestFs::up(&["--storage", "1"]);
+    let m2 = fs.second_mount();
+    // Root's files are mode 0600 in the first round (the user must never open
+    // one), 0666 in the second (no open may be refused).
+    for (round, umask) in [(0, "077"), (1, "000")] {
+        let d = fs.path(&format!("race{round}"));
+        std::fs::create_dir(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let (f, f2) = (d.join("f"), m2.mnt.join(format!("race{round}/f")));
+        let stop = fs.tmp.path().join(format!("stop-root{round}"));
+        let mut root = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "umask {umask}; while [ ! -e '{s}' ]; do (set -C; : > '{f}') 2>/dev/null; rm -f '{f}'; done",
+                s = stop.display(),
+                f = f2.display()
+            ))
+            .spawn()
+            .unwrap();
+        let user = as_user(
+            OTHER,
+            &[],
+            &format!(
+                "i=0; while [ $i -lt 3000 ]; do (exec 3>>'{f}' && stat -L -c 'owner=%u' /dev/fd/3) 2>&1 | sed 's/.*: //'; \
+                 i=$((i+1)); done",
+                f = f.display()
+            ),
+        );
+        std::fs::write(&stop, b"").unwrap();
+        root.wait().unwrap();
+        let text = String::from_utf8_lossy(&user.stdout);
+        let opened = text.lines().filter(|l| l.starts_with("owner=")).count();
+        let roots = text.lines().filter(|l| *l == "owner=0").count();
+        eprintln!("round {round}: user {OTHER} opened the name {opened} times of 3000, {roots} of them root's file");
+        if round == 0 {
+            assert_eq!(roots, 0, "user {OTHER} opened root's mode-0600 file for writing {roots} times");
+        } else {
+            // A file root removes between the lookup and the open (or the
+            // stat) may still give ENOENT, as on other network file systems;
+            // a refusal would be this check's mistake.
+            let refused = text.lines().filter(|l| l.contains("Permission denied")).count();
+            assert_eq!(refused, 0, "opens of a mode-0666 file refused");
+            assert!(roots > 0, "the user never opened root's file");
+        }
+    }
+}

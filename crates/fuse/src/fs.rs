@@ -207,8 +207,13 @@ fn without_privs(mode: u32) -> u32 {
 /// The caller's group and supplementary groups (FUSE passes only the
 /// first): from `/proc/PID/status`, or the group alone when that is gone.
 fn caller_groups(req: &Request) -> Vec<u32> {
-    let mut groups = vec![req.gid()];
-    if let Ok(s) = std::fs::read_to_string(format!("/proc/{}/status", req.pid())) {
+    groups_of(req.pid(), req.gid())
+}
+
+/// Process `pid`'s groups, `gid` (its file-system group) first.
+fn groups_of(pid: u32, gid: u32) -> Vec<u32> {
+    let mut groups = vec![gid];
+    if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
         if let Some(l) = s.lines().find_map(|l| l.strip_prefix("Groups:")) {
             groups.extend(l.split_whitespace().filter_map(|g| g.parse::<u32>().ok()));
         }
@@ -448,6 +453,47 @@ impl Inner {
         let write = acc == libc::O_WRONLY || acc == libc::O_RDWR;
         let attr = self.client.open(ent, write).await?;
         self.opened(ent, attr, flags, c).await
+    }
+
+    /// Opens the existing entry `name` of `parent` for a create that found
+    /// it (no O_EXCL), checking the caller's access as the kernel would for
+    /// an open: its mode bits, and its access ACL when ACLs are on. Returns
+    /// the attributes of the file, counted open on its metadata node.
+    async fn open_existing(&self, parent: Ent, name: &[u8], flags: i32, c: Caller, pid: u32) -> FsResult<EntryAttr> {
+        let a = self.client.lookup(parent, name).await?;
+        match a.kind {
+            FileKind::File => {}
+            FileKind::Dir => return Err(FsError::new(ErrorCode::IsDir, format!("{} is a directory", a.id))),
+            _ => return Err(FsError::new(ErrorCode::Exists, format!("{} exists and is not a regular file", a.id))),
+        }
+        let acc = flags & libc::O_ACCMODE;
+        let write = acc == libc::O_WRONLY || acc == libc::O_RDWR;
+        let want = match acc {
+            libc::O_WRONLY => 2,
+            libc::O_RDWR => 6,
+            _ => 4,
+        } | if flags & libc::O_TRUNC != 0 { 2 } else { 0 };
+        let ent = Ent::from(&a);
+        let acl = if self.acl.load(Ordering::Relaxed) && c.uid != 0 {
+            match self.client.getxattr(ent, acl::XATTR_ACCESS).await {
+                Ok(v) => Some(acl::Acl::decode(&v).map_err(|e| {
+                    FsError::new(ErrorCode::Io, format!("{}: stored access ACL is not valid: {e}", a.id))
+                })?),
+                Err(e) if e.code == ErrorCode::NoData => None,
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
+        let groups = if c.uid == 0 { Vec::new() } else { groups_of(pid, c.gid) };
+        let who = acl::Asker { uid: c.uid, groups: &groups };
+        if !acl::permits(a.mode, (a.uid, a.gid), acl.as_ref(), &who, want) {
+            return Err(FsError::new(
+                ErrorCode::AccessDenied,
+                format!("user {} may not open {} (mode {:o}) this way", c.uid, a.id, a.mode & 0o7777),
+            ));
+        }
+        self.client.open(ent, write).await
     }
 
     /// Sets up the handle of a file the metadata node counted open (`attr`
@@ -975,17 +1021,36 @@ impl Filesystem for HiveFs {
     ) {
         let name = name_bytes(name);
         let (c, m) = (self.inner.creator(req, umask), self.inner.create_mode(mode, umask));
+        let pid = req.pid();
         run!(self, reply, |inner| {
             let p = inner.ent(parent)?;
             let excl = flags & libc::O_EXCL != 0;
-            // One request creates the file and counts the open.
-            let a = inner.client.create_open(p, &name, m, excl, c).await?;
+            // One request creates the file and counts the open. Always
+            // exclusive: the kernel takes whatever this answers as a file
+            // the call created, and checks neither permissions nor O_TRUNC.
+            let mut tries = 0;
+            let (a, created) = loop {
+                tries += 1;
+                match inner.client.create_open(p, &name, m, true, c).await {
+                    Ok(a) => break (a, true),
+                    // The name appeared after the kernel's lookup (another client
+                    // made it): opened here as open(2) opens an existing file,
+                    // or created again if it went away meanwhile.
+                    Err(e) if !excl && e.code == ErrorCode::Exists => {
+                        match inner.open_existing(p, &name, flags, c, pid).await {
+                            Err(e) if e.code == ErrorCode::NotFound && tries < 8 => continue,
+                            r => break (r?, false),
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
             let ent = Ent::from(&a);
             // A file this call created needs no truncation (nor the time update of O_TRUNC).
-            let flags = if a.size == 0 { flags & !libc::O_TRUNC } else { flags };
+            let flags = if created { flags & !libc::O_TRUNC } else { flags };
             let (fh, f) = inner.opened(ent, a.clone(), flags, c).await?;
-            if excl {
-                // A file this call created (O_EXCL) has no capabilities.
+            if created {
+                // A file this call created has no capabilities.
                 inner.remember_caps(ent.id, None);
             }
             let open_flags = inner.cache_mode.open_flags(flags, inner.global_locks, f.unchanged);
@@ -994,7 +1059,7 @@ impl Filesystem for HiveFs {
                 // handle writes, but the kernel drops size and times at each
                 // of its own writes; an existing file's (O_TRUNC) are not
                 // cached.
-                let leased = a.size == 0;
+                let leased = created;
                 inner.client.with_leases(a.id, Some((p.id, &name)), |attrs, name_left| {
                     let ttl = if leased { attrs.min(inner.entry_ttl(name_left)) } else { ATTR_TTL };
                     reply.created(&ttl, &inner.entry_reply(&a), Generation(0), FileHandle(fh), open_flags)
