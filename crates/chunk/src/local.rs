@@ -21,15 +21,25 @@
 //!   service nonce (32), node id (u32);
 //! - client → service: client nonce (32), then its MAC (32) if has-secret;
 //! - service → client: 0 (admitted) or 1, then its MAC (32) if has-secret;
-//! - request, client → service ([`REQUEST_LEN`] bytes): op (1: open),
-//!   target (u32), entry (node u32, epoch u32, counter u64), flags (bit 0:
-//!   create);
+//! - request, client → service ([`REQUEST_LEN`] bytes): op (1: open,
+//!   2: open a mirrored chunk to read), target (u32), entry (node u32, epoch
+//!   u32, counter u64), flags (bit 0: create); op 2 (version 2 services
+//!   only) is followed by the buddy group (u32) and its epoch (u64);
 //! - answer: status (0: descriptor attached, 1: no chunk file, 2: not
-//!   offered, 3: error), message length (u16), message (UTF-8).
+//!   offered, 3: error, 4: read-only descriptor attached, valid for the
+//!   milliseconds in the message, a u32), message length (u16), message
+//!   (UTF-8, or the u32 of status 4).
+//!
+//! A mirrored chunk is handed out only by its group's primary, read-only
+//! (writes must pass the primary, which forwards them), and only for as long
+//! as the primary's lease from mgmtd lasts: mgmtd switches a group over only
+//! after the old primary's lease ended, so a reader that stops using the
+//! descriptor at that time never reads a copy that has stopped being the
+//! primary's (`docs/design-mirror.md`).
 
 use hivefs_net::auth::{nonce, Secret};
 use hivefs_types::error::{ErrorCode, FsError};
-use hivefs_types::ids::{EntryId, NodeId, TargetId};
+use hivefs_types::ids::{BuddyGroupId, EntryId, NodeId, TargetId};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
 use rustix::net::{
@@ -46,12 +56,18 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tracing::{debug, warn};
 
 const MAGIC: &[u8; 4] = b"HVSC";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
+/// The oldest service version a client talks to (version 1 has no op 2).
+const VERSION_MIN: u8 = 1;
 const HELLO_LEN: usize = 4 + 1 + 1 + 32 + 4;
 /// Length of a request.
 pub const REQUEST_LEN: usize = 1 + 4 + 16 + 1;
 const OP_OPEN: u8 = 1;
+const OP_OPEN_MIRRORED: u8 = 2;
+/// Bytes after a request of [`OP_OPEN_MIRRORED`]: group (u32), epoch (u64).
+const MIRRORED_EXTRA: usize = 4 + 8;
 const FLAG_CREATE: u8 = 1;
+const STATUS_READ_ONLY: u8 = 4;
 /// Longest error message sent back.
 const MESSAGE_MAX: usize = 1024;
 
@@ -76,6 +92,21 @@ pub enum Offer {
 /// What a storage service plugs in: opens chunk files (may block).
 pub trait ChunkOpener: Send + Sync + 'static {
     fn open(&self, target: TargetId, entry: EntryId, create: bool) -> Result<Offer, FsError>;
+
+    /// Opens `target`'s copy of a chunk of buddy group `group` for reading,
+    /// if `target` is the group's primary at `epoch` now; with the file, how
+    /// long it may be read (the rest of the primary's lease). A service that
+    /// hands out no mirrored chunks refuses.
+    fn open_mirrored(
+        &self,
+        target: TargetId,
+        entry: EntryId,
+        group: BuddyGroupId,
+        epoch: u64,
+    ) -> Result<(Offer, Duration), FsError> {
+        let _ = (entry, group, epoch);
+        Ok((Offer::Refused(format!("mirrored chunks of target {target} are not handed out")), Duration::ZERO))
+    }
 }
 
 /// A request, decoded.
@@ -84,23 +115,49 @@ pub struct OpenRequest {
     pub target: TargetId,
     pub entry: EntryId,
     pub create: bool,
+    /// A mirrored chunk to read: its buddy group and the group's epoch as
+    /// the client knows it (op 2).
+    pub mirrored: Option<(BuddyGroupId, u64)>,
 }
 
 impl OpenRequest {
-    pub fn encode(&self) -> [u8; REQUEST_LEN] {
+    /// The first [`REQUEST_LEN`] bytes, and the [`MIRRORED_EXTRA`] of a mirrored open.
+    pub fn encode(&self) -> ([u8; REQUEST_LEN], Option<[u8; MIRRORED_EXTRA]>) {
         let mut b = [0u8; REQUEST_LEN];
-        b[0] = OP_OPEN;
+        b[0] = if self.mirrored.is_some() { OP_OPEN_MIRRORED } else { OP_OPEN };
         b[1..5].copy_from_slice(&self.target.0.to_le_bytes());
         b[5..9].copy_from_slice(&self.entry.node.to_le_bytes());
         b[9..13].copy_from_slice(&self.entry.epoch.to_le_bytes());
         b[13..21].copy_from_slice(&self.entry.counter.to_le_bytes());
         b[21] = if self.create { FLAG_CREATE } else { 0 };
-        b
+        let extra = self.mirrored.map(|(g, epoch)| {
+            let mut x = [0u8; MIRRORED_EXTRA];
+            x[..4].copy_from_slice(&g.0.to_le_bytes());
+            x[4..].copy_from_slice(&epoch.to_le_bytes());
+            x
+        });
+        (b, extra)
     }
 
-    pub fn decode(b: &[u8; REQUEST_LEN]) -> Result<OpenRequest, String> {
-        if b[0] != OP_OPEN {
-            return Err(format!("unknown operation {}", b[0]));
+    /// Whether a request starting with `b` has [`MIRRORED_EXTRA`] more bytes.
+    pub fn has_extra(b: &[u8; REQUEST_LEN]) -> bool {
+        b[0] == OP_OPEN_MIRRORED
+    }
+
+    /// Decodes a request: `extra` holds the bytes after the first
+    /// [`REQUEST_LEN`] when [`OpenRequest::has_extra`] says there are some.
+    pub fn decode(b: &[u8; REQUEST_LEN], extra: Option<&[u8; MIRRORED_EXTRA]>) -> Result<OpenRequest, String> {
+        let mirrored = match (b[0], extra) {
+            (OP_OPEN, None) => None,
+            (OP_OPEN_MIRRORED, Some(x)) => Some((
+                BuddyGroupId(u32::from_le_bytes(x[..4].try_into().expect("4 bytes"))),
+                u64::from_le_bytes(x[4..].try_into().expect("8 bytes")),
+            )),
+            (OP_OPEN_MIRRORED, None) => return Err("a mirrored open without its group".into()),
+            (op, _) => return Err(format!("unknown operation {op}")),
+        };
+        if mirrored.is_some() && b[21] & FLAG_CREATE != 0 {
+            return Err("a mirrored chunk is opened to read only, not created".into());
         }
         if b[21] & !FLAG_CREATE != 0 {
             return Err(format!("unknown flags {:#x}", b[21]));
@@ -114,6 +171,7 @@ impl OpenRequest {
                 counter: u64::from_le_bytes(b[13..21].try_into().expect("8 bytes")),
             },
             create: b[21] & FLAG_CREATE != 0,
+            mirrored,
         })
     }
 }
@@ -222,33 +280,46 @@ async fn serve_conn(
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
         }
-        let req = match OpenRequest::decode(&req) {
+        let mut extra = [0u8; MIRRORED_EXTRA];
+        let has_extra = OpenRequest::has_extra(&req);
+        if has_extra {
+            s.read_exact(&mut extra).await?;
+        }
+        let req = match OpenRequest::decode(&req, has_extra.then_some(&extra)) {
             Ok(r) => r,
             Err(e) => {
                 // A malformed request ends the connection: its framing is lost.
                 warn!(pid = ?cred.pid(), "short-circuit client sent a malformed request: {e}");
-                send_answer(&s, 3, &format!("malformed request: {e}"), None).await?;
+                send_answer(&s, 3, format!("malformed request: {e}").as_bytes(), None).await?;
                 return Ok(());
             }
         };
         let o = opener.clone();
-        let r = tokio::task::spawn_blocking(move || o.open(req.target, req.entry, req.create))
-            .await
-            .unwrap_or_else(|e| Err(FsError::new(ErrorCode::Internal, format!("chunk open task failed: {e}"))));
+        let r = tokio::task::spawn_blocking(move || match req.mirrored {
+            None => o.open(req.target, req.entry, req.create).map(|f| (f, None)),
+            Some((g, epoch)) => o.open_mirrored(req.target, req.entry, g, epoch).map(|(f, d)| (f, Some(d))),
+        })
+        .await
+        .unwrap_or_else(|e| Err(FsError::new(ErrorCode::Internal, format!("chunk open task failed: {e}"))));
         match r {
-            Ok(Offer::File(f)) => send_answer(&s, 0, "", Some(f.as_fd())).await?,
-            Ok(Offer::NoChunk) => send_answer(&s, 1, "", None).await?,
-            Ok(Offer::Refused(why)) => send_answer(&s, 2, &why, None).await?,
-            Err(e) => send_answer(&s, 3, &e.to_string(), None).await?,
+            Ok((Offer::File(f), None)) => send_answer(&s, 0, b"", Some(f.as_fd())).await?,
+            Ok((Offer::File(f), Some(valid))) => {
+                let ms = u32::try_from(valid.as_millis()).unwrap_or(u32::MAX);
+                send_answer(&s, STATUS_READ_ONLY, &ms.to_le_bytes(), Some(f.as_fd())).await?
+            }
+            Ok((Offer::NoChunk, _)) => send_answer(&s, 1, b"", None).await?,
+            Ok((Offer::Refused(why), _)) => send_answer(&s, 2, why.as_bytes(), None).await?,
+            Err(e) => send_answer(&s, 3, e.to_string().as_bytes(), None).await?,
         }
     }
 }
 
-fn answer_bytes(status: u8, message: &str) -> Vec<u8> {
-    let mut m = message.as_bytes();
+fn answer_bytes(status: u8, message: &[u8]) -> Vec<u8> {
+    let mut m = message;
     if m.len() > MESSAGE_MAX {
+        // Cut at a character boundary (messages are UTF-8).
         let mut end = MESSAGE_MAX;
-        while !message.is_char_boundary(end) {
+        while end > 0 && (m[end] & 0xc0) == 0x80 {
             end -= 1;
         }
         m = &m[..end];
@@ -263,7 +334,7 @@ fn answer_bytes(status: u8, message: &str) -> Vec<u8> {
 async fn send_answer(
     s: &tokio::net::UnixStream,
     status: u8,
-    message: &str,
+    message: &[u8],
     fd: Option<BorrowedFd<'_>>,
 ) -> io::Result<()> {
     let b = answer_bytes(status, message);
@@ -324,6 +395,8 @@ fn recv_with_fd(sock: BorrowedFd<'_>, data: &mut [u8]) -> io::Result<(usize, Opt
 pub struct LocalConn {
     stream: std::os::unix::net::UnixStream,
     node: NodeId,
+    /// The service's protocol version.
+    version: u8,
     /// One request and its answer at a time.
     exchange: std::sync::Mutex<()>,
 }
@@ -355,9 +428,10 @@ impl LocalConn {
         }
         let mut hello = [0u8; HELLO_LEN];
         stream.read_exact(&mut hello)?;
-        if &hello[..4] != MAGIC || hello[4] != VERSION {
-            return Err(proto_err(node, "not a HiveFS short-circuit socket of this version"));
+        if &hello[..4] != MAGIC || !(VERSION_MIN..=VERSION).contains(&hello[4]) {
+            return Err(proto_err(node, "not a HiveFS short-circuit socket of a version this client knows"));
         }
+        let version = hello[4];
         let has_secret = hello[5] != 0;
         let ns: [u8; 32] = hello[6..38].try_into().expect("32 bytes");
         let their_node = NodeId(u32::from_le_bytes(hello[38..42].try_into().expect("4 bytes")));
@@ -387,14 +461,40 @@ impl LocalConn {
                 return Err(proto_err(node, "did not prove it knows the shared secret"));
             }
         }
-        Ok(Some(LocalConn { stream, node, exchange: std::sync::Mutex::new(()) }))
+        Ok(Some(LocalConn { stream, node, version, exchange: std::sync::Mutex::new(()) }))
     }
 
     /// Asks for `target`'s chunk file of `entry` (created if `create`).
     pub fn open(&self, target: TargetId, entry: EntryId, create: bool) -> io::Result<Result<Offer, FsError>> {
+        Ok(self.ask(OpenRequest { target, entry, create, mirrored: None })?.map(|(o, _)| o))
+    }
+
+    /// Asks for the copy on `target` of buddy group `group`'s chunk of
+    /// `entry` (to read), `target` being its primary at `epoch` as the
+    /// caller knows it; with the file, how long it may be read.
+    pub fn open_mirrored(
+        &self,
+        target: TargetId,
+        entry: EntryId,
+        group: BuddyGroupId,
+        epoch: u64,
+    ) -> io::Result<Result<(Offer, Duration), FsError>> {
+        if self.version < 2 {
+            let why = format!("storage node {} hands out no mirrored chunks (an older version)", self.node);
+            return Ok(Ok((Offer::Refused(why), Duration::ZERO)));
+        }
+        let r = self.ask(OpenRequest { target, entry, create: false, mirrored: Some((group, epoch)) })?;
+        Ok(r.map(|(o, valid)| (o, valid.unwrap_or(Duration::ZERO))))
+    }
+
+    fn ask(&self, req: OpenRequest) -> io::Result<Result<(Offer, Option<Duration>), FsError>> {
         let _one = self.exchange.lock().unwrap_or_else(|p| p.into_inner());
         let mut stream = &self.stream;
-        stream.write_all(&OpenRequest { target, entry, create }.encode())?;
+        let (head, extra) = req.encode();
+        match extra {
+            Some(x) => stream.write_all(&[&head[..], &x[..]].concat())?,
+            None => stream.write_all(&head)?,
+        }
         let mut head = [0u8; 3];
         let (mut n, fd) = recv_with_fd(self.stream.as_fd(), &mut head)?;
         if n == 0 {
@@ -407,14 +507,24 @@ impl LocalConn {
             }
             n += m;
         }
-        let mut msg = vec![0u8; u16::from_le_bytes([head[1], head[2]]) as usize];
-        stream.read_exact(&mut msg)?;
-        let msg = String::from_utf8_lossy(&msg).into_owned();
+        let mut raw = vec![0u8; u16::from_le_bytes([head[1], head[2]]) as usize];
+        stream.read_exact(&mut raw)?;
+        let msg = String::from_utf8_lossy(&raw).into_owned();
         Ok(match (head[0], fd) {
-            (0, Some(fd)) => Ok(Offer::File(std::fs::File::from(fd))),
-            (0, None) => return Err(proto_err(self.node, "answered without the descriptor")),
-            (1, _) => Ok(Offer::NoChunk),
-            (2, _) => Ok(Offer::Refused(msg)),
+            (0, Some(fd)) if req.mirrored.is_none() => Ok((Offer::File(std::fs::File::from(fd)), None)),
+            (STATUS_READ_ONLY, Some(fd)) if req.mirrored.is_some() => {
+                let ms: [u8; 4] = raw
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| proto_err(self.node, "a read-only answer without its validity"))?;
+                let valid = Duration::from_millis(u32::from_le_bytes(ms).into());
+                Ok((Offer::File(std::fs::File::from(fd)), Some(valid)))
+            }
+            (0 | STATUS_READ_ONLY, _) => {
+                return Err(proto_err(self.node, "answered without the descriptor, or with the wrong kind"))
+            }
+            (1, _) => Ok((Offer::NoChunk, None)),
+            (2, _) => Ok((Offer::Refused(msg), None)),
             (3, _) => Err(FsError::new(ErrorCode::Io, msg)),
             (s, _) => return Err(proto_err(self.node, format_args!("unknown answer status {s}"))),
         })
@@ -443,15 +553,27 @@ mod tests {
     #[test]
     fn requests_round_trip_and_garbage_is_refused() {
         for create in [false, true] {
-            let r = OpenRequest { target: TargetId(7), entry: E, create };
-            assert_eq!(OpenRequest::decode(&r.encode()), Ok(r));
+            let r = OpenRequest { target: TargetId(7), entry: E, create, mirrored: None };
+            let (b, x) = r.encode();
+            assert!(x.is_none() && !OpenRequest::has_extra(&b));
+            assert_eq!(OpenRequest::decode(&b, None), Ok(r));
         }
-        let mut b = OpenRequest { target: TargetId(7), entry: E, create: true }.encode();
+        let m =
+            OpenRequest { target: TargetId(7), entry: E, create: false, mirrored: Some((BuddyGroupId(3), 1 << 40)) };
+        let (b, x) = m.encode();
+        assert!(OpenRequest::has_extra(&b));
+        assert_eq!(OpenRequest::decode(&b, x.as_ref()), Ok(m));
+        assert!(OpenRequest::decode(&b, None).unwrap_err().contains("without its group"));
+        let (mut created, x) = OpenRequest { create: true, ..m }.encode();
+        assert!(OpenRequest::decode(&created, x.as_ref()).unwrap_err().contains("read only"));
+        created[0] = OP_OPEN;
+        assert!(OpenRequest::decode(&created, x.as_ref()).unwrap_err().contains("unknown operation"));
+        let (mut b, _) = OpenRequest { target: TargetId(7), entry: E, create: true, mirrored: None }.encode();
         b[0] = 9;
-        assert!(OpenRequest::decode(&b).unwrap_err().contains("unknown operation"));
+        assert!(OpenRequest::decode(&b, None).unwrap_err().contains("unknown operation"));
         b[0] = OP_OPEN;
         b[21] = 0x81;
-        assert!(OpenRequest::decode(&b).unwrap_err().contains("unknown flags"));
+        assert!(OpenRequest::decode(&b, None).unwrap_err().contains("unknown flags"));
     }
 
     /// Hands out files below a directory: `<dir>/<target>-<counter>`;
@@ -469,6 +591,22 @@ mod tests {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Offer::NoChunk),
                 Err(e) => Err(FsError::new(ErrorCode::Io, format!("{}: {e}", p.display()))),
             }
+        }
+
+        /// Group 5 at epoch 2 only, valid for 1.5 s, read-only.
+        fn open_mirrored(
+            &self,
+            target: TargetId,
+            entry: EntryId,
+            group: BuddyGroupId,
+            epoch: u64,
+        ) -> Result<(Offer, Duration), FsError> {
+            if (group, epoch) != (BuddyGroupId(5), 2) {
+                return Err(FsError::new(ErrorCode::Unavailable, format!("not the primary of {group} at {epoch}")));
+            }
+            let p = self.0.join(format!("{target}-{}", entry.counter));
+            let f = std::fs::File::open(&p).map_err(|e| FsError::new(ErrorCode::Io, e.to_string()))?;
+            Ok((Offer::File(f), Duration::from_millis(1500)))
         }
     }
 
@@ -494,6 +632,18 @@ mod tests {
             assert_eq!(std::fs::read(root.join("1-171")).unwrap(), b"through the descriptor");
             let Ok(Offer::Refused(why)) = c.open(TargetId(9), E, true).unwrap() else { panic!("not refused") };
             assert!(why.contains("rate-limited"), "{why}");
+            // A mirrored chunk: read-only, with how long it may be read; not
+            // from a member that is not the primary at that epoch.
+            let Ok((Offer::File(f), valid)) = c.open_mirrored(TargetId(1), E, BuddyGroupId(5), 2).unwrap() else {
+                panic!("no mirrored file")
+            };
+            assert_eq!(valid, Duration::from_millis(1500));
+            let mut b = [0u8; 7];
+            f.read_exact_at(&mut b, 0).unwrap();
+            assert_eq!(&b, b"through");
+            assert!(f.write_all_at(b"x", 0).is_err(), "a mirrored chunk is handed out read-only");
+            let e = c.open_mirrored(TargetId(1), E, BuddyGroupId(5), 1).unwrap().expect_err("stale epoch");
+            assert!(e.to_string().contains("not the primary"), "{e}");
             assert!(c.alive());
             c
         })
@@ -541,7 +691,7 @@ mod tests {
         let _server = serve_local(&name, NodeId(3), None, Arc::new(DirOpener(d.path().into()))).unwrap();
         tokio::task::spawn_blocking(move || {
             let mut c = LocalConn::connect(&name, NodeId(3), None).unwrap().unwrap();
-            let mut b = OpenRequest { target: TargetId(1), entry: E, create: false }.encode();
+            let (mut b, _) = OpenRequest { target: TargetId(1), entry: E, create: false, mirrored: None }.encode();
             b[0] = 77;
             c.stream.write_all(&b).unwrap();
             let mut head = [0u8; 3];

@@ -95,6 +95,15 @@ impl ChunkStore {
         }
     }
 
+    /// Opens the chunk file for reading only; `None` if it does not exist.
+    pub fn open_readonly(&self, entry: EntryId) -> FsResult<Option<File>> {
+        match File::open(self.chunk_path(entry)) {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.err(entry, &e)),
+        }
+    }
+
     /// Makes every missing sub-directory of `chunks/` (which must exist)
     /// and, if it made any, fsyncs `chunks/` once. Returns how many it made.
     pub fn make_subdirs(&self) -> std::io::Result<usize> {

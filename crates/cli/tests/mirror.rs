@@ -449,3 +449,45 @@ fn a_full_secondary_degrades_its_group_and_writes_go_on() {
     });
     assert_eq!(assert_buddies_equal(&fs, m), vec![1]);
 }
+
+/// Bytes the storage services have served to read over TCP (their metrics).
+fn served_reads(fs: &TestFs) -> f64 {
+    let st: serde_json::Value = serde_json::from_str(&hivefs_ok(&["status", "--dir", fs.dir_s(), "--json"])).unwrap();
+    let mut sum = 0.0;
+    for s in st["services"].as_array().unwrap() {
+        let Some(url) = s["metrics"].as_str().filter(|_| s["name"].as_str().is_some_and(|n| n.starts_with("storage")))
+        else {
+            continue;
+        };
+        let o = std::process::Command::new("curl").args(["-sf", "--max-time", "5", url]).output().unwrap();
+        assert!(o.status.success(), "{url} does not answer");
+        for l in String::from_utf8_lossy(&o.stdout).lines() {
+            if l.starts_with("hivefs_target_io_bytes_total{") && l.contains("direction=\"read\"") {
+                sum += l.rsplit(' ').next().unwrap().parse::<f64>().unwrap();
+            }
+        }
+    }
+    sum
+}
+
+/// A mount on the primaries' host reads a mirrored file's chunks itself
+/// (short-circuit, read-only descriptors the primaries hand out while their
+/// lease lasts): the services serve only the first read of each chunk file.
+#[test]
+fn a_mirrored_file_is_read_through_the_primaries_descriptors() {
+    let fs = TestFs::up(&["--storage", "2", "--targets-per-storage", "1", "--mirror", "--chunk-size", "1m"]);
+    let data = random_bytes(80, 8 << 20);
+    std::fs::write(fs.path("f"), &data).unwrap();
+    assert_eq!(fs.entry_info("f")["mirrored"], true);
+    let before = served_reads(&fs);
+    for _ in 0..4 {
+        assert!(std::fs::read(fs.path("f")).unwrap() == data, "contents read back");
+    }
+    let over_tcp = served_reads(&fs) - before;
+    eprintln!("{over_tcp} of {} bytes read came over TCP", 4 * data.len());
+    assert!(over_tcp < data.len() as f64, "{over_tcp} bytes of 4 reads of {} went over TCP", data.len());
+    // Both copies stay equal, and the file is still written through the primaries.
+    std::fs::write(fs.path("f"), b"short now").unwrap();
+    assert_eq!(std::fs::read(fs.path("f")).unwrap(), b"short now");
+    assert_buddies_equal(&fs, fs.mnt_s());
+}

@@ -96,11 +96,13 @@ impl Client {
     }
 
     /// The chunk file held here for stripe `idx` (short-circuit), or
-    /// `Network`. Never for a mirrored file: its writes must pass the
-    /// primary, which forwards them to the secondary.
+    /// `Network`. A mirrored file's only to read (`create` false), from its
+    /// group's primary: writes must pass the primary, which forwards them
+    /// to the secondary.
     async fn local_file(&self, pattern: &Pattern, idx: usize, entry: EntryId, create: bool) -> Local {
         match pattern.unit(idx) {
             StripeUnit::Target(t) => self.local.file(&self.cluster, t, entry, create).await,
+            StripeUnit::Group(g) if !create => self.local.group_file(&self.cluster, g, entry).await,
             StripeUnit::Group(_) => Local::Network,
         }
     }

@@ -19,7 +19,8 @@
 use hivefs_chunk::local::{socket_name, LocalConn, Offer};
 use hivefs_cluster::Cluster;
 use hivefs_net::Secret;
-use hivefs_types::ids::{EntryId, NodeId, NodeType, TargetId};
+use hivefs_types::error::FsError;
+use hivefs_types::ids::{BuddyGroupId, EntryId, NodeId, NodeType, TargetId};
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::sync::{Arc, Mutex};
@@ -59,11 +60,25 @@ enum NodeState {
     Later(Instant),
 }
 
+/// A mirrored chunk held to read: its group's primary target when it was
+/// handed out, the node serving it, the group's epoch, and until when the
+/// primary's lease lets it be read.
+struct Mirrored {
+    target: TargetId,
+    node: NodeId,
+    epoch: u64,
+    until: Instant,
+    file: Arc<File>,
+}
+
 #[derive(Default)]
 struct State {
     nodes: HashMap<NodeId, NodeState>,
     /// Per file: (target, node serving it, descriptor).
     files: HashMap<EntryId, Vec<(TargetId, NodeId, Arc<File>)>>,
+    /// Per file: its mirrored chunks held to read.
+    mirrored: HashMap<EntryId, Vec<Mirrored>>,
+    /// Descriptors held, of both kinds.
     count: usize,
     /// Chunk files accessed once over the network since their file was last
     /// released here: the next access fetches the descriptor.
@@ -75,6 +90,34 @@ struct State {
 impl State {
     fn cached(&self, target: TargetId, entry: EntryId) -> Option<(NodeId, Arc<File>)> {
         self.files.get(&entry)?.iter().find(|(t, _, _)| *t == target).map(|(_, n, f)| (*n, f.clone()))
+    }
+
+    /// A mirrored chunk held to read from `target` on `node` at `epoch`, still valid.
+    fn cached_mirrored(&self, target: TargetId, node: NodeId, epoch: u64, entry: EntryId) -> Option<Arc<File>> {
+        let now = Instant::now();
+        let v = self.mirrored.get(&entry)?;
+        v.iter()
+            .find(|m| m.target == target && m.node == node && m.epoch == epoch && now < m.until)
+            .map(|m| m.file.clone())
+    }
+
+    /// Holds a mirrored chunk handed out to read, replacing any older one of that target.
+    fn hold_mirrored(&mut self, entry: EntryId, m: Mirrored, max: usize) {
+        if self.count >= max {
+            self.clear();
+        }
+        let v = self.mirrored.entry(entry).or_default();
+        let before = v.len();
+        v.retain(|x| x.target != m.target);
+        let replaced = before - v.len();
+        v.push(m);
+        self.count = self.count + 1 - replaced;
+    }
+
+    fn clear(&mut self) {
+        self.files.clear();
+        self.mirrored.clear();
+        self.count = 0;
     }
 
     fn forget_one(&mut self, target: TargetId, entry: EntryId) {
@@ -111,6 +154,11 @@ impl State {
             count += v.len();
             !v.is_empty()
         });
+        self.mirrored.retain(|_, v| {
+            v.retain(|m| m.node != node);
+            count += v.len();
+            !v.is_empty()
+        });
         self.count = count;
     }
 }
@@ -127,30 +175,32 @@ impl LocalChunks {
         LocalChunks { enabled, files_max: files_max(), secret, state: Mutex::new(State::default()) }
     }
 
-    /// Where `target`'s chunk of `entry` is to be read or written (`create`:
-    /// for a write, so the chunk file is made if missing).
-    pub(crate) async fn file(&self, cluster: &Cluster, target: TargetId, entry: EntryId, create: bool) -> Local {
-        if !self.enabled {
-            return Local::Network;
-        }
-        let Some(node) = cluster.view().targets.get(&target).map(|t| t.node) else {
-            return Local::Network;
-        };
+    /// The connection through which to ask storage node `node` for
+    /// `target`'s chunk of `entry`, or the answer without asking: the
+    /// descriptor `held` finds, or the network (the service is away or
+    /// refuses the target, or this is the first access: see below).
+    async fn conn_for(
+        &self,
+        cluster: &Cluster,
+        node: NodeId,
+        target: TargetId,
+        entry: EntryId,
+        held: impl Fn(&State) -> Option<Arc<File>>,
+    ) -> Result<Arc<LocalConn>, Local> {
         let conn = {
             let mut st = self.state.lock().expect("local chunks");
             if st.refused.contains(&target) {
-                return Local::Network;
+                return Err(Local::Network);
             }
             let conn = match st.nodes.get(&node) {
                 Some(NodeState::Conn(_)) => {
-                    let c = st.live_conn(node);
-                    match (&c, st.cached(target, entry)) {
-                        (None, _) => return Local::Network,
-                        (Some(_), Some((n, f))) if n == node => return Local::File(f),
-                        _ => c,
+                    let Some(c) = st.live_conn(node) else { return Err(Local::Network) };
+                    if let Some(f) = held(&st) {
+                        return Err(Local::File(f));
                     }
+                    Some(c)
                 }
-                Some(NodeState::Later(t)) if Instant::now() < *t => return Local::Network,
+                Some(NodeState::Later(t)) if Instant::now() < *t => return Err(Local::Network),
                 _ => None,
             };
             // A descriptor costs a round trip to the service, as much as the
@@ -163,46 +213,73 @@ impl LocalChunks {
             let seen = st.seen.entry(entry).or_default();
             if !seen.contains(&target) {
                 seen.push(target);
-                return Local::Network;
+                return Err(Local::Network);
             }
             conn
         };
-        let conn = match conn {
-            Some(c) => c,
-            None => match self.connect(cluster, node).await {
-                Some(c) => c,
-                None => return Local::Network,
-            },
+        match conn {
+            Some(c) => Ok(c),
+            None => self.connect(cluster, node).await.ok_or(Local::Network),
+        }
+    }
+
+    /// Where `target`'s chunk of `entry` is to be read or written (`create`:
+    /// for a write, so the chunk file is made if missing).
+    pub(crate) async fn file(&self, cluster: &Cluster, target: TargetId, entry: EntryId, create: bool) -> Local {
+        if !self.enabled {
+            return Local::Network;
+        }
+        let Some(node) = cluster.view().targets.get(&target).map(|t| t.node) else {
+            return Local::Network;
+        };
+        let held = |st: &State| st.cached(target, entry).filter(|(n, _)| *n == node).map(|(_, f)| f);
+        let conn = match self.conn_for(cluster, node, target, entry, held).await {
+            Ok(c) => c,
+            Err(answer) => return answer,
         };
         let c = conn.clone();
         let r = tokio::task::spawn_blocking(move || c.open(target, entry, create)).await;
         let mut st = self.state.lock().expect("local chunks");
-        match r {
-            Ok(Ok(Ok(Offer::File(f)))) => {
-                match st.cached(target, entry) {
-                    Some((n, f)) if n == node => return Local::File(f), // fetched meanwhile
-                    Some(_) => st.forget_one(target, entry),            // from the target's former node
-                    None => {}
-                }
-                if st.count >= self.files_max {
-                    st.files.clear();
-                    st.count = 0;
-                }
-                let f = Arc::new(f);
-                st.files.entry(entry).or_default().push((target, node, f.clone()));
-                st.count += 1;
-                Local::File(f)
+        let what = format!("target {target}'s chunk of {entry}");
+        self.answer(&mut st, node, target, &what, r, |st, f| {
+            match st.cached(target, entry) {
+                Some((n, f)) if n == node => return Local::File(f), // fetched meanwhile
+                Some(_) => st.forget_one(target, entry),            // from the target's former node
+                None => {}
             }
+            if st.count >= self.files_max {
+                st.clear();
+            }
+            let f = Arc::new(f);
+            st.files.entry(entry).or_default().push((target, node, f.clone()));
+            st.count += 1;
+            Local::File(f)
+        })
+    }
+
+    /// Where a short-circuit open's answer `r` sends the caller: `keep` takes
+    /// a handed-out file; a refusal (the target is never asked again), the
+    /// service's own error (a full target, say: the network path reports it
+    /// with the usual context) and a failed socket send it to the network.
+    fn answer(
+        &self,
+        st: &mut State,
+        node: NodeId,
+        target: TargetId,
+        what: &str,
+        r: Result<std::io::Result<Result<Offer, FsError>>, tokio::task::JoinError>,
+        keep: impl FnOnce(&mut State, File) -> Local,
+    ) -> Local {
+        match r {
+            Ok(Ok(Ok(Offer::File(f)))) => keep(st, f),
             Ok(Ok(Ok(Offer::NoChunk))) => Local::NoChunk,
             Ok(Ok(Ok(Offer::Refused(why)))) => {
-                debug!("storage node {node} does not hand out target {target}'s chunk files: {why}");
+                debug!("storage node {node} does not hand out {what}: {why}");
                 st.refused.insert(target);
                 Local::Network
             }
-            // The service's own error (a full target, say): the network path
-            // reports it with the usual context.
             Ok(Ok(Err(e))) => {
-                debug!("short-circuit open of target {target}, file {entry} failed: {e}");
+                debug!("short-circuit open of {what} failed: {e}");
                 Local::Network
             }
             Ok(Err(e)) => {
@@ -211,10 +288,55 @@ impl LocalChunks {
                 Local::Network
             }
             Err(e) => {
-                warn!("short-circuit open of target {target}, file {entry}: {e}");
+                warn!("short-circuit open of {what}: {e}");
                 Local::Network
             }
         }
+    }
+
+    /// Where buddy group `group`'s chunk of `entry` is to be read: the
+    /// copy of the group's primary when its service is on this host and
+    /// hands it out (read-only, and only for as long as that primary's lease
+    /// from mgmtd lasts: it is asked again after), else the network. Writes
+    /// never come here: they pass the primary, which forwards them.
+    pub(crate) async fn group_file(&self, cluster: &Cluster, group: BuddyGroupId, entry: EntryId) -> Local {
+        if !self.enabled {
+            return Local::Network;
+        }
+        let (target, epoch, node) = {
+            let view = cluster.view();
+            let Some(g) = view.groups.get(&group) else { return Local::Network };
+            let target = TargetId(g.primary);
+            let Some(node) = view.targets.get(&target).map(|t| t.node) else { return Local::Network };
+            (target, g.epoch, node)
+        };
+        let held = |st: &State| st.cached_mirrored(target, node, epoch, entry);
+        let conn = match self.conn_for(cluster, node, target, entry, held).await {
+            Ok(c) => c,
+            Err(answer) => return answer,
+        };
+        let asked = Instant::now();
+        let c = conn.clone();
+        let r = tokio::task::spawn_blocking(move || c.open_mirrored(target, entry, group, epoch)).await;
+        let mut valid = Duration::ZERO;
+        let r = r.map(|io| {
+            io.map(|res| {
+                res.map(|(o, d)| {
+                    valid = d;
+                    o
+                })
+            })
+        });
+        let mut st = self.state.lock().expect("local chunks");
+        // Not the primary (any more), no lease: an error, and the network path knows what to do.
+        let what = format!("buddy group {group}'s chunk of {entry} on target {target}");
+        self.answer(&mut st, node, target, &what, r, |st, f| {
+            let file = Arc::new(f);
+            // Measured from before the question: never past the lease.
+            let m = Mirrored { target, node, epoch, until: asked + valid, file: file.clone() };
+            st.hold_mirrored(entry, m, self.files_max);
+            Local::File(file)
+        })
     }
 
     async fn connect(&self, cluster: &Cluster, node: NodeId) -> Option<Arc<LocalConn>> {
@@ -304,6 +426,9 @@ impl LocalChunks {
         }
         let mut st = self.state.lock().expect("local chunks");
         if let Some(v) = st.files.remove(&entry) {
+            st.count -= v.len();
+        }
+        if let Some(v) = st.mirrored.remove(&entry) {
             st.count -= v.len();
         }
         st.seen.remove(&entry);

@@ -158,6 +158,8 @@ struct LocalOpener {
     stores: HashMap<TargetId, Arc<ChunkStore>>,
     /// Targets with a rate limit: their I/O must pass the service's bucket.
     limited: std::collections::HashSet<TargetId>,
+    /// Mirrored chunks, handed out to read while this node is their primary.
+    mirror: Arc<mirror::Mirror>,
 }
 
 impl hivefs_chunk::local::ChunkOpener for LocalOpener {
@@ -173,6 +175,21 @@ impl hivefs_chunk::local::ChunkOpener for LocalOpener {
             Some(f) => Offer::File(f),
             None => Offer::NoChunk,
         })
+    }
+
+    fn open_mirrored(
+        &self,
+        target: TargetId,
+        entry: EntryId,
+        group: hivefs_types::ids::BuddyGroupId,
+        epoch: u64,
+    ) -> FsResult<(hivefs_chunk::local::Offer, std::time::Duration)> {
+        use hivefs_chunk::local::Offer;
+        if self.limited.contains(&target) {
+            let why = format!("target {target} has a rate limit (target_rate_limit)");
+            return Ok((Offer::Refused(why), std::time::Duration::ZERO));
+        }
+        self.mirror.open_to_read(target, entry, group, epoch)
     }
 }
 
@@ -547,9 +564,16 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
         }
         None => HashMap::new(),
     };
+    let cluster = hivefs_cluster::Cluster::new(&cfg.mgmtd, hivefs_net::Pools::new(ClientConfig::new(secret.clone())));
+    let forward_cfg =
+        ClientConfig::new(secret.clone()).with_timeout(Duration::from_millis(cfg.mirror_forward_timeout_ms.max(100)));
+    let mirror_cluster = hivefs_cluster::Cluster::new(&cfg.mgmtd, hivefs_net::Pools::new(forward_cfg));
+    let dirs: Vec<(TargetId, PathBuf)> = ids.iter().zip(&opened).map(|(&id, o)| (id, o.dir.clone())).collect();
+    let mirror = Arc::new(mirror::Mirror::open(node, mgmt.clone(), mirror_cluster, &dirs)?);
     let local = if cfg.short_circuit {
         let name = hivefs_chunk::local::socket_name(node, local_addr.port());
-        let opener = Arc::new(LocalOpener { node, stores: stores.clone(), limited: limits.keys().copied().collect() });
+        let limited = limits.keys().copied().collect();
+        let opener = Arc::new(LocalOpener { node, stores: stores.clone(), limited, mirror: mirror.clone() });
         match hivefs_chunk::local::serve_local(&name, node, secret.clone(), opener) {
             Ok(l) => {
                 debug!(socket = %name, "short-circuit chunk access offered to clients on this host");
@@ -563,12 +587,6 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
     } else {
         None
     };
-    let cluster = hivefs_cluster::Cluster::new(&cfg.mgmtd, hivefs_net::Pools::new(ClientConfig::new(secret.clone())));
-    let forward_cfg =
-        ClientConfig::new(secret.clone()).with_timeout(Duration::from_millis(cfg.mirror_forward_timeout_ms.max(100)));
-    let mirror_cluster = hivefs_cluster::Cluster::new(&cfg.mgmtd, hivefs_net::Pools::new(forward_cfg));
-    let dirs: Vec<(TargetId, PathBuf)> = ids.iter().zip(&opened).map(|(&id, o)| (id, o.dir.clone())).collect();
-    let mirror = Arc::new(mirror::Mirror::open(node, mgmt.clone(), mirror_cluster, &dirs)?);
     if handler.ready.set(Ready { node, cluster, stores, limits, mirror: mirror.clone() }).is_err() {
         unreachable!("the handler is made ready once");
     }
@@ -773,7 +791,10 @@ mod tests {
         init_target(d.path(), "fs").unwrap();
         let store = Arc::new(ChunkStore::new(TargetId(5), d.path()));
         let stores = HashMap::from([(TargetId(5), store.clone()), (TargetId(7), store.clone())]);
-        let o = LocalOpener { node: NodeId(2), stores, limited: [TargetId(7)].into() };
+        let cluster = hivefs_cluster::Cluster::new("127.0.0.1:1", hivefs_net::Pools::new(ClientConfig::new(None)));
+        let mirror =
+            mirror::Mirror::open(NodeId(2), cluster.mgmt(), cluster, &[(TargetId(5), d.path().into())]).unwrap();
+        let o = LocalOpener { node: NodeId(2), stores, limited: [TargetId(7)].into(), mirror: Arc::new(mirror) };
         let e = EntryId { node: 1, epoch: 1, counter: 9 };
         assert!(matches!(o.open(TargetId(5), e, false), Ok(Offer::NoChunk)));
         let Ok(Offer::File(f)) = o.open(TargetId(5), e, true) else { panic!("no file for a write") };
@@ -783,6 +804,13 @@ mod tests {
         assert!(why.contains("target 7") && why.contains("rate limit"), "{why}");
         let Ok(Offer::Refused(why)) = o.open(TargetId(6), e, true) else { panic!("unknown target handed out") };
         assert!(why.contains("target 6") && why.contains("storage node 2"), "{why}");
+        // Mirrored chunks: only from the group's primary (this node knows of no
+        // group here), never from a rate-limited target.
+        let g = hivefs_types::ids::BuddyGroupId(1);
+        let err = o.open_mirrored(TargetId(5), e, g, 0).unwrap_err();
+        assert!(err.message.contains("not the primary of buddy group 1"), "{err}");
+        let Ok((Offer::Refused(why), _)) = o.open_mirrored(TargetId(7), e, g, 0) else { panic!("rate-limited") };
+        assert!(why.contains("rate limit"), "{why}");
         assert!(toml::from_str::<Config>("short_circuit = false").is_ok_and(|c| !c.short_circuit));
         assert!(Config::default().short_circuit);
     }

@@ -37,6 +37,9 @@ const LOCK_STRIPES: usize = 64;
 /// Most entries remembered as recently forwarded; beyond, a promotion asks
 /// for a full resync.
 const RECENT_MAX: usize = 1 << 20;
+/// A mirrored chunk is handed to a reader on this host only while the lease
+/// lasts at least this long (a shorter time would cost a request per read).
+const HANDOUT_MIN: Duration = Duration::from_millis(200);
 /// Bytes copied per request during a resync.
 const RESYNC_PIECE: u64 = 4 << 20;
 /// Default of `mirror_forward_timeout_ms`: a forward to the secondary that
@@ -211,7 +214,53 @@ impl Mirror {
     }
 
     fn lease_valid(&self) -> bool {
-        self.lease.lock().expect("lease lock").0.is_some_and(|until| Instant::now() < until)
+        self.lease_left().is_some()
+    }
+
+    /// How long the lease from mgmtd lasts from now (`None`: none is held).
+    fn lease_left(&self) -> Option<Duration> {
+        let until = self.lease.lock().expect("lease lock").0?;
+        until.checked_duration_since(Instant::now()).filter(|d| !d.is_zero())
+    }
+
+    /// A mirrored chunk of `target` for a reader on this host (short-circuit):
+    /// read-only, and only while `target` is `group`'s primary at `epoch`
+    /// and holds the lease, with how long that lasts. mgmtd switches a group
+    /// over only after its primary was silent for longer than a lease, so a
+    /// reader that stops at the end of this time never reads a copy that has
+    /// stopped being the primary's.
+    pub fn open_to_read(
+        &self,
+        target: TargetId,
+        entry: EntryId,
+        group: BuddyGroupId,
+        epoch: u64,
+    ) -> FsResult<(hivefs_chunk::local::Offer, Duration)> {
+        use hivefs_chunk::local::Offer;
+        let Some(tm) = self.targets.get(&target) else {
+            let why = format!("target {target} is not served by storage node {}", self.node);
+            return Ok((Offer::Refused(why), Duration::ZERO));
+        };
+        let primary = self.cluster.view().groups.get(&group).is_some_and(|g| g.epoch == epoch && g.primary == target.0);
+        if !primary {
+            return Err(fs_err!(
+                Unavailable,
+                "storage target {target} (node {}) is not the primary of buddy group {group} at epoch {epoch}",
+                self.node
+            ));
+        }
+        let Some(left) = self.lease_left().filter(|d| *d >= HANDOUT_MIN) else {
+            return Err(fs_err!(
+                Unavailable,
+                "storage node {} holds no lease from mgmtd long enough to hand out buddy group {group}'s chunks",
+                self.node
+            ));
+        };
+        let offer = match tm.store.open_readonly(entry)? {
+            Some(f) => Offer::File(f),
+            None => Offer::NoChunk,
+        };
+        Ok((offer, left))
     }
 
     /// How long a secondary remembers forwarded entries: longer than any
