@@ -64,6 +64,10 @@ pub struct UpArgs {
     /// relatime or strictatime. Kept for later `up`s like the cache mode.
     #[arg(long, value_parser = ["noatime", "relatime", "strictatime"])]
     pub atime: Option<String>,
+    /// POSIX ACL enforcement by the mount (`hivefs mount --no-acl` for off): on (the
+    /// default) or off. Kept for later `up`s like the cache mode.
+    #[arg(long, value_parser = ["on", "off"])]
+    pub acl: Option<String>,
     /// Mirror file data: pair the targets into storage buddy groups over
     /// different storage servers and make the root directory's files stripe
     /// over the groups (inherited by new directories). With --meta 2 or more,
@@ -120,6 +124,9 @@ pub struct Layout {
     /// The mount's access-time mode (file systems from before it existed: noatime).
     #[serde(default = "noatime")]
     pub atime: String,
+    /// Whether the mount enforces POSIX ACLs (file systems from before it existed: on).
+    #[serde(default = "acl_on")]
+    pub acl: bool,
     pub mgmtd_port: u16,
     pub meta_ports: Vec<u16>,
     pub storage_ports: Vec<u16>,
@@ -269,6 +276,10 @@ fn noatime() -> String {
     "noatime".into()
 }
 
+fn acl_on() -> bool {
+    true
+}
+
 fn layout_for(a: &UpArgs, dir: &Path) -> Result<Layout> {
     if dir.join("fs.toml").exists() {
         let mut l = load_layout(dir)?;
@@ -277,6 +288,9 @@ fn layout_for(a: &UpArgs, dir: &Path) -> Result<Layout> {
         }
         if let Some(t) = &a.atime {
             l.atime = t.clone();
+        }
+        if let Some(acl) = &a.acl {
+            l.acl = acl == "on";
         }
         let check = |name: &str, given: Option<u32>, have: u32| -> Result<()> {
             if let Some(g) = given {
@@ -347,6 +361,7 @@ fn layout_for(a: &UpArgs, dir: &Path) -> Result<Layout> {
         chooser,
         cache_mode: a.cache_mode.clone().unwrap_or_else(crate::services::native_cache_mode),
         atime: a.atime.clone().unwrap_or_else(noatime),
+        acl: a.acl.as_deref() != Some("off"),
         mgmtd_port: ports[0],
         meta_ports: ports[1..=meta as usize].to_vec(),
         storage_ports: ports[1 + meta as usize..(1 + meta + storage) as usize].to_vec(),
@@ -425,6 +440,7 @@ pub fn up(a: UpArgs) -> Result<()> {
     if first_up
         || a.cache_mode.is_some()
         || a.atime.is_some()
+        || a.acl.is_some()
         || !load_layout(&dir).is_ok_and(|l| l.metrics_ports == layout.metrics_ports)
     {
         hivefs_cluster::write_atomic(&dir.join("fs.toml"), toml::to_string(&layout)?.as_bytes())?;
@@ -557,6 +573,9 @@ pub fn up(a: UpArgs) -> Result<()> {
             if let Some(m) = layout.metrics_port(&cdir) {
                 args.extend(["--metrics-listen".into(), format!("{}:{m}", layout.host)]);
             }
+            if !layout.acl {
+                args.push("--no-acl".into());
+            }
             args.push(mnt.display().to_string());
             spawn_service("mount", &args, &cdir)?;
             let r = wait_until("the mount", timeout, || {
@@ -589,7 +608,7 @@ pub fn up(a: UpArgs) -> Result<()> {
         println!("started: {}", started.join(", "));
     }
     println!(
-        "HiveFS is mounted on {}: {} storage targets, {} free of {}; root stripe: chunk {}, {}, chooser {}; cache mode {}, {}.",
+        "HiveFS is mounted on {}: {} storage targets, {} free of {}; root stripe: chunk {}, {}, chooser {}; cache mode {}, {}{}.",
         mnt.display(),
         want_targets,
         crate::util::human(st.storage.free_bytes),
@@ -598,7 +617,8 @@ pub fn up(a: UpArgs) -> Result<()> {
         if layout.stripe == 0 { "all targets".to_string() } else { format!("{} targets", layout.stripe) },
         layout.chooser,
         layout.cache_mode,
-        layout.atime
+        layout.atime,
+        if layout.acl { "" } else { ", ACLs not enforced" }
     );
     println!("Stop it with: hivefs down --dir {}", dir.display());
     Ok(())

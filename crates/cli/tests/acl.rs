@@ -280,6 +280,17 @@ fn a_mount_without_acls_decides_by_the_mode_bits() {
     assert_eq!(mode(&d.join("s")), 0o755);
     assert_eq!(getfacl(&d.join("f"), &[]).len(), 3, "no access ACL inherited");
     assert!(getfacl(&d.join("s"), &["-d"]).is_empty(), "no default ACL inherited");
+    // `hivefs up --acl off` mounts that way, and keeps it for later `up`s until `--acl on`.
+    drop(plain);
+    fs.down();
+    hivefs_ok(&["up", "--dir", fs.dir_s(), "--acl", "off"]);
+    assert!(!can_read(NOBODY, &[], &f), "up --acl off: the mode bits decide");
+    fs.down();
+    fs.reup();
+    assert!(!can_read(NOBODY, &[], &f), "the setting is kept");
+    fs.down();
+    hivefs_ok(&["up", "--dir", fs.dir_s(), "--acl", "on"]);
+    assert!(can_read(NOBODY, &[], &f), "up --acl on: the ACL decides again");
 }
 
 /// With several metadata nodes a new directory's inode may live on another
