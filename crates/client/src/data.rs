@@ -167,8 +167,8 @@ impl Client {
         }
         let pieces = pattern.pieces(offset, data.len());
         let mut files = Vec::with_capacity(pieces.len());
-        let targets = pieces.iter().map(|p| pattern.targets()[p.stripe_index]);
-        if !self.local.held_files(&self.cluster, entry, targets, &mut files) {
+        let units = pieces.iter().map(|p| pattern.unit(p.stripe_index));
+        if !self.local.held_files(&self.cluster, entry, units, &mut files) {
             return None;
         }
         for (p, f) in pieces.iter().zip(files) {
@@ -182,17 +182,18 @@ impl Client {
 
     /// Reads `len` bytes at `offset` on the calling thread, without the
     /// async runtime: only when the chunk file of every piece is held here
-    /// and the page cache holds the whole range; `None` otherwise (also
-    /// where the range is not all there: a hole or the end of the file), and
-    /// the caller takes [`Client::read`].
+    /// (a mirrored file's: its primaries', still within their lease) and
+    /// the page cache holds the whole range; `None` otherwise (also where
+    /// the range is not all there: a hole or the end of the file), and the
+    /// caller takes [`Client::read`].
     pub fn read_now(&self, pattern: &Pattern, entry: EntryId, offset: u64, len: usize) -> Option<Vec<u8>> {
-        if pattern.targets().is_empty() || len == 0 || pattern.is_mirrored() {
+        if pattern.targets().is_empty() || len == 0 {
             return None;
         }
         let pieces = pattern.pieces(offset, len);
         let mut files = Vec::with_capacity(pieces.len());
-        let targets = pieces.iter().map(|p| pattern.targets()[p.stripe_index]);
-        if !self.local.held_files(&self.cluster, entry, targets, &mut files) {
+        let units = pieces.iter().map(|p| pattern.unit(p.stripe_index));
+        if !self.local.held_files(&self.cluster, entry, units, &mut files) {
             return None;
         }
         let mut buf = vec![0u8; len];

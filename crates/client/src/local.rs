@@ -21,6 +21,7 @@ use hivefs_cluster::Cluster;
 use hivefs_net::Secret;
 use hivefs_types::error::FsError;
 use hivefs_types::ids::{BuddyGroupId, EntryId, NodeId, NodeType, TargetId};
+use hivefs_types::pattern::StripeUnit;
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::sync::{Arc, Mutex};
@@ -378,16 +379,17 @@ impl LocalChunks {
         }
     }
 
-    /// The chunk files of `entry` on `targets`, in order, if a descriptor is
+    /// The chunk files of `entry` on `units`, in order, if a descriptor is
     /// held now for every one of them (appended to `out`; false, with `out`
-    /// unspecified, otherwise). Never waits: no connection or request is
+    /// unspecified, otherwise): a target's own, a buddy group's primary's
+    /// (to read) while still valid. Never waits: no connection or request is
     /// made. One lock, one look at the cluster view and one liveness check
     /// per storage node for the whole request.
     pub(crate) fn held_files(
         &self,
         cluster: &Cluster,
         entry: EntryId,
-        targets: impl Iterator<Item = TargetId>,
+        units: impl Iterator<Item = StripeUnit>,
         out: &mut Vec<Arc<File>>,
     ) -> bool {
         if !self.enabled {
@@ -399,8 +401,24 @@ impl LocalChunks {
         // beyond four, a node may be checked again).
         let mut alive = [NodeId(0); 4];
         let mut n_alive = 0;
-        for target in targets {
-            let Some((node, f)) = st.cached(target, entry) else { return false };
+        for unit in units {
+            let (node, f) = match unit {
+                StripeUnit::Target(target) => {
+                    let Some((node, f)) = st.cached(target, entry) else { return false };
+                    // The target may have moved to another node since (a new view).
+                    if view.targets.get(&target).map(|t| t.node) != Some(node) {
+                        return false;
+                    }
+                    (node, f)
+                }
+                StripeUnit::Group(g) => {
+                    let Some(g) = view.groups.get(&g) else { return false };
+                    let target = TargetId(g.primary);
+                    let Some(node) = view.targets.get(&target).map(|t| t.node) else { return false };
+                    let Some(f) = st.cached_mirrored(target, node, g.epoch, entry) else { return false };
+                    (node, f)
+                }
+            };
             if !alive[..n_alive].contains(&node) {
                 if st.live_conn(node).is_none() {
                     return false;
@@ -409,10 +427,6 @@ impl LocalChunks {
                     alive[n_alive] = node;
                     n_alive += 1;
                 }
-            }
-            // The target may have moved to another node since (a new view).
-            if view.targets.get(&target).map(|t| t.node) != Some(node) {
-                return false;
             }
             out.push(f);
         }
@@ -467,6 +481,28 @@ mod tests {
         assert!(st.cached(TargetId(1), e(1)).is_some());
         assert!(!st.files.contains_key(&e(2)), "a file without descriptors is no entry");
         assert!(matches!(st.nodes.get(&NodeId(2)), Some(NodeState::Later(_))));
+    }
+
+    #[test]
+    fn a_mirrored_chunk_is_used_only_within_its_lease_at_its_epoch() {
+        let mut st = State::default();
+        let until = Instant::now() + Duration::from_millis(300);
+        let m = |epoch| Mirrored { target: TargetId(4), node: NodeId(2), epoch, until, file: file() };
+        st.hold_mirrored(e(1), m(3), 10);
+        assert!(st.cached_mirrored(TargetId(4), NodeId(2), 3, e(1)).is_some());
+        assert!(st.cached_mirrored(TargetId(4), NodeId(2), 4, e(1)).is_none(), "another epoch: a switch-over");
+        assert!(st.cached_mirrored(TargetId(5), NodeId(2), 3, e(1)).is_none(), "another primary");
+        assert!(st.cached_mirrored(TargetId(4), NodeId(1), 3, e(1)).is_none(), "the target moved");
+        // A newer one of the same target replaces it; the count follows.
+        st.hold_mirrored(e(1), m(4), 10);
+        assert_eq!(st.count, 1);
+        assert!(st.cached_mirrored(TargetId(4), NodeId(2), 3, e(1)).is_none());
+        std::thread::sleep(Duration::from_millis(350));
+        assert!(st.cached_mirrored(TargetId(4), NodeId(2), 4, e(1)).is_none(), "past the lease");
+        // The node hanging up takes it.
+        st.drop_node(NodeId(2), RETRY_FAILED);
+        assert_eq!(st.count, 0);
+        assert!(st.mirrored.is_empty());
     }
 
     #[test]
