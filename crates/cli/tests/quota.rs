@@ -99,6 +99,15 @@ fn users_and_groups_get_edquot_at_their_limits_and_room_after_removing() {
     wait_used(&fs, "user", 1002, (2, 1 << 20), "filling the quota");
     // A new file is refused too while the space is used up ...
     assert!(edquot(&as_user(&fs, 1002, 1002, "echo x > v/small")), "new file at the space limit");
+    // ... and so is growing a file by truncation (space is counted as length),
+    // whether it is open for writing here or not; shrinking is not refused.
+    assert!(edquot(&as_user(&fs, 1002, 1002, "truncate -s 2M v/big")), "truncate beyond the limit");
+    assert_eq!(std::fs::metadata(fs.path("v/big")).unwrap().len(), 1 << 20);
+    let o = as_user(&fs, 1002, 1002, "truncate -s 512K v/big");
+    assert!(o.status.success(), "shrinking: {}", out(&o));
+    wait_for("room to grow v/big again after shrinking it", Duration::from_secs(20), || {
+        as_user(&fs, 1002, 1002, "truncate -s 1M v/big").status.success()
+    });
     // ... and after the removal there is room again.
     let o = as_user(&fs, 1002, 1002, "rm v/big");
     assert!(o.status.success(), "{}", out(&o));

@@ -19,7 +19,7 @@ use hivefs_proto::{Caller, DirEntry, FileLock, LockKind, XATTR_ACL_KILL_SGID};
 use hivefs_types::acl;
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
-use hivefs_types::ids::EntryId;
+use hivefs_types::ids::{EntryId, PoolId};
 use hivefs_types::pattern::Pattern;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsStr;
@@ -385,13 +385,39 @@ impl Inner {
         if !self.client.quota().any() {
             return Ok(());
         }
-        let q = self.client.quota().get();
-        let m = self.local_sizes.lock().expect("sizes");
-        let Some(l) = m.get(&id) else { return Ok(()) };
-        if end <= l.size {
+        let Some(l) = self.local_sizes.lock().expect("sizes").get(&id).map(|l| (l.owner, l.pool, l.size)) else {
+            return Ok(());
+        };
+        self.check_growth(l.0, l.1, l.2, end)
+    }
+
+    /// A truncate of `ino` to `size`: refused with EDQUOT, as a write to
+    /// that length would be, when it grows a file beyond its owner's room
+    /// (space is counted as file length).
+    async fn check_truncate(&self, ino: INodeNo, size: u64) -> FsResult<()> {
+        if !self.client.quota().any() {
             return Ok(());
         }
-        let ((uid, gid), pool, grow) = (l.owner, l.pool, end - l.size);
+        let id = self.ent(ino)?.id;
+        if self.local_sizes.lock().expect("sizes").contains_key(&id) {
+            return self.check_quota(id, size);
+        }
+        let a = self.on_ent(ino, |e| self.client.getattr(e)).await?;
+        if a.kind != FileKind::File {
+            return Ok(());
+        }
+        let pool = a.pattern.as_ref().and_then(|p| self.client.pool_of(p));
+        self.check_growth((a.uid, a.gid), pool, a.size, size)
+    }
+
+    /// Whether a file of `owner` in `pool` may grow from `size` to `end`.
+    fn check_growth(&self, owner: (u32, u32), pool: Option<PoolId>, size: u64, end: u64) -> FsResult<()> {
+        if end <= size {
+            return Ok(());
+        }
+        let q = self.client.quota().get();
+        let m = self.local_sizes.lock().expect("sizes");
+        let ((uid, gid), grow) = (owner, end - size);
         let [user, group] = quota::owners(uid, gid);
         let in_pool = pool.into_iter().flat_map(|p| [(user, Some(p)), (group, Some(p))]);
         for key in [(user, None), (group, None)].into_iter().chain(in_pool) {
@@ -883,6 +909,9 @@ impl Filesystem for HiveFs {
             SetAttr { mode: mode.map(|m| m & 0o7777), uid, gid, size, atime: settime(atime), mtime: settime(mtime) };
         let c = caller(req);
         run!(self, reply, |inner| {
+            if let Some(s) = set.size {
+                inner.check_truncate(ino, s).await?;
+            }
             if matches!(set.mtime, Some(SetTime::At(_))) {
                 // A size published later would stamp its own time over this one (`cp -a`
                 // sets the source's times with futimens before it closes the copy): the
