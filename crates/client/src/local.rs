@@ -93,9 +93,13 @@ impl State {
         self.files.get(&entry)?.iter().find(|(t, _, _)| *t == target).map(|(_, n, f)| (*n, f.clone()))
     }
 
-    /// A mirrored chunk held to read from `target` on `node` at `epoch`, still valid.
-    fn cached_mirrored(&self, target: TargetId, node: NodeId, epoch: u64, entry: EntryId) -> Option<Arc<File>> {
-        let now = Instant::now();
+    /// A mirrored chunk held to read from `target` on `node` at `epoch`, still valid at `now`.
+    fn cached_mirrored(
+        &self,
+        (target, node, epoch): (TargetId, NodeId, u64),
+        entry: EntryId,
+        now: Instant,
+    ) -> Option<Arc<File>> {
         let v = self.mirrored.get(&entry)?;
         v.iter()
             .find(|m| m.target == target && m.node == node && m.epoch == epoch && now < m.until)
@@ -311,7 +315,7 @@ impl LocalChunks {
             let Some(node) = view.targets.get(&target).map(|t| t.node) else { return Local::Network };
             (target, g.epoch, node)
         };
-        let held = |st: &State| st.cached_mirrored(target, node, epoch, entry);
+        let held = |st: &State| st.cached_mirrored((target, node, epoch), entry, Instant::now());
         let conn = match self.conn_for(cluster, node, target, entry, held).await {
             Ok(c) => c,
             Err(answer) => return answer,
@@ -319,15 +323,11 @@ impl LocalChunks {
         let asked = Instant::now();
         let c = conn.clone();
         let r = tokio::task::spawn_blocking(move || c.open_mirrored(target, entry, group, epoch)).await;
-        let mut valid = Duration::ZERO;
-        let r = r.map(|io| {
-            io.map(|res| {
-                res.map(|(o, d)| {
-                    valid = d;
-                    o
-                })
-            })
-        });
+        let valid = match &r {
+            Ok(Ok(Ok((_, d)))) => *d,
+            _ => Duration::ZERO,
+        };
+        let r = r.map(|io| io.map(|res| res.map(|(o, _)| o)));
         let mut st = self.state.lock().expect("local chunks");
         // Not the primary (any more), no lease: an error, and the network path knows what to do.
         let what = format!("buddy group {group}'s chunk of {entry} on target {target}");
@@ -401,6 +401,8 @@ impl LocalChunks {
         // beyond four, a node may be checked again).
         let mut alive = [NodeId(0); 4];
         let mut n_alive = 0;
+        // Taken once, and only for a mirrored file's pieces.
+        let mut now = None;
         for unit in units {
             let (node, f) = match unit {
                 StripeUnit::Target(target) => {
@@ -415,7 +417,8 @@ impl LocalChunks {
                     let Some(g) = view.groups.get(&g) else { return false };
                     let target = TargetId(g.primary);
                     let Some(node) = view.targets.get(&target).map(|t| t.node) else { return false };
-                    let Some(f) = st.cached_mirrored(target, node, g.epoch, entry) else { return false };
+                    let now = *now.get_or_insert_with(Instant::now);
+                    let Some(f) = st.cached_mirrored((target, node, g.epoch), entry, now) else { return false };
                     (node, f)
                 }
             };
@@ -489,16 +492,19 @@ mod tests {
         let until = Instant::now() + Duration::from_millis(300);
         let m = |epoch| Mirrored { target: TargetId(4), node: NodeId(2), epoch, until, file: file() };
         st.hold_mirrored(e(1), m(3), 10);
-        assert!(st.cached_mirrored(TargetId(4), NodeId(2), 3, e(1)).is_some());
-        assert!(st.cached_mirrored(TargetId(4), NodeId(2), 4, e(1)).is_none(), "another epoch: a switch-over");
-        assert!(st.cached_mirrored(TargetId(5), NodeId(2), 3, e(1)).is_none(), "another primary");
-        assert!(st.cached_mirrored(TargetId(4), NodeId(1), 3, e(1)).is_none(), "the target moved");
+        assert!(st.cached_mirrored((TargetId(4), NodeId(2), 3), e(1), Instant::now()).is_some());
+        assert!(
+            st.cached_mirrored((TargetId(4), NodeId(2), 4), e(1), Instant::now()).is_none(),
+            "another epoch: a switch-over"
+        );
+        assert!(st.cached_mirrored((TargetId(5), NodeId(2), 3), e(1), Instant::now()).is_none(), "another primary");
+        assert!(st.cached_mirrored((TargetId(4), NodeId(1), 3), e(1), Instant::now()).is_none(), "the target moved");
         // A newer one of the same target replaces it; the count follows.
         st.hold_mirrored(e(1), m(4), 10);
         assert_eq!(st.count, 1);
-        assert!(st.cached_mirrored(TargetId(4), NodeId(2), 3, e(1)).is_none());
+        assert!(st.cached_mirrored((TargetId(4), NodeId(2), 3), e(1), Instant::now()).is_none());
         std::thread::sleep(Duration::from_millis(350));
-        assert!(st.cached_mirrored(TargetId(4), NodeId(2), 4, e(1)).is_none(), "past the lease");
+        assert!(st.cached_mirrored((TargetId(4), NodeId(2), 4), e(1), Instant::now()).is_none(), "past the lease");
         // The node hanging up takes it.
         st.drop_node(NodeId(2), RETRY_FAILED);
         assert_eq!(st.count, 0);

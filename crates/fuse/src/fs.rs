@@ -385,10 +385,9 @@ impl Inner {
         if !self.client.quota().any() {
             return Ok(());
         }
-        let Some(l) = self.local_sizes.lock().expect("sizes").get(&id).map(|l| (l.owner, l.pool, l.size)) else {
-            return Ok(());
-        };
-        self.check_growth(l.0, l.1, l.2, end)
+        let m = self.local_sizes.lock().expect("sizes");
+        let Some(l) = m.get(&id) else { return Ok(()) };
+        self.check_growth(&m, l.owner, l.pool, l.size, end)
     }
 
     /// A truncate of `ino` to `size`: refused with EDQUOT, as a write to
@@ -399,24 +398,34 @@ impl Inner {
             return Ok(());
         }
         let id = self.ent(ino)?.id;
-        if self.local_sizes.lock().expect("sizes").contains_key(&id) {
-            return self.check_quota(id, size);
+        {
+            let m = self.local_sizes.lock().expect("sizes");
+            if let Some(l) = m.get(&id) {
+                return self.check_growth(&m, l.owner, l.pool, l.size, size);
+            }
         }
         let a = self.on_ent(ino, |e| self.client.getattr(e)).await?;
         if a.kind != FileKind::File {
             return Ok(());
         }
         let pool = a.pattern.as_ref().and_then(|p| self.client.pool_of(p));
-        self.check_growth((a.uid, a.gid), pool, a.size, size)
+        self.check_growth(&self.local_sizes.lock().expect("sizes"), (a.uid, a.gid), pool, a.size, size)
     }
 
-    /// Whether a file of `owner` in `pool` may grow from `size` to `end`.
-    fn check_growth(&self, owner: (u32, u32), pool: Option<PoolId>, size: u64, end: u64) -> FsResult<()> {
+    /// Whether a file of `owner` in `pool` may grow from `size` to `end`;
+    /// `m`: this mount's files open for writing (their unreported growth counts).
+    fn check_growth(
+        &self,
+        m: &HashMap<EntryId, LocalSize>,
+        owner: (u32, u32),
+        pool: Option<PoolId>,
+        size: u64,
+        end: u64,
+    ) -> FsResult<()> {
         if end <= size {
             return Ok(());
         }
         let q = self.client.quota().get();
-        let m = self.local_sizes.lock().expect("sizes");
         let ((uid, gid), grow) = (owner, end - size);
         let [user, group] = quota::owners(uid, gid);
         let in_pool = pool.into_iter().flat_map(|p| [(user, Some(p)), (group, Some(p))]);

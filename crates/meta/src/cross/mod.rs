@@ -171,13 +171,14 @@ impl Peers for ClusterPeers {
     }
 
     fn new_dir_owners(&self, parent_ns: NodeId) -> Vec<NodeId> {
+        let mut all = self.meta_nodes();
         let v = self.cluster.view();
-        let mirrored = |ns: NodeId| v.groups.values().any(|g| g.kind == GroupKind::Meta && g.serves == Some(ns));
-        let all = self.meta_nodes();
-        if !mirrored(parent_ns) {
-            return all;
+        let mirrored = |ns: &NodeId| v.groups.values().any(|g| g.kind == GroupKind::Meta && g.serves == Some(*ns));
+        if mirrored(&parent_ns) {
+            // Namespaces are few: one pass over the groups per candidate.
+            all.retain(mirrored);
         }
-        all.into_iter().filter(|n| mirrored(*n)).collect()
+        all
     }
 
     fn call_with(&self, node: NodeId, env: Envelope, req: Request) -> BoxFut<FsResult<Reply>> {
