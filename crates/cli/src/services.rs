@@ -3,7 +3,7 @@
 //! flags override single keys.
 
 use crate::util::{init_logging, load_config, wait_for_signal};
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use hivefs_client::{Client, Options};
 use std::path::{Path, PathBuf};
@@ -134,10 +134,20 @@ pub struct MountArgs {
     /// writes as soon as they return. `paged`: the kernel's page cache serves reads and
     /// reads ahead, writes go through to the targets before they return, and a file's
     /// cache is dropped when it is opened: a client sees what others left on close
-    /// (close-to-open), not what they write while it keeps the file open. O_APPEND writes
-    /// bypass the cache in both modes (the metadata node picks their offset).
-    #[arg(long, default_value = "native", value_parser = ["native", "paged"])]
+    /// (close-to-open), not what they write while it keeps the file open. `buffered`:
+    /// direct I/O, but writes are kept in the mount (per file, adjacent ones merged) and
+    /// sent in the background, several flushes in flight; a write returns once copied.
+    /// Reads through this mount see its writes; other clients see them once flushed: at
+    /// the latest at fsync, close, a lock operation, a full buffer (`--writeback-buffer`)
+    /// or 100 ms after the write. A failed flush is returned by the next write, fsync or
+    /// close. O_APPEND writes bypass caching in every mode (the metadata node picks
+    /// their offset).
+    #[arg(long, default_value = "native", value_parser = ["native", "paged", "buffered"])]
     pub cache_mode: String,
+    /// Cache mode buffered: bytes of one file's writes kept before they are sent
+    /// (suffixes k, m). Up to four such buffers per file are in flight at once.
+    #[arg(long, default_value = "1m", value_parser = crate::util::parse_size)]
+    pub writeback_buffer: u64,
     /// When reads move access times (kept by the metadata nodes, seen by every client).
     /// `noatime`: never (no metadata request for reads). `relatime`: Linux's default rule,
     /// a read moves the access time when it is not newer than the modification or change
@@ -161,6 +171,15 @@ pub struct MountArgs {
     pub metrics_listen: Option<String>,
     /// Empty directory to mount on.
     pub mountpoint: PathBuf,
+}
+
+/// The write-back limits of `hivefs mount --writeback-buffer BYTES`.
+fn writeback_limits(bytes: u64) -> Result<hivefs_client::writeback::WriteBackLimits> {
+    const MAX: u64 = 64 << 20;
+    if !(4096..=MAX).contains(&bytes) {
+        bail!("--writeback-buffer must be 4k..=64m, not {bytes} bytes");
+    }
+    Ok(hivefs_client::writeback::WriteBackLimits { bytes: bytes as usize, ..Default::default() })
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -385,6 +404,7 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
         global_file_locks: !a.local_locks,
         dir_attr_ttl: std::time::Duration::from_millis(a.dir_attr_ttl_ms),
         cache_mode: a.cache_mode.parse().map_err(|e: String| anyhow::anyhow!(e))?,
+        writeback: writeback_limits(a.writeback_buffer)?,
         atime: a.atime.parse().map_err(|e: String| anyhow::anyhow!(e))?,
         acl: !a.no_acl,
     };

@@ -55,10 +55,11 @@ pub struct UpArgs {
     /// balanced, random, roundrobin. Applies at the first `up`.
     #[arg(long)]
     pub meta_chooser: Option<String>,
-    /// Cache mode of the mount (`hivefs mount --cache-mode`): native (direct I/O) or
-    /// paged (page cache, close-to-open). Kept for later `up`s; a change applies when the
-    /// mount is started again (after `hivefs down`).
-    #[arg(long, value_parser = ["native", "paged"])]
+    /// Cache mode of the mount (`hivefs mount --cache-mode`): native (direct I/O),
+    /// paged (page cache, close-to-open) or buffered (direct I/O, small writes kept in
+    /// the mount and sent in the background). Kept for later `up`s; a change applies
+    /// when the mount is started again (after `hivefs down`).
+    #[arg(long, value_parser = ["native", "paged", "buffered"])]
     pub cache_mode: Option<String>,
     /// When reads move access times (`hivefs mount --atime`): noatime (the default),
     /// relatime or strictatime. Kept for later `up`s like the cache mode.

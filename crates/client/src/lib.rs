@@ -3,8 +3,9 @@
 //! Owns the client's side of the protocol: routing namespace calls to the
 //! metadata node that owns an entry, and striped file I/O — one read or
 //! write is cut along the pattern's chunks and sent to all involved storage
-//! targets concurrently. It holds no file data cache (cache mode `native`):
-//! every read goes to the targets. Attribute leases (`leases`) are the
+//! targets concurrently. It holds no file data cache: every read goes to the
+//! targets; only writes may wait in memory, in cache mode `buffered`
+//! (`writeback`), until they are flushed. Attribute leases (`leases`) are the
 //! protocol side of the mount's attribute cache; the cache is the kernel's.
 //! It must not know about FUSE or errno; the mount crate and the CLI sit on
 //! top of it.
@@ -18,6 +19,7 @@ mod local;
 mod locks;
 pub mod quota;
 mod releases;
+pub mod writeback;
 
 use hivefs_cluster::Cluster;
 use hivefs_net::{ClientConfig, Pools, Secret};

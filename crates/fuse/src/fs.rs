@@ -14,6 +14,7 @@ use fuser::{
     LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
     ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
+use hivefs_client::writeback::{WriteBack, WriteBackLimits};
 use hivefs_client::{quota, Client, Ent, Revocation};
 use hivefs_proto::{Caller, DirEntry, FileLock, LockKind, XATTR_ACL_KILL_SGID};
 use hivefs_types::acl;
@@ -120,6 +121,8 @@ struct LocalSize {
     /// The size the metadata node knows (its quota usage counts it); growth
     /// beyond it is this mount's to count against quotas.
     published: u64,
+    /// Cache mode buffered: the file's writes not yet on the targets.
+    wb: Option<Arc<WriteBack>>,
 }
 
 struct Inner {
@@ -132,6 +135,8 @@ struct Inner {
     global_locks: bool,
     dir_attr_ttl: Duration,
     cache_mode: CacheMode,
+    /// Cache mode buffered: how much each file's write-back holds.
+    writeback: WriteBackLimits,
     atime: Atime,
     /// The mount option: POSIX ACLs enforced.
     acl_wanted: bool,
@@ -347,11 +352,16 @@ impl Inner {
         }
     }
 
-    fn add_writer(&self, id: EntryId, size: u64, owner: (u32, u32), pool: Option<hivefs_types::ids::PoolId>) {
+    fn add_writer(&self, id: EntryId, size: u64, owner: (u32, u32), pattern: &Pattern) {
+        let pool = self.client.pool_of(pattern);
         let mut m = self.local_sizes.lock().expect("sizes");
         let l = m.entry(id).or_default();
         if l.writers == 0 {
             l.published = size;
+            if self.cache_mode == CacheMode::Buffered {
+                let (c, rt) = (self.client.clone(), self.rt.clone());
+                l.wb = Some(WriteBack::new(c, pattern.clone(), id, self.writeback, rt));
+            }
         }
         l.writers += 1;
         l.owner = owner;
@@ -375,6 +385,33 @@ impl Inner {
         if let Some(l) = self.local_sizes.lock().expect("sizes").get_mut(&id) {
             l.size = size;
             l.published = size;
+        }
+    }
+
+    /// Cache mode buffered: file `id`'s write-back, while this mount has
+    /// it open for writing.
+    fn write_back(&self, id: EntryId) -> Option<Arc<WriteBack>> {
+        if self.cache_mode != CacheMode::Buffered {
+            return None;
+        }
+        self.local_sizes.lock().expect("sizes").get(&id).and_then(|l| l.wb.clone())
+    }
+
+    /// Cache mode buffered: sends file `id`'s buffered writes to the targets
+    /// and waits for them (before reads, truncation, locks, fsync and close);
+    /// a failed earlier flush's error.
+    async fn settle(&self, id: EntryId) -> FsResult<()> {
+        match self.write_back(id) {
+            Some(wb) => wb.flush().await,
+            None => Ok(()),
+        }
+    }
+
+    /// [`Inner::settle`] of the file behind `ino`, if this mount knows it.
+    async fn settle_ino(&self, ino: INodeNo) -> FsResult<()> {
+        match self.ent(ino) {
+            Ok(e) => self.settle(e.id).await,
+            Err(_) => Ok(()),
         }
     }
 
@@ -465,6 +502,8 @@ impl Inner {
     /// After writes: compute the size from the chunk files and tell the metadata node.
     async fn publish_size(&self, f: &OpenFile) -> FsResult<()> {
         let _one_at_a_time = f.publishing.lock().await;
+        // Buffered writes first: the size is read off the chunk files.
+        self.settle(f.ent.id).await?;
         if !f.dirty.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
@@ -558,7 +597,7 @@ impl Inner {
             return Err(FsError::new(ErrorCode::Invalid, format!("{} has no stripe pattern", ent.id)));
         };
         if write {
-            self.add_writer(ent.id, attr.size, (attr.uid, attr.gid), self.client.pool_of(&pattern));
+            self.add_writer(ent.id, attr.size, (attr.uid, attr.gid), &pattern);
         }
         let kill_privs = AtomicBool::new(write && kills_privs(attr.mode));
         let unchanged = self.cache_mode == CacheMode::Paged && {
@@ -920,6 +959,8 @@ impl Filesystem for HiveFs {
         run!(self, reply, |inner| {
             if let Some(s) = set.size {
                 inner.check_truncate(ino, s).await?;
+                // Buffered writes land first, or they would land beyond the new end.
+                inner.settle_ino(ino).await?;
             }
             if matches!(set.mtime, Some(SetTime::At(_))) {
                 // A size published later would stamp its own time over this one (`cp -a`
@@ -1117,15 +1158,20 @@ impl Filesystem for HiveFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        // Chunk files held here and cached: answered on this thread.
+        // Chunk files held here and cached: answered on this thread (unless
+        // this mount's buffered writes to the file must land first).
         if let Ok(f) = self.inner.file(fh) {
-            if let Some(data) = self.inner.client.read_now(&f.pattern, f.ent.id, offset, size as usize) {
+            let pending = self.inner.write_back(f.ent.id).is_some_and(|wb| !wb.is_clean());
+            let now =
+                if pending { None } else { self.inner.client.read_now(&f.pattern, f.ent.id, offset, size as usize) };
+            if let Some(data) = now {
                 self.inner.note_read(&f);
                 return reply.data(&data);
             }
         }
         run!(self, reply, |inner| {
             let f = inner.file(fh)?;
+            inner.settle(f.ent.id).await?;
             let hint = inner.local_sizes.lock().expect("sizes").get(&f.ent.id).map(|l| l.size).unwrap_or(0);
             let data = inner.client.read(&f.pattern, f.ent.id, offset, size as usize, hint).await?;
             inner.note_read(&f);
@@ -1155,7 +1201,27 @@ impl Filesystem for HiveFs {
             // must first drop suid/sgid or is an append the metadata node places.
             let append = self.inner.global_locks && flags.0 & libc::O_APPEND != 0;
             if !append && (c.uid == 0 || !f.kill_privs.load(Ordering::Acquire)) {
-                if let Some(r) = self.inner.client.write_now(&f.pattern, f.ent.id, offset, data) {
+                let wb = self.inner.write_back(f.ent.id);
+                // Held chunk files are written directly unless buffered writes
+                // are pending (which must not land on top of this one later).
+                let direct = wb.as_ref().is_none_or(|wb| wb.is_clean());
+                let now = if direct { self.inner.client.write_now(&f.pattern, f.ent.id, offset, data) } else { None };
+                if let (None, Some(wb)) = (&now, &wb) {
+                    if let Some(r) = wb.try_write(offset, data) {
+                        f.dirty.store(true, Ordering::Release);
+                        return match r {
+                            Ok(()) => {
+                                self.inner.note_write(f.ent.id, offset + data.len() as u64);
+                                reply.written(data.len() as u32)
+                            }
+                            Err(e) => {
+                                debug!("buffered write failed: {e}");
+                                reply.error(errno(&e))
+                            }
+                        };
+                    }
+                }
+                if let Some(r) = now {
                     f.dirty.store(true, Ordering::Release);
                     return match r {
                         Ok(n) => {
@@ -1185,8 +1251,14 @@ impl Filesystem for HiveFs {
             }
             // O_APPEND: the kernel's offset is its idea of the end of file,
             // stale when another client appended; append at the real end.
-            let written = if inner.global_locks && flags.0 & libc::O_APPEND != 0 {
+            let append = inner.global_locks && flags.0 & libc::O_APPEND != 0;
+            let wb = inner.write_back(f.ent.id);
+            let written = if append {
+                // After this mount's buffered writes: the end is read off the targets.
+                inner.settle(f.ent.id).await?;
                 inner.client.append(f.ent, &f.pattern, &data).await.map(|o| (o, data.len()))
+            } else if let Some(wb) = wb {
+                wb.write(offset, &data).await.map(|()| (offset, data.len()))
             } else {
                 inner.client.write_bytes(&f.pattern, f.ent.id, offset, data).await.map(|n| (offset, n))
             };
@@ -1201,8 +1273,11 @@ impl Filesystem for HiveFs {
     fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
         run!(self, reply, |inner| {
             let f = inner.file(fh)?;
+            // Buffered writes land before the locks go (whoever takes them next sees them).
+            let settled = inner.settle(f.ent.id).await;
             // A close drops the closing process's fcntl locks on the file (POSIX).
             inner.drop_locks(f.ent, lock_owner).await;
+            settled?;
             inner.publish_size(&f).await?;
             Ok(move |reply: ReplyEmpty| reply.ok())
         })
@@ -1211,6 +1286,7 @@ impl Filesystem for HiveFs {
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         run!(self, reply, |inner| {
             let f = inner.file(fh)?;
+            inner.settle(f.ent.id).await?;
             inner.client.fsync(&f.pattern, f.ent.id).await?;
             inner.publish_size(&f).await?;
             Ok(move |reply: ReplyEmpty| reply.ok())
@@ -1398,6 +1474,7 @@ impl Filesystem for HiveFs {
             if mode & hivefs_proto::FALLOC_KEEP_SIZE == 0 {
                 inner.check_quota(f.ent.id, offset.saturating_add(length))?;
             }
+            inner.settle(f.ent.id).await?;
             let r = inner.client.fallocate(&f.pattern, f.ent.id, mode, offset, length).await;
             // Punching and zeroing change contents (on some targets even when
             // another failed); a successful allocation without KEEP_SIZE may
@@ -1436,6 +1513,8 @@ impl Filesystem for HiveFs {
     ) {
         run!(self, reply, |inner| {
             let (src, dst) = (inner.file(fh_in)?, inner.file(fh_out)?);
+            inner.settle(src.ent.id).await?;
+            inner.settle(dst.ent.id).await?;
             // Only what the source has: short at its end, nothing past it.
             let hint = inner.local_sizes.lock().expect("sizes").get(&src.ent.id).map_or(0, |l| l.size);
             let size = inner.client.size_from_targets(&src.pattern, src.ent.id).await?.max(hint);
@@ -1465,6 +1544,7 @@ impl Filesystem for HiveFs {
                 libc::SEEK_HOLE => true,
                 _ => return Err(FsError::new(ErrorCode::Invalid, format!("lseek whence {whence}"))),
             };
+            inner.settle(f.ent.id).await?;
             let hint = inner.local_sizes.lock().expect("sizes").get(&f.ent.id).map_or(0, |l| l.size);
             let size = inner.client.size_from_targets(&f.pattern, f.ent.id).await?.max(hint);
             let found = match u64::try_from(offset) {

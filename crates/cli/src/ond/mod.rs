@@ -158,8 +158,9 @@ pub struct StartArgs {
     /// Metadata-node chooser of the root directory: balanced, random, roundrobin.
     #[arg(long)]
     pub meta_chooser: Option<String>,
-    /// Cache mode of the mounts: native (direct I/O) or paged (page cache, close-to-open).
-    #[arg(long, default_value = "native", value_parser = ["native", "paged"])]
+    /// Cache mode of the mounts: native (direct I/O), paged (page cache, close-to-open)
+    /// or buffered (direct I/O, small writes kept in the mount and sent in the background).
+    #[arg(long, default_value = "native", value_parser = ["native", "paged", "buffered"])]
     pub cache_mode: String,
     /// When reads move access times: noatime, relatime, strictatime.
     #[arg(long, default_value = "noatime", value_parser = ["noatime", "relatime", "strictatime"])]

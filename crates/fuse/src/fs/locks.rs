@@ -83,6 +83,9 @@ pub(super) fn setlk(
         let r: FsResult<bool> = async {
             let ent = inner.ent(ino)?;
             let lock = kernel_lock(owner, start, end, typ, pid)?;
+            // Writes made under a lock are on the targets before it goes
+            // (and before a new one is taken): whoever locks next sees them.
+            inner.settle(ent.id).await?;
             if typ == libc::F_UNLCK {
                 inner.client.unlock(ent, lock).await?;
                 return Ok(true);

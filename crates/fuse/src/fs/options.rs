@@ -19,6 +19,16 @@ pub enum CacheMode {
     /// left on close (close-to-open, as NFS); a file kept open may show data
     /// older than other clients' writes.
     Paged,
+    /// Direct I/O with write-back of small writes in the mount (BeeGFS's
+    /// `buffered`): a write returns once it is copied into its file's buffer
+    /// here; adjacent writes are merged and sent in the background, several
+    /// flushes in flight. Reads through this mount see its own writes (a
+    /// read first flushes the file's buffer). Other clients see them once
+    /// flushed: at the latest at fsync, close or a lock operation on the
+    /// file, when the buffer is full, or `MountOptions::writeback`'s delay
+    /// after the write. Errors of a flush are returned by the next write,
+    /// fsync or close.
+    Buffered,
 }
 
 impl std::str::FromStr for CacheMode {
@@ -27,7 +37,8 @@ impl std::str::FromStr for CacheMode {
         match s {
             "native" => Ok(CacheMode::Native),
             "paged" => Ok(CacheMode::Paged),
-            _ => Err(format!("unknown cache mode {s:?}: native or paged")),
+            "buffered" => Ok(CacheMode::Buffered),
+            _ => Err(format!("unknown cache mode {s:?}: native, paged or buffered")),
         }
     }
 }
@@ -98,6 +109,9 @@ pub struct MountOptions {
     pub dir_attr_ttl: Duration,
     /// What the kernel may keep of files' contents.
     pub cache_mode: CacheMode,
+    /// Cache mode buffered: the size, ranges, flushes in flight and delay
+    /// of each file's write-back.
+    pub writeback: hivefs_client::writeback::WriteBackLimits,
     /// When reads move access times.
     pub atime: Atime,
     /// POSIX ACLs enforced (`hivefs mount --no-acl` turns it off): the
@@ -116,6 +130,7 @@ impl Default for MountOptions {
             global_file_locks: true,
             dir_attr_ttl: DIR_ATTR_TTL,
             cache_mode: CacheMode::Native,
+            writeback: Default::default(),
             atime: Atime::NoAtime,
             acl: true,
         }

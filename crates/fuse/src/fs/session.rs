@@ -78,6 +78,7 @@ pub fn mount(
             global_locks: opts.global_file_locks,
             dir_attr_ttl: opts.dir_attr_ttl,
             cache_mode: opts.cache_mode,
+            writeback: opts.writeback,
             atime: opts.atime,
             acl_wanted: opts.acl,
             acl: std::sync::atomic::AtomicBool::new(false),
