@@ -13,6 +13,7 @@ use common::*;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -307,4 +308,46 @@ fn open_file_description_locks_belong_to_the_description() {
     let d = rw(&fs.path("o"));
     assert_eq!(ofd_getlk(&d, libc::F_WRLCK, 0, 0), (libc::F_RDLCK, 0, 10));
     drop(b);
+}
+
+#[test]
+fn a_mount_keeps_the_append_lock_until_another_client_waits_for_it() {
+    let fs = TestFs::up(&["--storage", "1"]);
+    let port = free_port();
+    let a = fs.extra_mount("a", &["--metrics-listen", &format!("127.0.0.1:{port}")]);
+    let (pa, pb) = (a.mnt.join("log"), fs.path("log"));
+    std::fs::write(&pa, b"").unwrap();
+    let mut want = Vec::new();
+    let mut fa = OpenOptions::new().append(true).open(&pa).unwrap();
+    // One writer: its appends go to the end it knows, under the lock it keeps.
+    let before = calls_sent(port, "LockAcquire");
+    for i in 0..2000u32 {
+        let rec = format!("a{i:05}\n");
+        fa.write_all(rec.as_bytes()).unwrap();
+        want.extend_from_slice(rec.as_bytes());
+    }
+    let asked = calls_sent(port, "LockAcquire") - before;
+    assert!(asked < 200, "{asked} append lock requests for 2,000 appends: the lock is not kept");
+    // A write of this mount past the end: the next append goes after it.
+    let plain = OpenOptions::new().write(true).open(&pa).unwrap();
+    plain.write_all_at(b"PPPP", want.len() as u64 + 6).unwrap();
+    want.extend_from_slice(&[0; 6]);
+    want.extend_from_slice(b"PPPP");
+    fa.write_all(b"after\n").unwrap();
+    want.extend_from_slice(b"after\n");
+    // Another mount appends while this one keeps the lock and its file open:
+    // it gets the lock (the keeper lets it go), and its record goes after.
+    let mut fb = OpenOptions::new().append(true).open(&pb).unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        fb.write_all(b"b-record\n").unwrap();
+        tx.send(()).unwrap();
+    });
+    rx.recv_timeout(Duration::from_secs(30)).expect("the other mount never got the append lock");
+    want.extend_from_slice(b"b-record\n");
+    // And the first takes it back for its next append, after the other's record.
+    fa.write_all(b"a-again\n").unwrap();
+    want.extend_from_slice(b"a-again\n");
+    drop(fa);
+    assert!(std::fs::read(&pb).unwrap() == want, "the log differs from the appends made");
 }

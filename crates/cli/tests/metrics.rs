@@ -17,10 +17,6 @@ impl Drop for Prometheus {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// `GET url` with curl; the body.
 fn get(url: &str) -> Option<String> {
     let o =

@@ -13,25 +13,6 @@ mod common;
 use common::*;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
-use std::process::Command;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// Chunk writes the mount behind `port`'s metrics endpoint has sent so far.
-fn write_chunk_calls(port: u16) -> u64 {
-    let o = Command::new("curl")
-        .args(["-sf", "--max-time", "5", &format!("http://127.0.0.1:{port}/metrics")])
-        .output()
-        .expect("run curl (Debian package curl)");
-    assert!(o.status.success(), "metrics of the mount on port {port}");
-    let text = String::from_utf8_lossy(&o.stdout);
-    text.lines()
-        .filter(|l| l.starts_with("hivefs_calls_total{") && l.contains("op=\"WriteChunk\""))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
-        .sum()
-}
 
 /// IOR-hard's layout: rank `r`'s `i`-th block of `block` bytes sits at
 /// `(i * ranks + r) * block`; each block is filled with a byte of its own.
@@ -88,14 +69,14 @@ fn interleaved_small_writes_are_merged_read_back_at_once_and_seen_by_others_afte
     // block, or ranks taking turns) makes 256 writes of 47,008 bytes, each
     // one or two chunk writes without buffering; buffered they go out as
     // far fewer.
-    let before = write_chunk_calls(port);
+    let before = calls_sent(port, "WriteChunk");
     let f = std::fs::File::create(buffered.mnt.join("one")).unwrap();
     for (n, b) in want.chunks(block).enumerate() {
         f.write_all_at(b, (n * block) as u64).unwrap();
     }
     drop(f);
     assert!(std::fs::read(fs.path("one")).unwrap() == want, "another mount after close");
-    let calls = write_chunk_calls(port) - before;
+    let calls = calls_sent(port, "WriteChunk") - before;
     let writes = want.len().div_ceil(block) as u64;
     assert!(calls * 4 < writes, "{calls} chunk writes for {writes} writes: not merged");
 }

@@ -10,12 +10,12 @@
 use crate::{unexpected, Client, Ent};
 use hivefs_proto::{FileLock, LockKind, Reply, Request};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
-use hivefs_types::ids::NodeId;
+use hivefs_types::ids::{EntryId, NodeId};
 use hivefs_types::pattern::Pattern;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 /// Keep-alive state shared with the background task.
@@ -24,8 +24,38 @@ pub(crate) struct LockSession {
     /// Metadata nodes this client has taken locks on.
     nodes: Mutex<BTreeSet<NodeId>>,
     started: AtomicBool,
-    /// Owners of append locks (unique per append).
+    /// Owners of append locks (unique per lock taken).
     next_append_owner: AtomicU64,
+    /// Append locks kept between appends, per file.
+    appends: Mutex<HashMap<EntryId, Arc<AppendSlot>>>,
+}
+
+/// How long this client trusts an append lock it keeps, from the sending
+/// of the request that granted or confirmed it; the metadata node's
+/// `locks::APPEND_HOLD` (its grace after a start is longer).
+const APPEND_HOLD: Duration = Duration::from_millis(1000);
+/// A kept lock is confirmed (and the end read again) when less than this is left.
+const APPEND_CONFIRM: Duration = Duration::from_millis(500);
+/// No append starts on a kept lock with less than this left (the write
+/// must land while the lock is still this client's).
+const APPEND_MARGIN: Duration = Duration::from_millis(250);
+
+/// One file's append lock as this client keeps it.
+#[derive(Default)]
+struct AppendSlot {
+    /// Held across an append: this client's appends to the file, one at a time.
+    kept: tokio::sync::Mutex<Option<Kept>>,
+    /// Set by this client's other writes and truncations of the file: the
+    /// end is read again (under the lock) before the next append.
+    stale: AtomicBool,
+}
+
+struct Kept {
+    lock: FileLock,
+    /// The end of the file: where the next append goes.
+    end: u64,
+    /// The lock is this client's until then (see [`APPEND_HOLD`]).
+    until: Instant,
 }
 
 /// Interval of keep-alives before a node told its lease.
@@ -133,30 +163,178 @@ impl Client {
     }
 
     /// Appends `data` at the end of file `e` as every client sees it: under
-    /// the entry's global append lock, the end is read from the chunk files
-    /// and the data written there. Returns the offset written at.
-    pub async fn append(&self, e: Ent, pattern: &Pattern, data: &[u8]) -> FsResult<u64> {
-        let lock = FileLock {
-            kind: LockKind::Append,
-            client: self.ops.client,
-            owner: self.locks.next_append_owner.fetch_add(1, Ordering::Relaxed),
-            pid: 0,
-            start: 0,
-            end: u64::MAX,
-            exclusive: true,
-        };
-        self.lock(e, lock, true, || false).await?;
+    /// the entry's global append lock, at the end read from the chunk files.
+    /// Returns the offset written at.
+    ///
+    /// The lock is kept after the append, and later appends of this client
+    /// go to the end it knows without asking anyone, while the lock is
+    /// trusted ([`APPEND_HOLD`] from the request that granted or confirmed
+    /// it). A confirmation, with less than [`APPEND_CONFIRM`] left, also
+    /// reads the end again (a truncation by another client is seen then). The
+    /// lock is let go when the metadata node refuses a confirmation because
+    /// another client waits for it, when it runs out unused, on a failed
+    /// write, and by [`Client::let_go_append`].
+    pub async fn append(self: &Arc<Self>, e: Ent, pattern: &Pattern, data: &[u8]) -> FsResult<u64> {
+        let slot = self.locks.appends.lock().expect("append locks").entry(e.id).or_default().clone();
+        let mut kept = slot.kept.lock().await;
+        let mut last = false;
+        if let Some(k) = kept.as_mut() {
+            if Instant::now() + APPEND_CONFIRM >= k.until {
+                let sent = Instant::now();
+                let answer = self.lock_once(e, k.lock, Duration::ZERO).await;
+                let in_time = Instant::now() + APPEND_MARGIN < k.until;
+                match answer {
+                    // This client's all along: trusted for longer, the end read again.
+                    Ok(None) if in_time => {
+                        k.until = sent + APPEND_HOLD;
+                        slot.stale.store(true, Ordering::Release);
+                    }
+                    // Refused because another client waits: one more append, then it goes.
+                    Ok(Some(_)) if in_time => last = true,
+                    // Too late to know that it stayed this client's (or failed):
+                    // let go, and start afresh below.
+                    r => {
+                        if let Err(err) = r {
+                            debug!("confirming the append lock of {} failed: {err}", e.id);
+                        }
+                        let k = kept.take().expect("kept");
+                        self.unlock_append(e, k.lock).await;
+                    }
+                }
+            }
+        }
+        if kept.is_none() {
+            let lock = FileLock {
+                kind: LockKind::Append,
+                client: self.ops.client,
+                owner: self.locks.next_append_owner.fetch_add(1, Ordering::Relaxed),
+                pid: 0,
+                start: 0,
+                end: u64::MAX,
+                exclusive: true,
+            };
+            let sent = Instant::now();
+            self.lock(e, lock, true, || false).await?;
+            // The end is read below, under the lock.
+            slot.stale.store(true, Ordering::Release);
+            let until = sent + APPEND_HOLD;
+            // Granted after a long wait: trusted for this append only.
+            if Instant::now() + APPEND_CONFIRM >= until {
+                last = true;
+            } else {
+                self.expire_append(e, slot.clone(), lock.owner);
+            }
+            *kept = Some(Kept { lock, end: 0, until });
+        }
+        let k = kept.as_mut().expect("kept");
         let r = async {
-            let at = self.size_from_targets(pattern, e.id).await?;
-            self.write(pattern, e.id, at, data).await?;
-            Ok(at)
+            if slot.stale.swap(false, Ordering::AcqRel) {
+                k.end = self.size_from_targets(pattern, e.id).await?;
+            }
+            self.write(pattern, e.id, k.end, data).await?;
+            Ok(k.end)
         }
         .await;
+        match &r {
+            Ok(at) => k.end = at + data.len() as u64,
+            // Part of it may have landed: the end is not known.
+            Err(_) => last = true,
+        }
+        if last {
+            let k = kept.take().expect("kept");
+            self.unlock_append(e, k.lock).await;
+            drop(kept);
+            self.forget_slot(e.id, &slot);
+        }
+        r
+    }
+
+    fn forget_slot(&self, id: EntryId, slot: &Arc<AppendSlot>) {
+        let mut all = self.locks.appends.lock().expect("append locks");
+        if all.get(&id).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            all.remove(&id);
+        }
+    }
+
+    /// [`Client::append`] on the calling thread, without the async runtime:
+    /// only on a kept lock with more than [`APPEND_CONFIRM`] left, an end
+    /// known, no append in progress and the chunk files held here
+    /// ([`Client::write_now`]); `None` otherwise, having written nothing.
+    pub fn append_now(&self, id: EntryId, pattern: &Pattern, data: &[u8]) -> Option<FsResult<u64>> {
+        let slot = self.locks.appends.lock().expect("append locks").get(&id)?.clone();
+        let mut kept = slot.kept.try_lock().ok()?;
+        let k = kept.as_mut()?;
+        if slot.stale.load(Ordering::Acquire) || Instant::now() + APPEND_CONFIRM >= k.until {
+            return None;
+        }
+        match self.write_now(pattern, id, k.end, data)? {
+            Ok(n) => {
+                let at = k.end;
+                k.end += n as u64;
+                Some(Ok(at))
+            }
+            Err(e) => {
+                // Part of it may have landed: the next append reads the end again.
+                slot.stale.store(true, Ordering::Release);
+                Some(Err(e))
+            }
+        }
+    }
+
+    /// This client wrote to or truncated file `id` other than by appending:
+    /// the next append reads the end again.
+    pub fn note_other_write(&self, id: EntryId) {
+        if let Some(slot) = self.locks.appends.lock().expect("append locks").get(&id) {
+            slot.stale.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether this client keeps the append lock of file `id`.
+    pub fn keeps_append(&self, id: EntryId) -> bool {
+        self.locks.appends.lock().expect("append locks").contains_key(&id)
+    }
+
+    /// Lets the append lock this client keeps on `e` go (when the last
+    /// handle on the file closes), after an append in progress.
+    pub async fn let_go_append(&self, e: Ent) {
+        let slot = self.locks.appends.lock().expect("append locks").remove(&e.id);
+        if let Some(slot) = slot {
+            if let Some(k) = slot.kept.lock().await.take() {
+                self.unlock_append(e, k.lock).await;
+            }
+        }
+    }
+
+    async fn unlock_append(&self, e: Ent, lock: FileLock) {
         if let Err(err) = self.unlock(e, lock).await {
             // The lease ends it if the node cannot be told.
             warn!("releasing the append lock of {} failed: {err}", e.id);
         }
-        r
+    }
+
+    /// Lets a kept append lock go once it runs out unused (another client
+    /// may wait for it without this client ever asking again).
+    fn expire_append(self: &Arc<Self>, e: Ent, slot: Arc<AppendSlot>, owner: u64) {
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let until = match slot.kept.lock().await.as_ref() {
+                    Some(k) if k.lock.owner == owner => k.until,
+                    // Let go already (a later lock has a task of its own).
+                    _ => return,
+                };
+                tokio::time::sleep_until(until.into()).await;
+                let Some(client) = me.upgrade() else { return };
+                let mut kept = slot.kept.lock().await;
+                if kept.as_ref().is_some_and(|k| k.lock.owner == owner && Instant::now() >= k.until) {
+                    let k = kept.take().expect("kept");
+                    client.unlock_append(e, k.lock).await;
+                    drop(kept);
+                    client.forget_slot(e.id, &slot);
+                    return;
+                }
+            }
+        });
     }
 }
 

@@ -584,6 +584,7 @@ impl Inner {
                 mode: (c.uid != 0 && kills_privs(attr.mode)).then(|| without_privs(attr.mode)),
                 ..Default::default()
             };
+            self.client.note_other_write(ent.id);
             attr = match self.client.setattr(ent, set, c).await {
                 Ok(a) => a,
                 Err(e) => {
@@ -961,6 +962,9 @@ impl Filesystem for HiveFs {
                 inner.check_truncate(ino, s).await?;
                 // Buffered writes land first, or they would land beyond the new end.
                 inner.settle_ino(ino).await?;
+                if let Ok(e) = inner.ent(ino) {
+                    inner.client.note_other_write(e.id);
+                }
             }
             if matches!(set.mtime, Some(SetTime::At(_))) {
                 // A size published later would stamp its own time over this one (`cp -a`
@@ -1200,7 +1204,24 @@ impl Filesystem for HiveFs {
             // Chunk files held here: written on this thread, unless the write
             // must first drop suid/sgid or is an append the metadata node places.
             let append = self.inner.global_locks && flags.0 & libc::O_APPEND != 0;
-            if !append && (c.uid == 0 || !f.kill_privs.load(Ordering::Acquire)) {
+            let privs_kept = c.uid == 0 || !f.kill_privs.load(Ordering::Acquire);
+            if append && privs_kept && self.inner.write_back(f.ent.id).is_none_or(|wb| wb.is_clean()) {
+                // On the append lock this mount keeps, at the end it knows.
+                if let Some(r) = self.inner.client.append_now(f.ent.id, &f.pattern, data) {
+                    f.dirty.store(true, Ordering::Release);
+                    return match r {
+                        Ok(at) => {
+                            self.inner.note_write(f.ent.id, at + data.len() as u64);
+                            reply.written(data.len() as u32)
+                        }
+                        Err(e) => {
+                            debug!("append failed: {e}");
+                            reply.error(errno(&e))
+                        }
+                    };
+                }
+            }
+            if !append && privs_kept {
                 let wb = self.inner.write_back(f.ent.id);
                 // Held chunk files are written directly unless buffered writes
                 // are pending (which must not land on top of this one later).
@@ -1209,6 +1230,7 @@ impl Filesystem for HiveFs {
                 if let (None, Some(wb)) = (&now, &wb) {
                     if let Some(r) = wb.try_write(offset, data) {
                         f.dirty.store(true, Ordering::Release);
+                        self.inner.client.note_other_write(f.ent.id);
                         return match r {
                             Ok(()) => {
                                 self.inner.note_write(f.ent.id, offset + data.len() as u64);
@@ -1223,6 +1245,7 @@ impl Filesystem for HiveFs {
                 }
                 if let Some(r) = now {
                     f.dirty.store(true, Ordering::Release);
+                    self.inner.client.note_other_write(f.ent.id);
                     return match r {
                         Ok(n) => {
                             self.inner.note_write(f.ent.id, offset + n as u64);
@@ -1258,8 +1281,10 @@ impl Filesystem for HiveFs {
                 inner.settle(f.ent.id).await?;
                 inner.client.append(f.ent, &f.pattern, &data).await.map(|o| (o, data.len()))
             } else if let Some(wb) = wb {
+                inner.client.note_other_write(f.ent.id);
                 wb.write(offset, &data).await.map(|()| (offset, data.len()))
             } else {
+                inner.client.note_other_write(f.ent.id);
                 inner.client.write_bytes(&f.pattern, f.ent.id, offset, data).await.map(|n| (offset, n))
             };
             // Even a failed write may have grown a chunk file: publish.
@@ -1318,6 +1343,12 @@ impl Filesystem for HiveFs {
                     inner.drop_locks(f.ent, LockOwner(owner)).await;
                 }
                 inner.forget_locked(f.ent.id);
+                if inner.client.keeps_append(f.ent.id)
+                    && !inner.files.lock().expect("files").values().any(|o| o.ent.id == f.ent.id)
+                {
+                    // The last handle here: other clients need not wait for the kept lock to run out.
+                    inner.client.let_go_append(f.ent).await;
+                }
                 let r = inner.publish_size(&f).await;
                 if f.write {
                     inner.drop_writer(f.ent.id);
@@ -1475,6 +1506,7 @@ impl Filesystem for HiveFs {
                 inner.check_quota(f.ent.id, offset.saturating_add(length))?;
             }
             inner.settle(f.ent.id).await?;
+            inner.client.note_other_write(f.ent.id);
             let r = inner.client.fallocate(&f.pattern, f.ent.id, mode, offset, length).await;
             // Punching and zeroing change contents (on some targets even when
             // another failed); a successful allocation without KEEP_SIZE may
@@ -1515,6 +1547,7 @@ impl Filesystem for HiveFs {
             let (src, dst) = (inner.file(fh_in)?, inner.file(fh_out)?);
             inner.settle(src.ent.id).await?;
             inner.settle(dst.ent.id).await?;
+            inner.client.note_other_write(dst.ent.id);
             // Only what the source has: short at its end, nothing past it.
             let hint = inner.local_sizes.lock().expect("sizes").get(&src.ent.id).map_or(0, |l| l.size);
             let size = inner.client.size_from_targets(&src.pattern, src.ent.id).await?.max(hint);

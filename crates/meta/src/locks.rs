@@ -21,8 +21,18 @@
 //! the table changes. Waiters are not queued in order; a conflict is checked
 //! afresh at each wake-up, as Linux does for local locks. Deadlocks between
 //! owners are not detected: each wait ends when its process is killed.
+//!
+//! Cached append locks: a client may keep the append lock of a file
+//! between appends and append at the end it knows. It trusts the lock for
+//! [`APPEND_HOLD`] after it sent the request that last granted or
+//! confirmed it, and confirms it by asking again with the same owner. That
+//! request is refused, and the client lets the lock go, while another
+//! client waits for it ([`LockTable::acquire`] counts those waiters). A new
+//! table grants no append lock for [`APPEND_GRACE`] after it is made, so a
+//! lock a client still trusts from before a restart or a switch-over of
+//! this namespace has run out before anyone else can take it.
 
-use hivefs_proto::FileLock;
+use hivefs_proto::{FileLock, LockKind};
 use hivefs_types::error::FsResult;
 use hivefs_types::fs_err;
 use hivefs_types::ids::EntryId;
@@ -35,6 +45,14 @@ use tokio::sync::Notify;
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// Longest one request waits for a lock, whatever it asks.
 pub const MAX_WAIT: Duration = Duration::from_secs(60);
+/// How long a client trusts an append lock it keeps, counted from the
+/// sending of the request that granted or last confirmed it (the client
+/// library's constant of the same name).
+pub const APPEND_HOLD: Duration = Duration::from_millis(1000);
+/// No append lock is granted for this long after a table is made (a start
+/// or promotion of the namespace): [`APPEND_HOLD`] and room for clocks that
+/// run at slightly different rates.
+pub const APPEND_GRACE: Duration = Duration::from_millis(1250);
 
 #[derive(Default)]
 struct State {
@@ -42,6 +60,9 @@ struct State {
     files: HashMap<EntryId, Vec<FileLock>>,
     /// Clients with a lease: when each was last heard from.
     clients: HashMap<u64, Instant>,
+    /// Entries whose append lock requests of other clients are waiting, and
+    /// how many: their holder's confirmation is refused.
+    append_waiters: HashMap<EntryId, u32>,
 }
 
 pub struct LockTable {
@@ -49,6 +70,14 @@ pub struct LockTable {
     /// Fired on every change that may end a conflict or a lease.
     changed: Notify,
     lease_ms: std::sync::atomic::AtomicU64,
+    /// Append locks are granted from then on ([`APPEND_GRACE`]).
+    appends_from: tokio::time::Instant,
+}
+
+/// What a refused append lock request is shown: no holder in particular
+/// (the grace after a start, or the caller's own kept lock that others want).
+fn append_refusal(l: &FileLock) -> FileLock {
+    FileLock { client: 0, owner: 0, pid: 0, ..*l }
 }
 
 fn same_owner(a: &FileLock, b: &FileLock) -> bool {
@@ -113,6 +142,7 @@ impl LockTable {
             state: Mutex::default(),
             changed: Notify::new(),
             lease_ms: std::sync::atomic::AtomicU64::new(lease.as_millis() as u64),
+            appends_from: tokio::time::Instant::now() + APPEND_GRACE,
         }
     }
 
@@ -132,6 +162,17 @@ impl LockTable {
     /// Sets `l` unless another owner's lock is in the way (returned).
     pub fn try_lock(&self, entry: EntryId, l: &FileLock) -> Option<FileLock> {
         let mut st = self.state.lock().expect("lock table");
+        if l.kind == LockKind::Append {
+            if tokio::time::Instant::now() < self.appends_from {
+                return Some(append_refusal(l));
+            }
+            // A confirmation of a kept append lock that others wait for: refused
+            // (the holder lets it go), nothing changed.
+            let kept = st.files.get(&entry).is_some_and(|h| h.iter().any(|h| same_owner(h, l)));
+            if kept && st.append_waiters.get(&entry).is_some_and(|n| *n > 0) {
+                return Some(append_refusal(l));
+            }
+        }
         let held = st.files.entry(entry).or_default();
         if let Some(c) = conflict(held, l) {
             let c = *c;
@@ -198,6 +239,7 @@ impl LockTable {
     /// ends while it waits.
     pub async fn acquire(&self, entry: EntryId, l: &FileLock, wait: Duration) -> FsResult<Option<FileLock>> {
         let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
+        let mut waiting = None;
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
@@ -217,9 +259,43 @@ impl LockTable {
             if tokio::time::Instant::now() >= deadline {
                 return Ok(Some(c));
             }
+            if l.kind == LockKind::Append && waiting.is_none() {
+                waiting = Some(AppendWaiter::new(self, entry));
+            }
+            // The end of the grace after a start wakes nobody by itself.
+            let wake = match l.kind {
+                LockKind::Append if self.appends_from > tokio::time::Instant::now() => deadline.min(self.appends_from),
+                _ => deadline,
+            };
             tokio::select! {
                 _ = notified => {}
-                _ = tokio::time::sleep_until(deadline) => {}
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+}
+
+/// One waiting append lock request, counted in `State::append_waiters`
+/// while it lives.
+struct AppendWaiter<'a> {
+    table: &'a LockTable,
+    entry: EntryId,
+}
+
+impl<'a> AppendWaiter<'a> {
+    fn new(table: &'a LockTable, entry: EntryId) -> Self {
+        *table.state.lock().expect("lock table").append_waiters.entry(entry).or_default() += 1;
+        AppendWaiter { table, entry }
+    }
+}
+
+impl Drop for AppendWaiter<'_> {
+    fn drop(&mut self) {
+        let mut st = self.table.state.lock().expect("lock table");
+        if let Some(n) = st.append_waiters.get_mut(&self.entry) {
+            *n -= 1;
+            if *n == 0 {
+                st.append_waiters.remove(&self.entry);
             }
         }
     }
@@ -344,5 +420,40 @@ mod tests {
         assert_eq!(t.expire(now + Duration::from_secs(61)).len(), 3);
         assert!(doomed.await.unwrap().is_err());
         assert!(t.held(E).is_empty());
+    }
+
+    fn append(client: u64, owner: u64) -> FileLock {
+        FileLock { kind: LockKind::Append, client, owner, pid: 0, start: 0, end: u64::MAX, exclusive: true }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_kept_append_lock_is_confirmed_until_another_client_waits_and_none_is_granted_in_the_grace() {
+        let t = Arc::new(LockTable::new(Duration::from_secs(60)));
+        let now = Instant::now();
+        for c in 1..=2 {
+            t.touch(c, now);
+        }
+        // A fresh table: no append lock until its grace is over (a request
+        // waiting through it is granted at its end).
+        assert!(t.acquire(E, &append(1, 1), Duration::ZERO).await.unwrap().is_some());
+        let started = tokio::time::Instant::now();
+        assert_eq!(t.acquire(E, &append(1, 1), Duration::from_secs(30)).await.unwrap(), None);
+        assert!(started.elapsed() < APPEND_GRACE + Duration::from_millis(10), "woken at the grace's end");
+        // Confirmations by the holder: granted while nobody else waits.
+        assert_eq!(t.acquire(E, &append(1, 1), Duration::ZERO).await.unwrap(), None);
+        // Another client waits: the holder's confirmation is refused and
+        // changes nothing; its unlock lets the waiter in.
+        let t2 = t.clone();
+        let waiter = tokio::spawn(async move { t2.acquire(E, &append(2, 7), Duration::from_secs(30)).await });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        let refused = t.acquire(E, &append(1, 1), Duration::ZERO).await.unwrap();
+        assert_eq!(refused.map(|c| (c.client, c.owner)), Some((0, 0)));
+        assert!(t.held(E).iter().any(|l| l.client == 1), "the refusal keeps the lock");
+        t.unlock(E, &append(1, 1));
+        assert_eq!(waiter.await.unwrap().unwrap(), None);
+        assert!(t.state.lock().unwrap().append_waiters.is_empty(), "the waiter is no longer counted");
+        // Nobody waits now: the new holder's confirmation is granted.
+        assert_eq!(t.acquire(E, &append(2, 7), Duration::ZERO).await.unwrap(), None);
     }
 }

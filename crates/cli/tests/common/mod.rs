@@ -418,3 +418,24 @@ pub fn errno_of<T>(r: std::io::Result<T>) -> i32 {
         Err(e) => e.raw_os_error().unwrap_or(-1),
     }
 }
+
+/// A TCP port free at the time of asking (for a `--metrics-listen`).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Requests of type `op` that the process serving metrics on `port` has
+/// sent to other services so far (`hivefs_calls_total`).
+pub fn calls_sent(port: u16, op: &str) -> u64 {
+    let o = Command::new("curl")
+        .args(["-sf", "--max-time", "5", &format!("http://127.0.0.1:{port}/metrics")])
+        .output()
+        .expect("run curl (Debian package curl)");
+    assert!(o.status.success(), "metrics on port {port}");
+    let text = String::from_utf8_lossy(&o.stdout);
+    let label = format!("op=\"{op}\"");
+    text.lines()
+        .filter(|l| l.starts_with("hivefs_calls_total{") && l.contains(&label))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
+        .sum()
+}
