@@ -38,6 +38,10 @@ pub struct MdParams {
     pub file_bytes: u32,
     /// One directory for all ranks instead of one per rank.
     pub shared_dir: bool,
+    /// Drop the kernel's caches (page cache, dentries, inodes) before each
+    /// phase after the first: the stats and reads then find nothing of the
+    /// files cached, as on a client that did not create them.
+    pub drop_caches: bool,
     pub keep: bool,
 }
 
@@ -132,6 +136,7 @@ pub struct MdReport {
     pub files_per_rank: u32,
     pub file_bytes: u32,
     pub shared_dir: bool,
+    pub drop_caches: bool,
     pub run: MdRun,
     /// The same workload on a plain local directory, in the same invocation.
     pub compare: Option<MdRun>,
@@ -154,6 +159,7 @@ pub fn report(p: &MdParams, run: MdRun, compare: Option<MdRun>) -> MdReport {
         files_per_rank: p.files_per_rank,
         file_bytes: p.file_bytes,
         shared_dir: p.shared_dir,
+        drop_caches: p.drop_caches,
         run,
         compare,
         ratio,
@@ -346,6 +352,9 @@ pub fn run_with(
         if PHASES[ph] == "remove" {
             removing.set(true);
         }
+        if p.drop_caches && ph > 0 {
+            crate::io::drop_caches()?;
+        }
         counter.reset();
         marks.borrow_mut().push((take(cpu)?, None));
         if threads {
@@ -426,7 +435,14 @@ mod tests {
 
     #[test]
     fn parameters_are_checked() {
-        let p = MdParams { ranks: 2, files_per_rank: 5, file_bytes: 4096, shared_dir: false, keep: false };
+        let p = MdParams {
+            ranks: 2,
+            files_per_rank: 5,
+            file_bytes: 4096,
+            shared_dir: false,
+            drop_caches: false,
+            keep: false,
+        };
         assert!(p.validate().is_ok());
         assert_eq!(p.ops_per_phase(), 10);
         assert!(MdParams { files_per_rank: 0, ..p.clone() }.validate().is_err());
@@ -441,7 +457,14 @@ mod tests {
         for removing in [false, true] {
             let d = tempfile::tempdir().unwrap();
             let b = Posix::new(d.path().to_path_buf(), "plain");
-            let p = MdParams { ranks: 3, files_per_rank: 50, file_bytes: 0, shared_dir: false, keep: false };
+            let p = MdParams {
+                ranks: 3,
+                files_per_rank: 50,
+                file_bytes: 0,
+                shared_dir: false,
+                drop_caches: false,
+                keep: false,
+            };
             let c = prepare(&b, &p, "run").unwrap();
             c.removing.set(removing);
             for (r, k) in [(0u32, 0u32), (1, 17), (2, 50)] {
@@ -459,7 +482,14 @@ mod tests {
     fn all_phases_on_a_plain_directory_with_a_comparison() {
         for shared in [false, true] {
             let d = tempfile::tempdir().unwrap();
-            let p = MdParams { ranks: 3, files_per_rank: 7, file_bytes: 4096, shared_dir: shared, keep: false };
+            let p = MdParams {
+                ranks: 3,
+                files_per_rank: 7,
+                file_bytes: 4096,
+                shared_dir: shared,
+                drop_caches: false,
+                keep: false,
+            };
             let b: Arc<dyn Backend> = Arc::new(Posix::new(d.path().to_path_buf(), "plain"));
             let obs = Observers::default();
             let a = run(b.clone(), &p, &obs, false).unwrap();

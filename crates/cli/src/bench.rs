@@ -181,6 +181,11 @@ pub struct MdArgs {
     /// All ranks in one shared directory (default: a directory per rank).
     #[arg(long)]
     pub shared_dir: bool,
+    /// Drop the kernel's caches (echo 3 > /proc/sys/vm/drop_caches; root only) before
+    /// the stat, read and remove phases: they find nothing cached, as on a client that
+    /// did not create the files.
+    #[arg(long)]
+    pub drop_caches: bool,
     /// Also run the same workload on this plain local directory and print the ratio.
     #[arg(long)]
     pub compare_dir: Option<PathBuf>,
@@ -455,6 +460,7 @@ pub(crate) fn md_params(a: &MdArgs) -> Result<md::MdParams> {
         files_per_rank: a.files,
         file_bytes: size_u32(&a.file_size, "file size")?,
         shared_dir: a.shared_dir,
+        drop_caches: a.drop_caches,
         keep: a.target.keep,
     };
     p.validate()?;

@@ -237,6 +237,14 @@ fn io_and_md_bench_through_the_mount_and_the_native_client() {
         assert!(svc.contains_key(s), "{s} missing in {create}");
     }
 
+    // With the kernel's caches dropped, every stat looks its file up on a metadata node.
+    let r = json(&["bench", "md", w, "--json", "--ranks", "2", "--files", "20", "--drop-caches"]);
+    let stat = &r["run"]["phases"][1];
+    assert_eq!(stat["phase"], "stat");
+    let asked: u64 = stat["meta_requests"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+    assert!(asked >= 40, "{asked} metadata requests for 40 stats after the drop: {stat}");
+    assert_eq!(r["drop_caches"], true);
+
     // Shared directory, through the native client, files of 32 KiB.
     let r = json(&[
         "bench",
