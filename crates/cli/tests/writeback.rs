@@ -218,3 +218,22 @@ fn random_writes_truncates_and_reads_match_a_model_of_the_file() {
     assert_eq!(got.len(), model.len(), "size seen by another mount");
     assert!(got == model, "contents seen by another mount differ from the model");
 }
+
+#[test]
+fn an_open_with_o_trunc_truncates_what_other_handles_wrote_and_did_not_publish() {
+    let fs = TestFs::up(&["--storage", "1"]);
+    let buffered = fs.extra_mount("buffered", &["--cache-mode", "buffered", "--no-short-circuit"]);
+    // Through the buffered mount (writes still in the mount) and the native one
+    // (writes on the targets, their size not yet on the metadata node).
+    for (p, name) in [(buffered.mnt.join("b"), "b"), (fs.path("n"), "n")] {
+        let f = std::fs::File::create(&p).unwrap();
+        f.write_all_at(&[7u8; 5000], 0).unwrap();
+        let g = std::fs::OpenOptions::new().write(true).truncate(true).open(&p).unwrap();
+        assert_eq!(g.metadata().unwrap().len(), 0, "{name}: size after O_TRUNC");
+        g.write_all_at(b"new", 0).unwrap();
+        drop(g);
+        drop(f);
+        let got = std::fs::read(fs.path(name)).unwrap();
+        assert!(got == b"new", "{name}: {} bytes after the truncating open, not 3", got.len());
+    }
+}

@@ -575,16 +575,24 @@ impl Inner {
     async fn opened(&self, ent: Ent, mut attr: EntryAttr, flags: i32, c: Caller) -> FsResult<(u64, Arc<OpenFile>)> {
         let acc = flags & libc::O_ACCMODE;
         let write = acc == libc::O_WRONLY || acc == libc::O_RDWR;
-        if write && flags & libc::O_TRUNC != 0 {
+        let truncate = write && flags & libc::O_TRUNC != 0;
+        if truncate {
             // As Linux: O_TRUNC updates mtime and ctime even of an empty
-            // file, and an unprivileged truncation drops suid/sgid.
+            // file, and an unprivileged truncation drops suid/sgid. The size
+            // this mount wrote and has not published counts too.
+            let local = self.local_sizes.lock().expect("sizes").get(&ent.id).map_or(0, |l| l.size);
             let set = SetAttr {
-                size: (attr.size != 0).then_some(0),
+                size: (attr.size != 0 || local != 0).then_some(0),
                 mtime: Some(SetTime::Now),
                 mode: (c.uid != 0 && kills_privs(attr.mode)).then(|| without_privs(attr.mode)),
                 ..Default::default()
             };
             self.client.note_other_write(ent.id);
+            // This mount's buffered writes land first, or after the truncation.
+            if let Err(e) = self.settle(ent.id).await {
+                let _ = self.client.release(ent, write).await;
+                return Err(e);
+            }
             attr = match self.client.setattr(ent, set, c).await {
                 Ok(a) => a,
                 Err(e) => {
@@ -599,6 +607,10 @@ impl Inner {
         };
         if write {
             self.add_writer(ent.id, attr.size, (attr.uid, attr.gid), &pattern);
+        }
+        if truncate {
+            // Other handles of this mount may have written beyond it.
+            self.set_local_size(ent.id, attr.size);
         }
         let kill_privs = AtomicBool::new(write && kills_privs(attr.mode));
         let unchanged = self.cache_mode == CacheMode::Paged && {
