@@ -337,11 +337,19 @@ impl Client {
         }
         let (session, cluster, client, wait) =
             (session.clone(), self.cluster.clone(), self.ops.client, self.wait_slice());
-        tokio::spawn(poll(session, cluster, client, node, wait));
+        let locks = self.locks.clone();
+        tokio::spawn(poll(session, locks, cluster, client, node, wait));
     }
 }
 
-async fn poll(session: Arc<LeaseSession>, cluster: Arc<Cluster>, client: u64, node: NodeId, wait: Duration) {
+async fn poll(
+    session: Arc<LeaseSession>,
+    locks: Arc<crate::locks::LockSession>,
+    cluster: Arc<Cluster>,
+    client: u64,
+    node: NodeId,
+    wait: Duration,
+) {
     let mut acked = 0;
     let mut backoff = Duration::from_millis(50);
     // Until the node turns out not to know `LeaseWaitDirs`.
@@ -364,6 +372,7 @@ async fn poll(session: Arc<LeaseSession>, cluster: Arc<Cluster>, client: u64, no
                     );
                 }
                 session.revoke(&ids, names);
+                locks.revoked(&ids);
                 acked = upto;
                 backoff = Duration::from_millis(50);
                 continue;

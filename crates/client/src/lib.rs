@@ -185,6 +185,7 @@ impl Client {
             releases: Default::default(),
             quotas: Default::default(),
         });
+        client.locks.set_client(&client);
         tokio::spawn(quota::refresh(Arc::downgrade(&client)));
         Ok(client)
     }

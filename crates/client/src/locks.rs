@@ -28,6 +28,37 @@ pub(crate) struct LockSession {
     next_append_owner: AtomicU64,
     /// Append locks kept between appends, per file.
     appends: Mutex<HashMap<EntryId, Arc<AppendSlot>>>,
+    /// The client, for letting kept locks go when a metadata node asks.
+    client: std::sync::OnceLock<std::sync::Weak<Client>>,
+}
+
+impl LockSession {
+    /// Remembers the client these locks are of (once, at its start).
+    pub(crate) fn set_client(&self, client: &Arc<Client>) {
+        let _ = self.client.set(Arc::downgrade(client));
+    }
+
+    /// A metadata node revoked `ids` (it does so for an entry whose append
+    /// lock this client keeps and another client asked for): those kept
+    /// locks go after the append in progress, in the background.
+    pub(crate) fn revoked(&self, ids: &[EntryId]) {
+        let Some(client) = self.client.get().and_then(|c| c.upgrade()) else { return };
+        let wanted: Vec<Arc<AppendSlot>> = {
+            let all = self.appends.lock().expect("append locks");
+            ids.iter().filter_map(|id| all.get(id).cloned()).collect()
+        };
+        for slot in wanted {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let kept = slot.kept.lock().await.take();
+                if let Some(k) = kept {
+                    debug!("letting the append lock of {} go: another client wants it", k.ent.id);
+                    client.unlock_append(k.ent, k.lock).await;
+                    client.forget_slot(k.ent.id, &slot);
+                }
+            });
+        }
+    }
 }
 
 /// How long this client trusts an append lock it keeps, from the sending
@@ -51,6 +82,7 @@ struct AppendSlot {
 }
 
 struct Kept {
+    ent: Ent,
     lock: FileLock,
     /// The end of the file: where the next append goes.
     end: u64,
@@ -171,8 +203,9 @@ impl Client {
     /// trusted ([`APPEND_HOLD`] from the request that granted or confirmed
     /// it). A confirmation, with less than [`APPEND_CONFIRM`] left, also
     /// reads the end again (a truncation by another client is seen then). The
-    /// lock is let go when the metadata node refuses a confirmation because
-    /// another client waits for it, when it runs out unused, on a failed
+    /// lock is let go when the metadata node tells this client (through the
+    /// lease poll) that another client asked for it, or refuses a
+    /// confirmation because one waits, when it runs out unused, on a failed
     /// write, and by [`Client::let_go_append`].
     pub async fn append(self: &Arc<Self>, e: Ent, pattern: &Pattern, data: &[u8]) -> FsResult<u64> {
         let slot = self.locks.appends.lock().expect("append locks").entry(e.id).or_default().clone();
@@ -224,7 +257,7 @@ impl Client {
             } else {
                 self.expire_append(e, slot.clone(), lock.owner);
             }
-            *kept = Some(Kept { lock, end: 0, until });
+            *kept = Some(Kept { ent: e, lock, end: 0, until });
         }
         let k = kept.as_mut().expect("kept");
         let r = async {

@@ -479,6 +479,19 @@ impl Leases {
         }
     }
 
+    /// Tells `client`, if it polls, that another client wants `id`: sent
+    /// with its next revocations as one of `id`'s attributes (a client that
+    /// keeps the append lock of `id` lets it go). Nothing waits for it.
+    pub fn notify(&self, client: u64, id: EntryId) {
+        let mut st = self.state.lock().expect("leases");
+        if let Some(s) = st.sessions.get_mut(&client) {
+            s.queued += 1;
+            let seq = s.queued;
+            s.pending.push_back((seq, Some(id)));
+            s.wake.notify_one();
+        }
+    }
+
     /// Drops ended leases, old change notes and silent clients (at most
     /// once per [`SWEEP_EVERY`]), so memory follows what is live.
     pub(crate) fn sweep(&self) {
