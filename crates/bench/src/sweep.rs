@@ -32,7 +32,7 @@ pub const BLOCK_RUNS: usize = 10;
 /// The cache modes a sweep can run through a mount (`hivefs mount
 /// --cache-mode`). The native client has no kernel cache: its runs are
 /// `native` only.
-pub const CACHE_MODES: [&str; 2] = ["native", "paged"];
+pub const CACHE_MODES: [&str; 3] = ["native", "paged", "buffered"];
 
 /// A small deterministic generator (SplitMix64): the block order and the
 /// pauses depend on the seed only.

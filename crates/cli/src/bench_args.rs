@@ -24,7 +24,7 @@ pub struct SweepArgs {
     /// Target choosers (comma-separated): random, roundrobin, randomized-roundrobin, balanced.
     #[arg(long, value_delimiter = ',', default_value = "balanced")]
     pub chooser: Vec<String>,
-    /// Client cache modes (comma-separated): native, paged. Runs of the mount's own mode use
+    /// Client cache modes (comma-separated): native, paged, buffered. Runs of the mount's own mode use
     /// PATH's mount; for each other mode the sweep mounts the file system once more
     /// (`hivefs mount --cache-mode`, private, under the temporary directory) and unmounts it
     /// at the end. Default: the mount's mode (native with --native, which has no other).
