@@ -193,6 +193,19 @@ impl WriteBack {
             st.extents.insert(offset, BytesMut::from(data));
             return;
         }
+        if let [s] = touching[..] {
+            if s <= offset {
+                // The common case (sequential writes): the one range touched
+                // starts at or before the new bytes, which go into it in place.
+                let b = st.extents.get_mut(&s).expect("touching");
+                let (at, len) = ((offset - s) as usize, b.len());
+                let inside = data.len().min(len.saturating_sub(at));
+                b[at..at + inside].copy_from_slice(&data[..inside]);
+                b.extend_from_slice(&data[inside..]);
+                st.bytes += b.len() - len;
+                return;
+            }
+        }
         // `touching` runs from the highest offset down: the last is the lowest.
         let start = offset.min(*touching.last().expect("touching"));
         let last_end = touching.iter().map(|s| s + st.extents[s].len() as u64).max().expect("touching").max(end);
@@ -284,6 +297,23 @@ mod tests {
         want.extend([b'Z'; 30]);
         assert_eq!(ranges(&st), vec![(0, want)]);
         assert_eq!(st.bytes, 32);
+    }
+
+    #[test]
+    fn sequential_writes_grow_one_range_in_place() {
+        let mut st = State::default();
+        let mut want = Vec::new();
+        for i in 0..100u8 {
+            let piece = vec![i; 1000 + usize::from(i)];
+            WriteBack::insert(&mut st, want.len() as u64, &piece);
+            want.extend_from_slice(&piece);
+        }
+        // Overlapping its end and running past it.
+        WriteBack::insert(&mut st, want.len() as u64 - 10, &[0xff; 20]);
+        want.truncate(want.len() - 10);
+        want.extend_from_slice(&[0xff; 20]);
+        assert_eq!(ranges(&st), vec![(0, want.clone())]);
+        assert_eq!(st.bytes, want.len());
     }
 
     #[test]
