@@ -145,7 +145,9 @@ pub struct MountArgs {
     #[arg(long, default_value = "native", value_parser = ["native", "paged", "buffered"])]
     pub cache_mode: String,
     /// Cache mode buffered: bytes of one file's writes kept before they are sent
-    /// (suffixes k, m). Up to four such buffers per file are in flight at once.
+    /// (suffixes k, m). Up to four such buffers per file are in flight at once; all files
+    /// together hold at most 64 buffers' worth (64 MiB by default), beyond which writes
+    /// wait for their file's flush.
     #[arg(long, default_value = "1m", value_parser = crate::util::parse_size)]
     pub writeback_buffer: u64,
     /// When reads move access times (kept by the metadata nodes, seen by every client).
@@ -179,7 +181,9 @@ fn writeback_limits(bytes: u64) -> Result<hivefs_client::writeback::WriteBackLim
     if !(4096..=MAX).contains(&bytes) {
         bail!("--writeback-buffer must be 4k..=64m, not {bytes} bytes");
     }
-    Ok(hivefs_client::writeback::WriteBackLimits { bytes: bytes as usize, ..Default::default() })
+    // The mount's buffers hold 64 files' worth at most in all.
+    let bytes = bytes as usize;
+    Ok(hivefs_client::writeback::WriteBackLimits { bytes, total: 64 * bytes, ..Default::default() })
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {

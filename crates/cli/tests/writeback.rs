@@ -237,3 +237,28 @@ fn an_open_with_o_trunc_truncates_what_other_handles_wrote_and_did_not_publish()
         assert!(got == b"new", "{name}: {} bytes after the truncating open, not 3", got.len());
     }
 }
+
+#[test]
+fn many_files_written_at_once_through_small_buffers_arrive_whole() {
+    // 4 KiB buffers: the mount holds 256 KiB in all, so eight writers of
+    // 1 MiB files keep running into the client-wide bound and wait on it.
+    let fs = TestFs::up(&["--storage", "1"]);
+    let buffered =
+        fs.extra_mount("buffered", &["--cache-mode", "buffered", "--no-short-circuit", "--writeback-buffer", "4k"]);
+    let files: Vec<(std::path::PathBuf, Vec<u8>)> =
+        (0..8).map(|i| (buffered.mnt.join(format!("f{i}")), random_bytes(10 + i, 1 << 20))).collect();
+    std::thread::scope(|s| {
+        for (p, data) in &files {
+            s.spawn(move || {
+                let mut f = std::fs::File::create(p).unwrap();
+                for piece in data.chunks(1000) {
+                    f.write_all(piece).unwrap();
+                }
+            });
+        }
+    });
+    for (i, (_, data)) in files.iter().enumerate() {
+        let got = std::fs::read(fs.path(&format!("f{i}"))).unwrap();
+        assert!(got == *data, "f{i}: {} bytes differ from what was written", got.len());
+    }
+}

@@ -39,11 +39,50 @@ pub struct WriteBackLimits {
     pub in_flight: usize,
     /// The longest a write stays buffered without a reason to flush.
     pub delay: Duration,
+    /// Bytes all files' buffers of one client hold together, in flight
+    /// included ([`WriteBackBudget`]).
+    pub total: usize,
 }
 
 impl Default for WriteBackLimits {
     fn default() -> Self {
-        WriteBackLimits { bytes: 1 << 20, extents: 64, in_flight: 4, delay: Duration::from_millis(100) }
+        WriteBackLimits {
+            bytes: 1 << 20,
+            extents: 64,
+            in_flight: 4,
+            delay: Duration::from_millis(100),
+            total: 64 << 20,
+        }
+    }
+}
+
+/// What all write-back buffers of one client hold together (buffered and in
+/// flight), and its bound: a write that would go beyond it waits until its
+/// file's flush lands, unless its file holds nothing (each file may always
+/// buffer one write, so a writer never waits on other files' buffers alone;
+/// those go out within their delay).
+pub struct WriteBackBudget {
+    max: usize,
+    used: std::sync::atomic::AtomicUsize,
+}
+
+impl WriteBackBudget {
+    /// A budget of `max` bytes.
+    pub fn new(max: usize) -> Arc<WriteBackBudget> {
+        Arc::new(WriteBackBudget { max, used: Default::default() })
+    }
+
+    /// Bytes held now.
+    pub fn used(&self) -> usize {
+        self.used.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn add(&self, n: usize) {
+        self.used.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn sub(&self, n: usize) {
+        self.used.fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -53,8 +92,9 @@ struct State {
     /// are merged).
     extents: BTreeMap<u64, BytesMut>,
     bytes: usize,
-    /// Ranges of the flushes in flight, one list per flush, by flush number.
-    flying: BTreeMap<u64, Vec<(u64, u64)>>,
+    /// Ranges of the flushes in flight, one list per flush, by flush number,
+    /// and the bytes of each.
+    flying: BTreeMap<u64, (Vec<(u64, u64)>, usize)>,
     next_flush: u64,
     /// The first error of a flush no caller has been told of yet.
     error: Option<FsError>,
@@ -66,7 +106,7 @@ struct State {
 
 impl State {
     fn overlaps_flying(&self, ranges: &[(u64, u64)]) -> bool {
-        self.flying.values().flatten().any(|&(s, e)| ranges.iter().any(|&(a, b)| a < e && s < b))
+        self.flying.values().flat_map(|(r, _)| r).any(|&(s, e)| ranges.iter().any(|&(a, b)| a < e && s < b))
     }
 }
 
@@ -76,6 +116,7 @@ pub struct WriteBack {
     pattern: Pattern,
     entry: EntryId,
     limits: WriteBackLimits,
+    budget: Arc<WriteBackBudget>,
     rt: tokio::runtime::Handle,
     st: Mutex<State>,
     /// Woken whenever a flush ends.
@@ -88,6 +129,7 @@ impl WriteBack {
         pattern: Pattern,
         entry: EntryId,
         limits: WriteBackLimits,
+        budget: Arc<WriteBackBudget>,
         rt: tokio::runtime::Handle,
     ) -> Arc<WriteBack> {
         Arc::new(WriteBack {
@@ -95,6 +137,7 @@ impl WriteBack {
             pattern,
             entry,
             limits,
+            budget,
             rt,
             st: Mutex::new(State::default()),
             landed: Notify::new(),
@@ -121,11 +164,21 @@ impl WriteBack {
         if full && !st.extents.is_empty() && !self.start_flush(&mut st) {
             return None;
         }
+        let holds = !st.extents.is_empty() || !st.flying.is_empty();
+        if holds && self.budget.used() + data.len() > self.budget.max {
+            // The client's buffers are full: this file's go out, and the write waits.
+            if !st.extents.is_empty() {
+                self.start_flush(&mut st);
+            }
+            return None;
+        }
         let large = data.len() >= self.limits.bytes;
         if large && st.flying.len() >= self.limits.in_flight {
             return None;
         }
+        let before = st.bytes;
         Self::insert(&mut st, offset, data);
+        self.budget.add(st.bytes - before);
         // Too large to be worth keeping: sent at once, in the background
         // like the rest so that it stays ordered with them.
         if large && self.start_flush(&mut st) {
@@ -232,12 +285,12 @@ impl WriteBack {
         }
         let extents: Vec<(u64, Bytes)> =
             std::mem::take(&mut st.extents).into_iter().map(|(s, b)| (s, b.freeze())).collect();
-        st.bytes = 0;
+        let bytes = std::mem::take(&mut st.bytes);
         st.generation += 1;
         st.timer_armed = false;
         let n = st.next_flush;
         st.next_flush += 1;
-        st.flying.insert(n, ranges);
+        st.flying.insert(n, (ranges, bytes));
         let me = self.clone();
         tracing::trace!("write-back of file {}: flush {n}, {} ranges", self.entry, extents.len());
         self.rt.spawn(async move {
@@ -254,7 +307,9 @@ impl WriteBack {
                 }
             }
             let mut st = me.st.lock().expect("write-back");
-            st.flying.remove(&n);
+            if let Some((_, bytes)) = st.flying.remove(&n) {
+                me.budget.sub(bytes);
+            }
             if let Some(e) = err {
                 debug!("write-back of file {} failed: {e}", me.entry);
                 st.error.get_or_insert(e);
@@ -267,6 +322,15 @@ impl WriteBack {
             me.landed.notify_waiters();
         });
         true
+    }
+}
+
+impl Drop for WriteBack {
+    fn drop(&mut self) {
+        // Left unsent (its file was given up after a failed flush): no longer held.
+        // Flights hold the write-back, so none is in flight now.
+        let st = self.st.get_mut().expect("write-back");
+        self.budget.sub(st.bytes);
     }
 }
 
@@ -319,7 +383,7 @@ mod tests {
     #[test]
     fn flights_that_overlap_are_found() {
         let mut st = State::default();
-        st.flying.insert(0, vec![(100, 200)]);
+        st.flying.insert(0, (vec![(100, 200)], 100));
         assert!(st.overlaps_flying(&[(150, 160)]));
         assert!(st.overlaps_flying(&[(0, 101)]));
         assert!(!st.overlaps_flying(&[(0, 100), (200, 300)]));

@@ -22,7 +22,7 @@ use fuser::{
     LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
     ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
-use hivefs_client::writeback::{WriteBack, WriteBackLimits};
+use hivefs_client::writeback::{WriteBack, WriteBackBudget, WriteBackLimits};
 use hivefs_client::{quota, Client, Ent, Revocation};
 use hivefs_proto::{Caller, DirEntry, FileLock, LockKind, XATTR_ACL_KILL_SGID};
 use hivefs_types::acl;
@@ -90,6 +90,8 @@ struct Inner {
     cache_mode: CacheMode,
     /// Cache mode buffered: how much each file's write-back holds.
     writeback: WriteBackLimits,
+    /// Cache mode buffered: what all files' write-back holds together.
+    writeback_budget: Arc<WriteBackBudget>,
     atime: Atime,
     /// The mount option: POSIX ACLs enforced.
     acl_wanted: bool,

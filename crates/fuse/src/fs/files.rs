@@ -77,7 +77,8 @@ impl Inner {
             l.published = size;
             if self.cache_mode == CacheMode::Buffered {
                 let (c, rt) = (self.client.clone(), self.rt.clone());
-                l.wb = Some(WriteBack::new(c, pattern.clone(), id, self.writeback, rt));
+                let budget = self.writeback_budget.clone();
+                l.wb = Some(WriteBack::new(c, pattern.clone(), id, self.writeback, budget, rt));
             }
         }
         l.writers += 1;

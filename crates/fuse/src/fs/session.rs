@@ -79,6 +79,7 @@ pub fn mount(
             dir_attr_ttl: opts.dir_attr_ttl,
             cache_mode: opts.cache_mode,
             writeback: opts.writeback,
+            writeback_budget: hivefs_client::writeback::WriteBackBudget::new(opts.writeback.total),
             atime: opts.atime,
             acl_wanted: opts.acl,
             acl: std::sync::atomic::AtomicBool::new(false),
