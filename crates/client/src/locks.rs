@@ -28,6 +28,9 @@ pub(crate) struct LockSession {
     next_append_owner: AtomicU64,
     /// Append locks kept between appends, per file.
     appends: Mutex<HashMap<EntryId, Arc<AppendSlot>>>,
+    /// `appends` has entries (written under its lock): plain writes, which
+    /// look for a kept lock of their file, skip the lock while it has none.
+    any_appends: AtomicBool,
     /// The client, for letting kept locks go when a metadata node asks.
     client: std::sync::OnceLock<std::sync::Weak<Client>>,
 }
@@ -208,7 +211,11 @@ impl Client {
     /// confirmation because one waits, when it runs out unused, on a failed
     /// write, and by [`Client::let_go_append`].
     pub async fn append(self: &Arc<Self>, e: Ent, pattern: &Pattern, data: &[u8]) -> FsResult<u64> {
-        let slot = self.locks.appends.lock().expect("append locks").entry(e.id).or_default().clone();
+        let slot = {
+            let mut all = self.locks.appends.lock().expect("append locks");
+            self.locks.any_appends.store(true, Ordering::Release);
+            all.entry(e.id).or_default().clone()
+        };
         let mut kept = slot.kept.lock().await;
         let mut last = false;
         if let Some(k) = kept.as_mut() {
@@ -286,6 +293,7 @@ impl Client {
         let mut all = self.locks.appends.lock().expect("append locks");
         if all.get(&id).is_some_and(|s| Arc::ptr_eq(s, slot)) {
             all.remove(&id);
+            self.locks.any_appends.store(!all.is_empty(), Ordering::Release);
         }
     }
 
@@ -317,6 +325,9 @@ impl Client {
     /// This client wrote to or truncated file `id` other than by appending:
     /// the next append reads the end again.
     pub fn note_other_write(&self, id: EntryId) {
+        if !self.locks.any_appends.load(Ordering::Acquire) {
+            return;
+        }
         if let Some(slot) = self.locks.appends.lock().expect("append locks").get(&id) {
             slot.stale.store(true, Ordering::Release);
         }
@@ -324,13 +335,19 @@ impl Client {
 
     /// Whether this client keeps the append lock of file `id`.
     pub fn keeps_append(&self, id: EntryId) -> bool {
-        self.locks.appends.lock().expect("append locks").contains_key(&id)
+        self.locks.any_appends.load(Ordering::Acquire)
+            && self.locks.appends.lock().expect("append locks").contains_key(&id)
     }
 
     /// Lets the append lock this client keeps on `e` go (when the last
     /// handle on the file closes), after an append in progress.
     pub async fn let_go_append(&self, e: Ent) {
-        let slot = self.locks.appends.lock().expect("append locks").remove(&e.id);
+        let slot = {
+            let mut all = self.locks.appends.lock().expect("append locks");
+            let slot = all.remove(&e.id);
+            self.locks.any_appends.store(!all.is_empty(), Ordering::Release);
+            slot
+        };
         if let Some(slot) = slot {
             if let Some(k) = slot.kept.lock().await.take() {
                 self.unlock_append(e, k.lock).await;
