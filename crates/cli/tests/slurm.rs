@@ -420,10 +420,7 @@ impl Cluster {
     fn assert_clean(&self, i: usize) {
         let node = &self.bed.hosts[i].name;
         assert_eq!(self.bed.hivefs_pids(i), Vec::<String>::new(), "hivefs processes left on {node}");
-        // Mounts under the bed's directories (the host also sees those it inherited).
-        let ours = s(self.bed.tmp.path());
-        let mounts: Vec<String> = self.bed.fuse_mounts(i).into_iter().filter(|m| m.starts_with(&ours)).collect();
-        assert_eq!(mounts, Vec::<String>::new(), "FUSE mounts left on {node}");
+        assert_eq!(self.bed.fuse_mounts(i), Vec::<String>::new(), "FUSE mounts left on {node}");
         for dir in ["data", "mnt", "state"] {
             let left: Vec<_> = std::fs::read_dir(self.bed.own(node, dir))
                 .map(|rd| rd.flatten().map(|e| e.file_name()).collect())

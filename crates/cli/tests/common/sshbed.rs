@@ -186,12 +186,15 @@ impl SshBed {
             .collect()
     }
 
-    /// FUSE mounts of host `i`.
+    /// FUSE mounts of host `i` under this bed's directories (a host also sees the mounts
+    /// it inherited from the machine, which are not the test's).
     pub fn fuse_mounts(&self, i: usize) -> Vec<String> {
+        let ours = self.tmp.path().display().to_string();
         self.sh_ok(i, "cat /proc/self/mountinfo")
             .lines()
             .filter(|l| l.contains(" - fuse"))
             .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+            .filter(|m| m.starts_with(&ours))
             .collect()
     }
 }
