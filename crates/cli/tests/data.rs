@@ -1,6 +1,8 @@
 //! Striped data through the real mount: exact sizes and bytes, also through
 //! a second mount, and chunk files whose lengths follow the offset mapping.
 
+#![allow(unsafe_code)] // fallocate(2)
+
 mod common;
 use common::*;
 
@@ -157,6 +159,66 @@ fn an_unmounted_mount_sends_its_last_releases_and_exits_cleanly() {
         );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+}
+
+/// A file created and closed without a write has no chunk files: removing
+/// it asks no storage target (the metadata node sends no `UnlinkChunks`).
+/// A file written through the short-circuit mount, or over TCP through a
+/// second mount and removed by the first, loses its chunk files.
+#[test]
+fn removing_files_never_written_asks_no_target_and_written_ones_lose_their_chunks() {
+    let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "2", "--chunk-size", "4k"]);
+    let layout: toml::Value = toml::from_str(&std::fs::read_to_string(fs.dir.join("fs.toml")).unwrap()).unwrap();
+    // Metrics ports: mgmtd, then the metadata node.
+    let meta_port = layout["metrics_ports"].as_array().unwrap()[1].as_integer().unwrap() as u16;
+    let tcp = fs.extra_mount("tcp", &["--no-short-circuit"]);
+    let before = calls_sent(meta_port, "UnlinkChunks");
+    for i in 0..40 {
+        let mnt = if i % 2 == 0 { &fs.mnt } else { &tcp.mnt };
+        drop(std::fs::File::create(mnt.join(format!("empty{i}"))).unwrap());
+    }
+    // Opened for writing again and closed unwritten, by both mounts.
+    drop(std::fs::OpenOptions::new().write(true).open(fs.path("empty0")).unwrap());
+    drop(std::fs::OpenOptions::new().write(true).open(tcp.mnt.join("empty0")).unwrap());
+    for i in 0..40 {
+        std::fs::remove_file(fs.path(&format!("empty{i}"))).unwrap();
+    }
+    // Chunk deletions are sent within milliseconds of a remove's commit.
+    for _ in 0..10 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert_eq!(calls_sent(meta_port, "UnlinkChunks"), before, "removing unwritten files asked a target");
+    }
+    // Chunk files of `id` on any target.
+    let chunk_files = |id: &str| -> usize {
+        let dirs = fs.target_dirs();
+        dirs.values()
+            .flat_map(|t| std::fs::read_dir(t.join("chunks")).unwrap())
+            .filter(|sub| sub.as_ref().unwrap().path().join(id).exists())
+            .count()
+    };
+    // Written through the short-circuit mount, over TCP, and allocated
+    // without a size change (its chunk files exist, the size stays 0).
+    for (name, mnt) in [("local", &fs.mnt), ("tcp", &tcp.mnt), ("kept", &tcp.mnt)] {
+        let f = std::fs::File::create(mnt.join(name)).unwrap();
+        if name == "kept" {
+            use std::os::fd::AsRawFd;
+            // SAFETY: fallocate(2) on an open descriptor.
+            let r = unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, 20_000) };
+            assert_eq!(r, 0, "fallocate: {}", std::io::Error::last_os_error());
+        } else {
+            std::io::Write::write_all(&mut &f, &random_bytes(3, 50_000)).unwrap();
+        }
+        drop(f);
+        let id = fs.entry_info(name)["entry_id"].as_str().unwrap().to_string();
+        assert!(chunk_files(&id) >= 2, "{name}: chunk files on both targets");
+        std::fs::remove_file(fs.path(name)).unwrap();
+        let start = std::time::Instant::now();
+        while chunk_files(&id) > 0 {
+            assert!(start.elapsed() < std::time::Duration::from_secs(20), "{name}: chunk files of {id} were kept");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+    assert!(calls_sent(meta_port, "UnlinkChunks") > before);
 }
 
 #[test]

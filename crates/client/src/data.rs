@@ -127,6 +127,7 @@ impl Client {
         if pattern.targets().is_empty() {
             return Err(FsError::new(ErrorCode::Invalid, format!("file {entry} has an empty stripe pattern")));
         }
+        self.note_written(entry);
         let mut set = JoinSet::new();
         for p in split_large(pattern.pieces(offset, data.len())) {
             let target = pattern.targets()[p.stripe_index];
@@ -171,6 +172,7 @@ impl Client {
         if !self.local.held_files(&self.cluster, entry, units, &mut files) {
             return None;
         }
+        self.note_written(entry);
         for (p, f) in pieces.iter().zip(files) {
             let target = pattern.targets()[p.stripe_index];
             if let Err(e) = f.write_all_at(&data[p.buf_offset..p.buf_offset + p.len], p.local_offset) {
@@ -393,6 +395,7 @@ impl Client {
         let end = offset.checked_add(len).filter(|_| len > 0).ok_or_else(|| {
             FsError::new(ErrorCode::Invalid, format!("file {entry}: fallocate of {len} bytes at {offset}"))
         })?;
+        self.note_written(entry);
         let keep = mode & FALLOC_KEEP_SIZE != 0;
         let grows = !keep && mode & FALLOC_PUNCH_HOLE == 0;
         let first = if grows { mode | FALLOC_KEEP_SIZE } else { mode };
@@ -471,6 +474,7 @@ impl Client {
         if src_pat.targets().is_empty() || dst_pat.targets().is_empty() {
             return Err(FsError::new(ErrorCode::Invalid, format!("file {src} or {dst} has an empty stripe pattern")));
         }
+        self.note_written(dst);
         if src_pat.is_mirrored() || dst_pat.is_mirrored() {
             return self.copy_through(src_pat, src, src_off, dst_pat, dst, dst_off, len).await;
         }

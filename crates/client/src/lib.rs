@@ -434,13 +434,16 @@ impl Client {
         entry(self.meta(parent.owner, &req).await?)
     }
 
+    /// Releases a handle of `e` now (`write`: it may have changed chunk
+    /// files; what this client wrote to `e` counts in any case).
     pub async fn release(&self, e: Ent, write: bool) -> FsResult<()> {
         self.local.forget(e.id);
+        let write = self.take_written(e.id) || write;
         ok(self.meta(e.owner, &Request::Release { id: e.id, write }).await?)
     }
 
-    async fn release_now(&self, id: EntryId, owner: NodeId) -> FsResult<()> {
-        ok(self.meta(owner, &Request::Release { id, write: false }).await?)
+    async fn release_now(&self, id: EntryId, owner: NodeId, write: bool) -> FsResult<()> {
+        ok(self.meta(owner, &Request::Release { id, write }).await?)
     }
 
     /// Tells the metadata node this client read `e` at `at` (access times:

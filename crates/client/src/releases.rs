@@ -9,21 +9,34 @@
 //! file unlinked while open go later, nothing else changes. Before the
 //! program exits it calls [`Client::flush_releases`]. This module must not
 //! release anything itself (the program decides what is closed).
+//!
+//! A release also says whether the client changed the file's chunk files
+//! since its previous release of the file ([`Client::note_written`], noted
+//! before each write goes out): a file its metadata node made and no
+//! release reported written has none, and its removal deletes none.
 
 use crate::Client;
 use hivefs_proto::{Reply, Request, RELEASE_MANY_MAX};
 use hivefs_types::error::ErrorCode;
 use hivefs_types::ids::{EntryId, NodeId};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use tracing::{debug, warn};
 
+/// Per metadata node, handles to release: the file, and whether this
+/// client changed its chunk files.
+type Batch = HashMap<NodeId, Vec<(EntryId, bool)>>;
+
 #[derive(Default)]
 pub(crate) struct Releases {
-    /// Per metadata node, handles to release, and whether a round is on its way.
-    queued: Mutex<(HashMap<NodeId, Vec<EntryId>>, bool)>,
+    /// Per metadata node, handles to release (and whether each wrote), and
+    /// whether a round is on its way.
+    queued: Mutex<(Batch, bool)>,
+    /// Files whose chunk files this client changed since it last released
+    /// a handle of theirs.
+    written: Mutex<HashSet<EntryId>>,
     wake: Notify,
     /// Rung when a round ends with nothing queued.
     drained: Notify,
@@ -38,12 +51,29 @@ impl Client {
     /// Call it inside the tokio runtime (the first call starts the task).
     pub fn release_later(self: &Arc<Self>, id: EntryId, owner: NodeId) {
         self.local.forget(id);
+        let wrote = self.take_written(id);
         let r = &self.releases;
-        r.queued.lock().expect("releases").0.entry(owner).or_default().push(id);
+        r.queued.lock().expect("releases").0.entry(owner).or_default().push((id, wrote));
         if !r.started.swap(true, Ordering::AcqRel) {
             tokio::spawn(run(Arc::downgrade(self), r.clone()));
         }
         r.wake.notify_one();
+    }
+
+    /// This client is about to change the chunk files of `id` (a write, an
+    /// allocation, a copy into it): the next release of a handle of `id`
+    /// says so.
+    pub fn note_written(&self, id: EntryId) {
+        let mut w = self.releases.written.lock().expect("written");
+        if !w.contains(&id) {
+            w.insert(id);
+        }
+    }
+
+    /// Whether this client changed the chunk files of `id` since the last
+    /// call; forgets it (the release that asks reports it).
+    pub(crate) fn take_written(&self, id: EntryId) -> bool {
+        self.releases.written.lock().expect("written").remove(&id)
     }
 
     /// Waits until every release queued so far was sent and answered (or failed).
@@ -63,7 +93,7 @@ impl Client {
 
     /// One round: every queued release, one request per node (more for
     /// more than [`RELEASE_MANY_MAX`]), the nodes at once.
-    async fn release_round(self: &Arc<Self>, batch: HashMap<NodeId, Vec<EntryId>>) {
+    async fn release_round(self: &Arc<Self>, batch: Batch) {
         let mut sends = tokio::task::JoinSet::new();
         for (node, ids) in batch {
             let c = self.clone();
@@ -76,10 +106,12 @@ impl Client {
         while sends.join_next().await.is_some() {}
     }
 
-    async fn release_on(&self, node: NodeId, ids: &[EntryId]) {
+    async fn release_on(&self, node: NodeId, handles: &[(EntryId, bool)]) {
         let single = self.releases.single.lock().expect("releases").contains(&node);
         if !single {
-            let r = self.cluster.meta_rpc(node, &Request::ReleaseMany { ids: ids.to_vec() }).await;
+            let ids = handles.iter().map(|h| h.0).collect();
+            let wrote = handles.iter().filter(|h| h.1).map(|h| h.0).collect();
+            let r = self.cluster.meta_rpc(node, &Request::ReleaseMany { ids, wrote }).await;
             match r {
                 Ok(Reply::Ok) => return,
                 Err(e) if e.code == ErrorCode::Protocol => {
@@ -87,11 +119,11 @@ impl Client {
                     self.releases.single.lock().expect("releases").push(node);
                 }
                 Ok(r) => return warn!("metadata node {node}: odd answer to ReleaseMany: {}", crate::unexpected(r)),
-                Err(e) => return warn!("release of {} handles on metadata node {node} failed: {e}", ids.len()),
+                Err(e) => return warn!("release of {} handles on metadata node {node} failed: {e}", handles.len()),
             }
         }
-        for &id in ids {
-            if let Err(e) = self.release_now(id, node).await {
+        for &(id, wrote) in handles {
+            if let Err(e) = self.release_now(id, node, wrote).await {
                 warn!("release of {id} on metadata node {node} failed: {e}");
             }
         }

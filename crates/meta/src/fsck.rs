@@ -144,7 +144,7 @@ pub fn apply_fix(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, fix: FsckFix) -> OpResul
         }
         FsckFix::SetSize { id, from, to } => {
             let mut i = must_inode(t, id)?;
-            if i.kind != FileKind::File || i.size != from || (ctx.is_open)(id) {
+            if i.kind != FileKind::File || i.size != from || ctx.handles.is_open(id) {
                 return Err(changed(format!("size of {id}")));
             }
             i.size = to;
@@ -163,7 +163,7 @@ pub fn apply_fix(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, fix: FsckFix) -> OpResul
         FsckFix::DropUnlinked { id } => {
             let i = must_inode(t, id)?;
             let rec: Option<Disposal> = get_record(&t.disposal, "disposal", id)?;
-            if i.nlink != 0 || i.kind == FileKind::Dir || (ctx.is_open)(id) {
+            if i.nlink != 0 || i.kind == FileKind::Dir || ctx.handles.is_open(id) {
                 return Err(changed(format!("entry {id}")));
             }
             if rec.is_some_and(|d| d.state == DisposalState::OpenUnlinked) {

@@ -54,6 +54,8 @@ pub enum Mutation {
         gid: u32,
         /// See `Caller::umask`: `Some` inherits the parent's default ACL.
         umask: Option<u32>,
+        /// The creating client opens the file (a handle is counted).
+        open: bool,
     },
     Mkdir {
         parent: EntryId,
@@ -142,14 +144,29 @@ pub struct Ctx<'a> {
     pub now: Timespec,
     /// Chooses the stripe pattern of a new regular file.
     pub choose: &'a mut dyn FnMut(&DirPattern) -> FsResult<Pattern>,
-    /// Whether a client has the entry open.
-    pub is_open: &'a dyn Fn(EntryId) -> bool,
+    /// The node's open handles.
+    pub handles: &'a dyn Handles,
     pub files_delta: i64,
     pub dirs_delta: i64,
     /// Set when chunk deletions were queued: wake the disposal task after commit.
     pub disposal_queued: bool,
     /// Quota limits: new inodes of a user or group without room are refused.
     pub quota: &'a crate::quota::QuotaGate,
+}
+
+/// The node's count of open handles, as the operations see it
+/// (`namespace::Opens`; in memory, not in the store).
+pub trait Handles: Send + Sync {
+    /// Whether a client has the entry open.
+    fn is_open(&self, id: EntryId) -> bool;
+    /// Regular file `id` was made now (none of its chunk files exists);
+    /// `open`: its creator holds a handle.
+    fn created(&self, id: EntryId, open: bool);
+    /// A create found regular file `id` and its caller holds a handle.
+    fn opened(&self, id: EntryId);
+    /// Whether `id` is known to have no chunk files (made since this node
+    /// started, no write reported); forgets it either way.
+    fn take_chunkless(&self, id: EntryId) -> bool;
 }
 
 impl Ctx<'_> {
@@ -389,8 +406,8 @@ impl Mutation {
 pub fn apply(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, m: Mutation) -> OpResult<Reply> {
     match m {
         Mutation::CreateRoot => create_root(t, ctx),
-        Mutation::Create { parent, name, kind, mode, rdev, excl, uid, gid, umask } => {
-            create(t, ctx, parent, &name, kind, mode, rdev, excl, (uid, gid, umask))
+        Mutation::Create { parent, name, kind, mode, rdev, excl, uid, gid, umask, open } => {
+            create(t, ctx, parent, &name, kind, mode, rdev, (excl, open), (uid, gid, umask))
         }
         Mutation::Mkdir { parent, name, mode, uid, gid, umask } => {
             mkdir(t, ctx, parent, &name, mode, (uid, gid, umask))
@@ -444,7 +461,7 @@ fn create(
     kind: FileKind,
     mode: u32,
     rdev: u32,
-    excl: bool,
+    (excl, open): (bool, bool),
     (uid, gid, umask): Creator,
 ) -> OpResult<Reply> {
     check_name(name)?;
@@ -458,6 +475,9 @@ fn create(
         // open(O_CREAT) without O_EXCL opens an existing regular file.
         if !excl && kind == FileKind::File && d.kind == FileKind::File {
             let i = dentry_inode(&t.inodes, parent, name, &d)?;
+            if open {
+                ctx.handles.opened(d.id);
+            }
             return Ok(Reply::Entry(to_attr(d.id, &i, ctx.node)));
         }
         if !excl && d.kind == FileKind::Dir {
@@ -482,6 +502,9 @@ fn create(
     i.pattern = pattern;
     let id = ctx.mint()?;
     t.put_inode(id, &i)?;
+    if kind == FileKind::File {
+        ctx.handles.created(id, open);
+    }
     put_acls(t, id, &acls)?;
     t.put_dentry(parent, name, &Dentry { id, kind, owner: ctx.node })?;
     touch_dir(&mut pdir, ctx.now);
@@ -603,7 +626,7 @@ pub(crate) fn drop_link(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, mut 
         return t.put_inode(id, &i);
     }
     ctx.files_delta -= 1;
-    if i.kind == FileKind::File && (ctx.is_open)(id) {
+    if i.kind == FileKind::File && ctx.handles.is_open(id) {
         t.put_inode(id, &i)?;
         // Wake the disposal task too: should the last release come before
         // this commit, it finds the record and finishes the orphan.
@@ -611,7 +634,10 @@ pub(crate) fn drop_link(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, mut 
         return t.put_disposal(id, &Disposal::of(DisposalState::OpenUnlinked, i.pattern.as_ref()));
     }
     t.remove_inode(id)?;
-    if i.pattern.as_ref().is_some_and(|p| p.stripe_count() > 0) {
+    // Asked after `is_open`: a release that reports a write forgets the
+    // file as chunkless before its handle stops counting.
+    let chunkless = ctx.handles.take_chunkless(id);
+    if !chunkless && i.pattern.as_ref().is_some_and(|p| p.stripe_count() > 0) {
         t.put_disposal(id, &Disposal::of(DisposalState::DeleteChunks, i.pattern.as_ref()))?;
         ctx.disposal_queued = true;
     }
@@ -1039,10 +1065,11 @@ fn set_dir_pattern(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, p: DirPat
     Ok(Reply::Entry(to_attr(id, &i, ctx.node)))
 }
 
-/// Turns an open-unlinked entry into a chunk deletion (inode removed).
+/// Turns an open-unlinked entry into a chunk deletion (inode removed),
+/// or into nothing when it has no chunk files.
 fn finish_orphan(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, d: Disposal) -> OpResult<()> {
     t.remove_inode(id)?;
-    if d.targets.is_empty() {
+    if d.targets.is_empty() || ctx.handles.take_chunkless(id) {
         t.disposal.remove(id_key(id).as_slice())?;
     } else {
         t.put_disposal(id, &Disposal { state: DisposalState::DeleteChunks, ..d })?;
@@ -1055,7 +1082,7 @@ fn release_orphan(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId) -> OpResul
     let d: Option<Disposal> = get_record(&t.disposal, "disposal", id)?;
     if let Some(d) = d {
         // Re-checked here: another open may have arrived since the release.
-        if d.state == DisposalState::OpenUnlinked && !(ctx.is_open)(id) {
+        if d.state == DisposalState::OpenUnlinked && !ctx.handles.is_open(id) {
             finish_orphan(t, ctx, id, d)?;
         }
     }

@@ -208,8 +208,15 @@ impl H {
         }
     }
 
+    /// A regular file with chunk files: created, then written through a
+    /// handle (a file no client wrote has none; `chunkless_files_*`).
     async fn create(&self, parent: EntryId, name: &str) -> EntryAttr {
-        self.entry(create_req(parent, name, true)).await
+        let a = self.entry(create_req(parent, name, true)).await;
+        if a.kind == FileKind::File {
+            self.entry(Request::Open { id: a.id, write: true }).await;
+            self.ok(Request::Release { id: a.id, write: true }).await;
+        }
+        a
     }
 
     async fn mkdir(&self, parent: EntryId, name: &str) -> EntryAttr {
@@ -1166,13 +1173,73 @@ async fn released_in_a_batch_an_unlinked_file_goes_at_its_last_handle() {
     }
     h.ok(Request::Open { id: g.id, write: false }).await;
     h.ok(unlink(ROOT, "f")).await;
-    h.ok(Request::ReleaseMany { ids: vec![f.id, g.id, EntryId { node: 9, epoch: 9, counter: 9 }] }).await;
+    h.ok(Request::ReleaseMany { ids: vec![f.id, g.id, EntryId { node: 9, epoch: 9, counter: 9 }], wrote: vec![] })
+        .await;
     assert_eq!(h.disposal(f.id), Some(DisposalState::OpenUnlinked), "one handle left");
     assert!(!h.ns().opens.is_open(g.id));
-    h.ok(Request::ReleaseMany { ids: vec![f.id, f.id] }).await;
+    h.ok(Request::ReleaseMany { ids: vec![f.id, f.id], wrote: vec![f.id] }).await;
     assert_eq!(h.disposal(f.id), Some(DisposalState::DeleteChunks));
     let many = vec![g.id; hivefs_proto::RELEASE_MANY_MAX + 1];
-    assert_eq!(h.code(Request::ReleaseMany { ids: many }).await, ErrorCode::Invalid);
+    assert_eq!(h.code(Request::ReleaseMany { ids: many, wrote: vec![] }).await, ErrorCode::Invalid);
+}
+
+/// A file this node made that no client reported writing has no chunk
+/// files: its removal deletes none (no disposal record, no target asked).
+/// Any report of a write, a truncation, or a restart of the
+/// node in between makes the removal delete them as for every file.
+#[tokio::test]
+async fn chunkless_files_are_removed_without_asking_their_targets() {
+    let mut h = H::new().await;
+    let create_open =
+        |name: &str| Request::CreateOpen { parent: ROOT, name: name.into(), mode: 0o644, excl: true, caller: ME };
+    let gone_without_chunks = |h: &H, id| {
+        assert_eq!(h.disposal(id), None, "{id}: no chunk deletion queued");
+        assert!(h.t.unlinked(id).is_empty(), "{id}: no target asked");
+    };
+    // Created and closed unwritten (the release says so), or made by mknod.
+    let a = h.entry(create_open("a")).await;
+    h.ok(Request::ReleaseMany { ids: vec![a.id], wrote: vec![] }).await;
+    let m = h.entry(create_req(ROOT, "m", true)).await;
+    h.ok(Request::Open { id: m.id, write: true }).await;
+    h.ok(Request::Release { id: m.id, write: false }).await;
+    for (name, id) in [("a", a.id), ("m", m.id)] {
+        h.ok(unlink(ROOT, name)).await;
+        gone_without_chunks(&h, id);
+    }
+    assert_eq!(h.gc().await, RoundOutcome::default());
+    // Still open at the remove: parked until the last release, which says
+    // whether there is anything to delete.
+    let (o, p) = (h.entry(create_open("o")).await, h.entry(create_open("p")).await);
+    for name in ["o", "p"] {
+        h.ok(unlink(ROOT, name)).await;
+    }
+    assert_eq!(h.disposal(o.id), Some(DisposalState::OpenUnlinked));
+    h.ok(Request::ReleaseMany { ids: vec![o.id, p.id], wrote: vec![p.id] }).await;
+    gone_without_chunks(&h, o.id);
+    assert_eq!(h.disposal(p.id), Some(DisposalState::DeleteChunks));
+
+    // Each of these makes the removal delete chunk files.
+    let written = h.entry(create_open("w")).await;
+    h.ok(Request::ReleaseMany { ids: vec![written.id], wrote: vec![written.id] }).await;
+    let single = h.entry(create_open("s")).await;
+    h.ok(Request::Release { id: single.id, write: true }).await;
+    // A second client's handle wrote; the creator's did not.
+    let other = h.entry(create_open("x")).await;
+    h.ok(Request::Open { id: other.id, write: true }).await;
+    h.ok(Request::ReleaseMany { ids: vec![other.id], wrote: vec![other.id] }).await;
+    h.ok(Request::ReleaseMany { ids: vec![other.id], wrote: vec![] }).await;
+    let truncated = h.entry(create_open("t")).await;
+    let size = SetAttr { size: Some(10), ..Default::default() };
+    h.ok(Request::SetAttr { id: truncated.id, attr: size, caller: ME }).await;
+    h.ok(Request::ReleaseMany { ids: vec![truncated.id], wrote: vec![] }).await;
+    let restarted = h.entry(create_open("r")).await;
+    h.ok(Request::ReleaseMany { ids: vec![restarted.id], wrote: vec![] }).await;
+    h.reopen();
+    for (name, id) in [("w", written.id), ("s", single.id), ("x", other.id), ("t", truncated.id), ("r", restarted.id)] {
+        h.ok(unlink(ROOT, name)).await;
+        assert_eq!(h.disposal(id), Some(DisposalState::DeleteChunks), "{name}");
+    }
+    assert_eq!(h.gc().await.deleted, 6, "five files and the parked one written");
 }
 
 #[tokio::test]
@@ -1345,7 +1412,7 @@ impl Namespace {
     fn opens_for_test_dec(&self, id: EntryId) {
         // Decrement without the release path's disposal check (simulates the race).
         let mut m = self.opens.0.lock().unwrap();
-        m.remove(&id);
+        m.counts.remove(&id);
     }
 }
 
@@ -1488,7 +1555,9 @@ mod service {
         // A second service on the same data dir is refused, naming the store.
         let e = start(cfg.clone()).await.err().expect("data dir in use");
         assert!(matches!(e, MetaError::Store(_)) && e.to_string().contains("meta.redb"), "{e}");
-        // Unlink: the chunk file is deleted on the target's node.
+        // Unlink of a written file: the chunk file is deleted on the target's node.
+        call_once(&addr, &cc, &Request::Open { id: f.id, write: true }).await.unwrap();
+        call_once(&addr, &cc, &Request::Release { id: f.id, write: true }).await.unwrap();
         call_once(&addr, &cc, &unlink(ROOT, "f")).await.unwrap();
         for _ in 0..200 {
             if !fake.unlinked.lock().unwrap().is_empty() {

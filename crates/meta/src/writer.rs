@@ -32,7 +32,7 @@ use hivefs_proto::{FsckFix, OpId, Reply};
 use hivefs_types::attr::Timespec;
 use hivefs_types::error::{FsError, FsResult};
 use hivefs_types::fs_err;
-use hivefs_types::ids::{EntryId, NodeId};
+use hivefs_types::ids::NodeId;
 use hivefs_types::pattern::{DirPattern, Pattern, PatternKind};
 use rand::rngs::StdRng;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -81,7 +81,7 @@ pub struct WriterState {
     /// Round-robin cursor of the target choosers.
     pub rr: u64,
     pub rng: StdRng,
-    pub is_open: Arc<dyn Fn(EntryId) -> bool + Send + Sync>,
+    pub handles: Arc<dyn crate::ops::Handles>,
     pub clock: Clock,
     /// Woken after a commit that queued chunk deletions or parked an orphan.
     pub disposal_wakeup: Arc<Notify>,
@@ -477,8 +477,7 @@ fn apply_all(
     };
     st.low_space = free.map(|(f, _)| (std::time::Instant::now() + std::time::Duration::from_secs(1), f));
     let (node, epoch) = (st.node, st.epoch);
-    let is_open = st.is_open.clone();
-    let is_open_fn = |id: EntryId| is_open(id);
+    let handles = st.handles.clone();
     let mut counter = st.counter;
     let mut reply_floor = std::mem::take(&mut st.reply_floor);
     let quota = st.quota.clone();
@@ -489,7 +488,7 @@ fn apply_all(
         counter: &mut counter,
         now,
         choose: &mut choose,
-        is_open: &is_open_fn,
+        handles: &*handles,
         files_delta: 0,
         dirs_delta: 0,
         disposal_queued: false,

@@ -410,7 +410,9 @@ pub enum Request {
         id: EntryId,
         write: bool,
     },
-    /// The last handle of a client on a file is gone.
+    /// The last handle of a client on a file is gone. `write`: it may have
+    /// changed the file's chunk files (written, truncated, allocated); a
+    /// node forgets then that a file it made has none (`ReleaseMany`).
     Release {
         id: EntryId,
         write: bool,
@@ -717,9 +719,14 @@ pub enum Request {
     },
     /// `Release` of several handles at once (at most [`RELEASE_MANY_MAX`]),
     /// sent by a client in the background. Answer: `Ok` (a handle the node
-    /// does not count is skipped, as `Release` would).
+    /// does not count is skipped, as `Release` would). `wrote`: the entries
+    /// of `ids` whose chunk files the client changed through them (each
+    /// released as `Release { write: true }`, the others with `false`).
+    /// A node that made a file and heard of no write to it removes it
+    /// without deleting chunk files on its targets.
     ReleaseMany {
         ids: Vec<EntryId>,
+        wrote: Vec<EntryId>,
     },
     /// A step of metadata buddy mirroring, from a group's primary to its
     /// secondary (`Envelope::mirror` names the group and the epoch;
@@ -1050,7 +1057,7 @@ impl Request {
     pub fn check_batch(&self) -> Result<(), FsError> {
         let (what, len, max) = match self {
             Request::StatChunks { targets, .. } => ("targets", targets.len(), STAT_CHUNKS_MAX),
-            Request::ReleaseMany { ids } => ("handles", ids.len(), RELEASE_MANY_MAX),
+            Request::ReleaseMany { ids, wrote } => ("handles", ids.len().max(wrote.len()), RELEASE_MANY_MAX),
             Request::DigestChunks { entries, .. } => ("chunk files", entries.len(), DIGEST_CHUNKS_MAX),
             Request::QuotaUsage { ids } => ("users and groups", ids.len(), QUOTA_IDS_MAX),
             Request::QuotaReport { usage, by_unit, .. } => {
@@ -1705,7 +1712,7 @@ mod tests {
     #[test]
     fn a_full_release_batch_fits_in_one_body_and_is_sent_once() {
         let worst = EntryId { node: u32::MAX, epoch: u32::MAX, counter: u64::MAX };
-        let r = Request::ReleaseMany { ids: vec![worst; RELEASE_MANY_MAX] };
+        let r = Request::ReleaseMany { ids: vec![worst; RELEASE_MANY_MAX], wrote: vec![worst; RELEASE_MANY_MAX] };
         let b = encode_body(&r);
         assert!(b.len() <= crate::MAX_BODY_LEN as usize, "{} bytes", b.len());
         assert_eq!(decode_body::<Request>(&b).unwrap(), r);

@@ -106,6 +106,9 @@ impl RenameCommit {
         if moved.is_some() && load_inode(&t.inodes, id)?.is_some() {
             t.remove_inode(id)?;
             ctx.files_delta -= 1;
+            // Its new owner hears of its writes now; should it come back,
+            // this node must not take it for a file without chunk files.
+            ctx.handles.take_chunkless(id);
         }
         if let Some(mut p) = load_inode(&t.inodes, parent)? {
             if kind == FileKind::Dir && parent != new_parent {

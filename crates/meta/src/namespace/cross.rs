@@ -414,7 +414,7 @@ impl Namespace {
     async fn hand_over_opens(&self, id: EntryId, new_owner: NodeId) {
         let count = {
             let mut opens = self.opens.0.lock().expect("opens lock");
-            let count = opens.remove(&id).unwrap_or(0);
+            let count = opens.counts.remove(&id).unwrap_or(0);
             if count > 0 {
                 self.multi.moved.lock().expect("moved lock").insert(id, (new_owner, count));
             }
@@ -848,7 +848,7 @@ impl Namespace {
             }
             PeerOp::Opened { id, count } => {
                 if count > 0 {
-                    *self.opens.0.lock().expect("opens lock").entry(id).or_insert(0) += count;
+                    *self.opens.0.lock().expect("opens lock").counts.entry(id).or_insert(0) += count;
                 }
                 Ok(Reply::Ok)
             }

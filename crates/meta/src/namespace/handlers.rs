@@ -38,10 +38,11 @@ impl Namespace {
             Request::LeaseWaitDirs { client, acked, wait_ms } => {
                 Ok(self.leases.wait(client, acked, Duration::from_millis(wait_ms.into()), true).await)
             }
-            Request::ReleaseMany { ids } => {
+            Request::ReleaseMany { ids, wrote } => {
                 // Each as its own `Release` (one of a moved file goes to its new owner).
                 for id in ids {
-                    if let Err(e) = self.handle_unleased(None, Request::Release { id, write: false }).await {
+                    let write = wrote.contains(&id);
+                    if let Err(e) = self.handle_unleased(None, Request::Release { id, write }).await {
                         debug!("release of {id} on metadata node {}: {e}", self.node);
                     }
                 }
@@ -183,6 +184,7 @@ impl Namespace {
                         uid: caller.uid,
                         gid: caller.gid,
                         umask: caller.umask,
+                        open: false,
                     },
                 )
                 .await
@@ -227,7 +229,7 @@ impl Namespace {
                 self.submit_op(op, Mutation::SetDirPattern { id, pattern }).await
             }
             Request::Open { id, write: _ } => entry(self.open_file(id)),
-            Request::Release { id, write: _ } => self.release(id).await.map(|()| Reply::Ok),
+            Request::Release { id, write } => self.release(id, write).await.map(|()| Reply::Ok),
             Request::UpdateSize { id, size, mtime } => {
                 self.submit_op(op, Mutation::UpdateSize { id, size, mtime }).await
             }

@@ -28,7 +28,7 @@ use hivefs_types::ids::{EntryId, NodeId};
 use hivefs_types::pattern::Pattern;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
@@ -60,33 +60,81 @@ pub struct NamespaceOptions {
     pub inline_writer: Option<CommitLatency>,
 }
 
-/// Open handles per entry, counted from Open/Release requests. In memory
-/// only: after a restart nothing is open, which is why open-unlinked
-/// entries are finished at start.
+/// Open handles per entry, counted from Open/Release requests, and the
+/// files known to have no chunk files. In memory only: after a restart
+/// nothing is open (which is why open-unlinked entries are finished at
+/// start) and no file is known to be without chunk files (a remove then
+/// deletes them on every target, as for any file).
 #[derive(Default)]
-pub struct Opens(pub(crate) Mutex<HashMap<EntryId, u32>>);
+pub struct Opens(pub(crate) Mutex<OpenState>);
+
+#[derive(Default)]
+pub(crate) struct OpenState {
+    pub(crate) counts: HashMap<EntryId, u32>,
+    /// Regular files this node made since it started whose chunk files no
+    /// client reported changing (`Release { write }`, `ReleaseMany::wrote`)
+    /// and that no truncation touched: none of their chunk
+    /// files can exist, so their removal deletes none. At most
+    /// [`CHUNKLESS_MAX`]; a file beyond that is treated as any other.
+    chunkless: HashSet<EntryId>,
+}
+
+/// Most files an [`Opens`] keeps as known to have no chunk files (about
+/// 40 bytes each in memory: 40 MiB at most).
+pub const CHUNKLESS_MAX: usize = 1 << 20;
 
 impl Opens {
     pub fn is_open(&self, id: EntryId) -> bool {
-        self.0.lock().expect("opens lock").contains_key(&id)
+        self.0.lock().expect("opens lock").counts.contains_key(&id)
     }
     fn inc(&self, id: EntryId) {
-        *self.0.lock().expect("opens lock").entry(id).or_insert(0) += 1;
+        *self.0.lock().expect("opens lock").counts.entry(id).or_insert(0) += 1;
     }
-    /// Returns true when the last handle went away.
-    fn dec(&self, id: EntryId) -> bool {
+    /// Returns true when the last handle went away. `wrote`: the handle may
+    /// have changed chunk files (see [`OpenState::chunkless`]); forgotten
+    /// before the count drops, so that a remove that sees the file closed
+    /// also sees the write.
+    fn dec(&self, id: EntryId, wrote: bool) -> bool {
         let mut m = self.0.lock().expect("opens lock");
-        match m.get_mut(&id) {
+        if wrote {
+            m.chunkless.remove(&id);
+        }
+        match m.counts.get_mut(&id) {
             Some(c) if *c > 1 => {
                 *c -= 1;
                 false
             }
             Some(_) => {
-                m.remove(&id);
+                m.counts.remove(&id);
                 true
             }
             None => false,
         }
+    }
+    /// The file's chunk files may exist now (a truncation).
+    pub(crate) fn may_have_chunks(&self, id: EntryId) {
+        self.0.lock().expect("opens lock").chunkless.remove(&id);
+    }
+}
+
+impl crate::ops::Handles for Opens {
+    fn is_open(&self, id: EntryId) -> bool {
+        Opens::is_open(self, id)
+    }
+    fn created(&self, id: EntryId, open: bool) {
+        let mut m = self.0.lock().expect("opens lock");
+        if open {
+            *m.counts.entry(id).or_insert(0) += 1;
+        }
+        if m.chunkless.len() < CHUNKLESS_MAX {
+            m.chunkless.insert(id);
+        }
+    }
+    fn opened(&self, id: EntryId) {
+        self.inc(id);
+    }
+    fn take_chunkless(&self, id: EntryId) -> bool {
+        self.0.lock().expect("opens lock").chunkless.remove(&id)
     }
 }
 
@@ -146,10 +194,6 @@ impl Namespace {
         let disposal_wakeup = Arc::new(Notify::new());
         let failed = Arc::new(StoreFailure::default());
         let quota = Arc::new(crate::quota::QuotaGate::default());
-        let is_open = {
-            let o = opens.clone();
-            Arc::new(move |id| o.is_open(id))
-        };
         let mut state = WriterState {
             node: opts.node,
             epoch,
@@ -161,7 +205,7 @@ impl Namespace {
                 Some(s) => StdRng::seed_from_u64(s),
                 None => StdRng::from_entropy(),
             },
-            is_open,
+            handles: opens.clone(),
             clock: opts.clock.unwrap_or_else(system_clock),
             disposal_wakeup: disposal_wakeup.clone(),
             reply_sweep: (Vec::new(), 0),
@@ -363,7 +407,7 @@ impl Namespace {
         self.opens.inc(id);
         let r = self.getattr(id);
         if r.is_err() {
-            self.opens.dec(id);
+            self.opens.dec(id, false);
         }
         r
     }
@@ -387,20 +431,22 @@ impl Namespace {
         self.targets.refresh_if_empty().await;
         let kind = FileKind::File;
         let (uid, gid, umask) = (caller.uid, caller.gid, caller.umask);
-        let m = Mutation::Create { parent, name, kind, mode, rdev: 0, excl, uid, gid, umask };
+        // The writer counts the handle (`Handles::created`, `Handles::opened`)
+        // before the commit: a remove committed after it parks the file.
+        let m = Mutation::Create { parent, name, kind, mode, rdev: 0, excl, uid, gid, umask, open: true };
         let r = self.submit_op(op, m).await?;
-        match &r {
-            Reply::Entry(a) if a.kind == FileKind::File => self.opens.inc(a.id),
-            Reply::Entry(a) => {
-                return Err(fs_err!(IsDir, "{} is not a regular file and cannot be opened by a create", a.id))
+        if let Reply::Entry(a) = &r {
+            if a.kind != FileKind::File {
+                return Err(fs_err!(IsDir, "{} is not a regular file and cannot be opened by a create", a.id));
             }
-            _ => {}
         }
         Ok(r)
     }
 
-    pub async fn release(&self, id: EntryId) -> FsResult<()> {
-        if !self.opens.dec(id) {
+    /// A client's handle on `id` is gone; `wrote`: it may have changed the
+    /// file's chunk files.
+    pub async fn release(&self, id: EntryId, wrote: bool) -> FsResult<()> {
+        if !self.opens.dec(id, wrote) {
             return Ok(());
         }
         // Most released files were not unlinked: look before queueing a write.
@@ -416,6 +462,9 @@ impl Namespace {
     /// chunk file on every stripe target, then commits the new size.
     pub async fn set_attr(&self, id: EntryId, attr: SetAttr, op: Option<OpId>) -> FsResult<EntryAttr> {
         if let Some(size) = attr.size {
+            // Truncating may make chunk files (before it starts: a remove
+            // committed meanwhile must delete them).
+            self.opens.may_have_chunks(id);
             let i = self
                 .read(|t| load_inode(&t.inodes, id))?
                 .ok_or_else(|| fs_err!(NotFound, "entry {id} not found on this metadata node"))?;
