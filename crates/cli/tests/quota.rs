@@ -1,7 +1,7 @@
 //! User and group quotas through the real pieces: limits set with `hivefs quota set`,
 //! enforced on other users working through the mount (EDQUOT at the limit, room again
-//! after a removal), and usage that follows chown, rename, hard links, truncation,
-//! unlink and a restart over two metadata nodes.
+//! after a removal, chgrp to a group without room refused), and usage that follows
+//! chown, rename, hard links, truncation, unlink and a restart over two metadata nodes.
 
 mod common;
 
@@ -90,6 +90,18 @@ fn users_and_groups_get_edquot_at_their_limits_and_room_after_removing() {
     let o = as_user(&fs, 1003, 2001, "touch w/a w/b");
     assert!(o.status.success(), "{}", out(&o));
     assert!(edquot(&as_user(&fs, 1003, 2001, "touch w/c")), "group at its inode limit");
+    // Handing a file to that group: refused for its owner (chgrp to one of
+    // their groups), done for root (as Linux, whose quota transfers ignore
+    // the limits for root).
+    sh(&fs, "mkdir x && chown 1005:1005 x");
+    let o = Command::new("setpriv")
+        .args(["--reuid=1005", "--regid=1005", "--groups=2001", "sh", "-c", "touch x/f && chgrp 2001 x/f"])
+        .current_dir(&fs.mnt)
+        .output()
+        .unwrap();
+    assert!(edquot(&o), "chgrp to a group at its inode limit: {}", out(&o));
+    assert_eq!(std::os::unix::fs::MetadataExt::gid(&std::fs::metadata(fs.path("x/f")).unwrap()), 1005);
+    sh(&fs, "chgrp 2001 x/f && chgrp 1005 x/f && rm -r x");
 
     // Space: 2 MiB into a 1 MiB quota stops at exactly 1 MiB with EDQUOT.
     let o = as_user(&fs, 1002, 1002, "dd if=/dev/zero of=v/big bs=64k count=32 2>&1 >/dev/null; echo rc=$?");

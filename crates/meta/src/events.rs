@@ -126,7 +126,7 @@ pub fn draft_op(m: &Mutation) -> Draft {
             new_name: new_name.clone(),
             ..event(EventKind::Rename)
         }),
-        Mutation::SetAttr { id, attr } => {
+        Mutation::SetAttr { id, attr, .. } => {
             let k = if attr.size.is_some() { EventKind::Truncate } else { EventKind::SetAttr };
             Draft::Now(Event { entry: Some(*id), ..event(k) })
         }

@@ -19,7 +19,8 @@ use crate::store::{
     DisposalState, Inode, OpError, OpResult, ReadTables, Tables,
 };
 use hivefs_proto::{
-    DirEntry, Reply, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_ACL_KILL_SGID, XATTR_CREATE, XATTR_REPLACE,
+    DirEntry, QuotaId, QuotaKind, Reply, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_ACL_KILL_SGID, XATTR_CREATE,
+    XATTR_REPLACE,
 };
 use hivefs_types::acl;
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
@@ -96,6 +97,9 @@ pub enum Mutation {
     SetAttr {
         id: EntryId,
         attr: SetAttr,
+        /// Asked by root: a new owner's quota does not refuse it (as Linux,
+        /// where CAP_SYS_RESOURCE ignores the limits of a quota transfer).
+        privileged: bool,
     },
     UpdateSize {
         id: EntryId,
@@ -419,7 +423,7 @@ pub fn apply(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, m: Mutation) -> OpResult<Rep
         Mutation::Rename { parent, name, new_parent, new_name, flags } => {
             rename(t, ctx, parent, &name, new_parent, &new_name, flags)
         }
-        Mutation::SetAttr { id, attr } => set_attr(t, ctx, id, &attr),
+        Mutation::SetAttr { id, attr, privileged } => set_attr(t, ctx, id, &attr, privileged),
         Mutation::UpdateSize { id, size, mtime } => update_size(t, ctx, id, size, mtime),
         Mutation::TouchAtime { id, at, strict } => {
             let mut i = inode(&t.inodes, id)?;
@@ -905,10 +909,22 @@ pub fn check_truncatable(id: EntryId, i: &Inode) -> FsResult<()> {
     }
 }
 
-fn set_attr(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, a: &SetAttr) -> OpResult<Reply> {
+fn set_attr(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, a: &SetAttr, privileged: bool) -> OpResult<Reply> {
     let mut i = inode(&t.inodes, id)?;
     if a.size.is_some() {
         check_truncatable(id, &i)?;
+    }
+    // A new owner needs room for the inode and its bytes (EDQUOT otherwise),
+    // unless root asks.
+    let to: Vec<QuotaId> = [
+        a.uid.filter(|&u| u != i.uid).map(|id| QuotaId { kind: QuotaKind::User, id }),
+        a.gid.filter(|&g| g != i.gid).map(|id| QuotaId { kind: QuotaKind::Group, id }),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if !to.is_empty() && !privileged {
+        ctx.quota.admit_transfer(&t.usage, &to, a.size.unwrap_or(i.size))?;
     }
     let now = ctx.now;
     // chmod of an inode with an access ACL rewrites the ACL's owner, mask

@@ -58,8 +58,23 @@ impl QuotaGate {
     /// pool `pool` also needs room in that pool's quotas. `usage` is this
     /// node's usage table as the batch sees it.
     pub fn admit(&self, usage: &impl Kv, uid: u32, gid: u32, pool: Option<PoolId>) -> OpResult<()> {
+        let owners = [QuotaId { kind: QuotaKind::User, id: uid }, QuotaId { kind: QuotaKind::Group, id: gid }];
+        // A new inode needs room for itself and, at a space limit, for one byte.
+        self.check(usage, &owners, 1, pool)
+    }
+
+    /// Refuses handing an existing inode of `bytes` bytes to the new owners
+    /// `to` (chown, chgrp) when one of them has no room for it, as Linux's
+    /// quota transfer does; the file-system-wide limits only (pool limits
+    /// are summed by mgmtd alone).
+    pub fn admit_transfer(&self, usage: &impl Kv, to: &[QuotaId], bytes: u64) -> OpResult<()> {
+        self.check(usage, to, bytes, None)
+    }
+
+    /// Whether each of `owners` has room for one more inode of `bytes` bytes.
+    fn check(&self, usage: &impl Kv, owners: &[QuotaId], bytes: u64, pool: Option<PoolId>) -> OpResult<()> {
         let Some(f) = self.fetched.read().expect("quota gate").clone() else { return Ok(()) };
-        for who in [QuotaId { kind: QuotaKind::User, id: uid }, QuotaId { kind: QuotaKind::Group, id: gid }] {
+        for &who in owners {
             if let Some(q) = pool.and_then(|p| f.quotas.get(&(who, Some(p)))) {
                 // Summed by mgmtd alone: this node's own files per pool since are not added.
                 if q.exceeded_by(1, 1) {
@@ -86,11 +101,10 @@ impl QuotaGate {
                 bytes: moved(q.used.bytes, then.bytes, now.bytes),
             };
             let cur = QuotaState { limit: q.limit, used };
-            // A new inode needs room for itself and, at a space limit, for one byte.
-            if cur.exceeded_by(1, 1) {
+            if cur.exceeded_by(1, bytes) {
                 let what = match (q.limit.inodes, q.limit.bytes) {
                     (Some(l), _) if used.inodes >= l => format!("{} of {l} inodes", used.inodes),
-                    (_, Some(l)) => format!("{} of {l} bytes", used.bytes),
+                    (_, Some(l)) => format!("{} of {l} bytes, {bytes} more asked", used.bytes),
                     _ => String::new(),
                 };
                 return Err(fs_err!(Quota, "quota of {} {} used up: {what}", who.kind.name(), who.id).into());

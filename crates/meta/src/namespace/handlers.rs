@@ -167,7 +167,7 @@ impl Namespace {
             Request::Ping => Ok(Reply::Pong { node_type: NodeType::Meta, node: self.node }),
             Request::Lookup { parent, name } => entry(self.lookup_any(parent, &name).await),
             Request::GetAttr { id } => entry(self.getattr(id)),
-            Request::SetAttr { id, attr, caller: _ } => entry(self.set_attr(id, attr, op).await),
+            Request::SetAttr { id, attr, caller } => entry(self.set_attr(id, attr, caller.uid == 0, op).await),
             Request::Create { parent, name, kind, mode, rdev, excl, caller } => {
                 if kind == FileKind::File {
                     self.targets.refresh_if_empty().await;

@@ -460,7 +460,14 @@ impl Namespace {
 
     /// Changes attributes. A size change first truncates (or extends) the
     /// chunk file on every stripe target, then commits the new size.
-    pub async fn set_attr(&self, id: EntryId, attr: SetAttr, op: Option<OpId>) -> FsResult<EntryAttr> {
+    /// `privileged`: asked by root (see `Mutation::SetAttr`).
+    pub async fn set_attr(
+        &self,
+        id: EntryId,
+        attr: SetAttr,
+        privileged: bool,
+        op: Option<OpId>,
+    ) -> FsResult<EntryAttr> {
         if let Some(size) = attr.size {
             // Truncating may make chunk files (before it starts: a remove
             // committed meanwhile must delete them).
@@ -473,7 +480,7 @@ impl Namespace {
                 self.truncate_chunks(id, p, size).await?;
             }
         }
-        match self.submit_op(op, Mutation::SetAttr { id, attr }).await? {
+        match self.submit_op(op, Mutation::SetAttr { id, attr, privileged }).await? {
             Reply::Entry(a) => Ok(a),
             r => Err(fs_err!(Internal, "writer answered {r:?} where an entry was expected")),
         }
