@@ -11,6 +11,7 @@ mod cp;
 mod events;
 mod fsck;
 mod mirror;
+mod notify;
 mod ond;
 mod pools;
 mod quota;

@@ -2,6 +2,7 @@
 //! until SIGTERM/SIGINT. Config comes from a TOML file (`--config`), then
 //! flags override single keys.
 
+use crate::notify::notify;
 use crate::util::{init_logging, load_config, wait_for_signal};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
@@ -221,7 +222,9 @@ pub fn run_mgmtd(a: MgmtdArgs) -> Result<()> {
         serve_metrics("mgmtd", cfg.metrics_listen.as_deref()).await?;
         let svc = hivefs_mgmtd::start(cfg).await.map_err(|e| anyhow!("mgmtd: {e}"))?;
         info!("mgmtd serving on {}", svc.local_addr);
+        notify(&format!("READY=1\nSTATUS=serving on {}", svc.local_addr));
         wait_for_signal().await;
+        notify("STOPPING=1");
         info!("mgmtd stopping");
         Ok(())
     })
@@ -241,8 +244,10 @@ pub fn run_meta(a: MetaArgs) -> Result<()> {
         serve_metrics("meta", cfg.metrics_listen.as_deref()).await?;
         let svc = hivefs_meta::start(cfg).await.map_err(|e| anyhow!("meta: {e}"))?;
         info!("metadata node {} serving on {}", svc.node_id, svc.local_addr);
+        notify(&format!("READY=1\nSTATUS=metadata node {} serving on {}", svc.node_id, svc.local_addr));
         tokio::select! {
             _ = wait_for_signal() => {
+                notify("STOPPING=1");
                 info!("metadata node stopping");
                 Ok(())
             }
@@ -284,7 +289,9 @@ pub fn run_storage(a: StorageArgs) -> Result<()> {
         serve_metrics("storage", cfg.metrics_listen.as_deref()).await?;
         let svc = hivefs_storage::start(cfg).await.map_err(|e| anyhow!("storage: {e}"))?;
         info!("storage node {} serving targets {:?} on {}", svc.node_id, svc.targets, svc.local_addr);
+        notify(&format!("READY=1\nSTATUS=storage node {} serving on {}", svc.node_id, svc.local_addr));
         wait_for_signal().await;
+        notify("STOPPING=1");
         info!("storage node stopping");
         Ok(())
     })
@@ -400,6 +407,7 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
     let (stop_tx, stop_rx) = std::sync::mpsc::channel();
     rt.spawn(async move {
         wait_for_signal().await;
+        notify("STOPPING=1");
         let _ = stop_tx.send(());
     });
     let opts = hivefs_fuse::MountOptions {
@@ -413,7 +421,8 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
         acl: !a.no_acl,
     };
     info!("mounting HiveFS (mgmtd {}) on {}", a.mgmtd, mnt.display());
-    let r = hivefs_fuse::mount(client, rt.handle().clone(), &mnt, &opts, stop_rx);
+    let mounted = format!("READY=1\nSTATUS=mounted on {}", mnt.display());
+    let r = hivefs_fuse::mount(client, rt.handle().clone(), &mnt, &opts, stop_rx, move || notify(&mounted));
     let _ = std::fs::remove_file(&record);
     info!("{} unmounted", mnt.display());
     r.with_context(|| format!("mount on {}", mnt.display()))

@@ -383,6 +383,8 @@ pub(crate) fn spawn_service(name: &str, args: &[String], sdir: &Path) -> Result<
     let exe = std::env::current_exe().context("cannot find the hivefs executable")?;
     let child = Command::new(exe)
         .args(args)
+        // Its readiness is this command's to judge, not a systemd unit's that ran `hivefs up`.
+        .env_remove("NOTIFY_SOCKET")
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)

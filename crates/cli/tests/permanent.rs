@@ -10,7 +10,8 @@
 //! uuid replaced, as the section tells the administrator to, and every service runs the
 //! command line of its dist/systemd/ unit. No systemd runs in the hosts: the test does
 //! what systemd does with these units (ExecStartPre; ExecStart with %i/%I and the
-//! EnvironmentFile's variables expanded, in a clean environment; on stop SIGTERM, at most
+//! EnvironmentFile's variables expanded, in a clean environment; `Type=notify`: start
+//! returns once the service sent READY=1 to its NOTIFY_SOCKET; on stop SIGTERM, at most
 //! TimeoutStopSec, then ExecStopPost) and refuses unit keys it does not emulate, so a
 //! changed unit or example changes what the test runs. The test bed keeps every process;
 //! dropping it stops them and removes the hosts, their namespaces and mounts. Needs root.
@@ -101,7 +102,10 @@ impl Unit {
             }
         }
         let unit = Unit { name, service };
-        assert_eq!(unit.one("Type"), Some("simple"), "{file}: only Type=simple is emulated");
+        assert!(
+            matches!(unit.one("Type"), Some("simple" | "notify")),
+            "{file}: only Type=simple and notify are emulated"
+        );
         unit
     }
 
@@ -417,13 +421,37 @@ impl Cluster {
             assert!(ignore || o.status.success(), "{} ExecStartPre {argv:?} on {name}: {}", unit.name, out(&o));
         }
         let exec = unit.all("ExecStart");
-        assert_eq!(exec.len(), 1, "{}: Type=simple has one ExecStart", unit.name);
+        assert_eq!(exec.len(), 1, "{}: Type=simple and notify have one ExecStart", unit.name);
         let (_, argv) = command_line(exec[0], &env, &unit.name);
         let log = self.own(name, "log").join(format!("{}.log", unit.name));
         let file = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
         let mut cmd = self.command(name, &argv[0]);
         cmd.args(&argv[1..]).envs(&env).stdout(file.try_clone().unwrap()).stderr(file);
+        // Type=notify: systemd's socket for this start (the test's directory is shared
+        // with the hosts).
+        let notify = (unit.one("Type") == Some("notify")).then(|| {
+            let path = self.tmp.path().join(format!("notify-{name}-{}.sock", now_ns()));
+            let sock = std::os::unix::net::UnixDatagram::bind(&path).expect("bind the notify socket");
+            sock.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+            cmd.env("NOTIFY_SOCKET", &path);
+            sock
+        });
         let pid = self.tb.spawn(&format!("{} on {name}", unit.name), cmd).unwrap_or_else(|e| panic!("{e:#}"));
+        if let Some(sock) = notify {
+            // `systemctl start` returns when the service says it is ready
+            // (TimeoutStartSec, 90 s by default, fails it).
+            let start = Instant::now();
+            let mut buf = [0u8; 4096];
+            loop {
+                if let Ok(n) = sock.recv(&mut buf) {
+                    if String::from_utf8_lossy(&buf[..n]).lines().any(|l| l == "READY=1") {
+                        break;
+                    }
+                }
+                assert!(self.tb.running(pid), "{} on {name} exited before READY=1:\n{}", unit.name, self.log_tails());
+                assert!(start.elapsed() < Duration::from_secs(90), "{} on {name}: no READY=1 within 90 s", unit.name);
+            }
+        }
         self.services.push(Service { unit, host: name.to_string(), pid });
         pid
     }
@@ -584,9 +612,10 @@ fn a_permanent_cluster_set_up_as_the_readme_says_serves_grows_and_upgrades_one_s
     assert_eq!(counts, (Some("default"), Some(2), Some(2)), "both targets take new files: {df:#}");
 
     c.start("client", "hivefs-mount@.service", Some(MOUNT_INSTANCE));
-    c.wait_for("the mount on the client", Duration::from_secs(30), |c| {
-        c.fuse_mounts("client").iter().any(|m| m == MNT) && c.sh("client", "stat /mnt/hivefs", &[]).status.success()
-    });
+    // Type=notify: started means mounted.
+    assert!(c.fuse_mounts("client").iter().any(|m| m == MNT), "READY=1 came before the mount");
+    let o = c.sh("client", "stat /mnt/hivefs", &[]);
+    assert!(o.status.success(), "stat /mnt/hivefs: {}", out(&o));
     eprintln!("cluster up and mounted in {:?}", t0.elapsed());
 
     // I/O through the mount, on the client: written and read back, over both targets.
@@ -663,9 +692,8 @@ fn a_permanent_cluster_set_up_as_the_readme_says_serves_grows_and_upgrades_one_s
     c.stop("storage1", "hivefs-storage@1.service");
     let down_from = now_ns();
     let pid = c.start("storage1", "hivefs-storage@.service", Some("1"));
-    c.wait_for("storage1 serving again", Duration::from_secs(30), |c| {
-        c.log_count("storage1", "hivefs-storage@1.service", "storage service started") > started
-    });
+    // Type=notify: started means serving.
+    assert!(c.log_count("storage1", "hivefs-storage@1.service", "storage service started") > started);
     let restart_to = now_ns();
     let exe = c.sh_ok("storage1", r#"readlink "/proc/$1/exe""#, &[&pid.to_string()]);
     assert_eq!(exe.trim(), "/usr/local/bin/hivefs", "the restarted service runs the installed binary");

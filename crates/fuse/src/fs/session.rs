@@ -57,13 +57,15 @@ fn set_read_ahead(mnt: &Path, kib: u32) {
     }
 }
 
-/// Mounts HiveFS at `mnt` and serves it until it is unmounted or `stop` fires.
+/// Mounts HiveFS at `mnt` and serves it until it is unmounted or `stop`
+/// fires; `mounted` runs once the mount is in place, just before serving.
 pub fn mount(
     client: Arc<Client>,
     rt: tokio::runtime::Handle,
     mnt: &Path,
     opts: &MountOptions,
     stop: std::sync::mpsc::Receiver<()>,
+    mounted: impl FnOnce(),
 ) -> std::io::Result<()> {
     check_mountpoint(mnt).map_err(std::io::Error::other)?;
     let root = client.root();
@@ -160,6 +162,7 @@ pub fn mount(
             }
         }
     });
+    mounted();
     let r = session.run();
     // Handles released at the end are told before the process exits.
     // The timer is made inside the runtime.
