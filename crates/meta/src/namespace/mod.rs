@@ -28,7 +28,7 @@ use hivefs_types::ids::{EntryId, NodeId};
 use hivefs_types::pattern::Pattern;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
@@ -73,15 +73,50 @@ pub(crate) struct OpenState {
     pub(crate) counts: HashMap<EntryId, u32>,
     /// Regular files this node made since it started whose chunk files no
     /// client reported changing (`Release { write }`, `ReleaseMany::wrote`)
-    /// and that no truncation touched: none of their chunk
-    /// files can exist, so their removal deletes none. At most
-    /// [`CHUNKLESS_MAX`]; a file beyond that is treated as any other.
-    chunkless: HashSet<EntryId>,
+    /// and that no truncation touched: none of their chunk files can exist,
+    /// so their removal deletes none.
+    chunkless: IdBits,
 }
 
-/// Most files an [`Opens`] keeps as known to have no chunk files (about
-/// 40 bytes each in memory: 40 MiB at most).
-pub const CHUNKLESS_MAX: usize = 1 << 20;
+/// A set of entry ids as bits: a 64-bit word per 64 consecutive counters of
+/// a node's epoch. A node mints ids in sequence, so the files it makes fill
+/// words densely: a million files made in a row take about half a MiB. At
+/// most [`CHUNKLESS_WORDS_MAX`] words; an id that needs another is not kept
+/// (its file is treated as any other).
+#[derive(Default)]
+pub(crate) struct IdBits {
+    words: HashMap<(u32, u32, u64), u64>,
+}
+
+/// Most words an [`IdBits`] holds (about 32 bytes each: 8 MiB).
+pub const CHUNKLESS_WORDS_MAX: usize = 1 << 18;
+
+impl IdBits {
+    fn key(id: EntryId) -> ((u32, u32, u64), u64) {
+        ((id.node, id.epoch, id.counter / 64), 1 << (id.counter % 64))
+    }
+
+    fn insert(&mut self, id: EntryId) {
+        let (k, bit) = Self::key(id);
+        if let Some(w) = self.words.get_mut(&k) {
+            *w |= bit;
+        } else if self.words.len() < CHUNKLESS_WORDS_MAX {
+            self.words.insert(k, bit);
+        }
+    }
+
+    /// Whether `id` was in the set; it is not any more.
+    fn remove(&mut self, id: EntryId) -> bool {
+        let (k, bit) = Self::key(id);
+        let Some(w) = self.words.get_mut(&k) else { return false };
+        let had = *w & bit != 0;
+        *w &= !bit;
+        if *w == 0 {
+            self.words.remove(&k);
+        }
+        had
+    }
+}
 
 impl Opens {
     pub fn is_open(&self, id: EntryId) -> bool {
@@ -97,7 +132,7 @@ impl Opens {
     fn dec(&self, id: EntryId, wrote: bool) -> bool {
         let mut m = self.0.lock().expect("opens lock");
         if wrote {
-            m.chunkless.remove(&id);
+            m.chunkless.remove(id);
         }
         match m.counts.get_mut(&id) {
             Some(c) if *c > 1 => {
@@ -113,7 +148,7 @@ impl Opens {
     }
     /// The file's chunk files may exist now (a truncation).
     pub(crate) fn may_have_chunks(&self, id: EntryId) {
-        self.0.lock().expect("opens lock").chunkless.remove(&id);
+        self.0.lock().expect("opens lock").chunkless.remove(id);
     }
 }
 
@@ -126,15 +161,13 @@ impl crate::ops::Handles for Opens {
         if open {
             *m.counts.entry(id).or_insert(0) += 1;
         }
-        if m.chunkless.len() < CHUNKLESS_MAX {
-            m.chunkless.insert(id);
-        }
+        m.chunkless.insert(id);
     }
     fn opened(&self, id: EntryId) {
         self.inc(id);
     }
     fn take_chunkless(&self, id: EntryId) -> bool {
-        self.0.lock().expect("opens lock").chunkless.remove(&id)
+        self.0.lock().expect("opens lock").chunkless.remove(id)
     }
 }
 
@@ -506,5 +539,35 @@ impl Namespace {
             }
         }
         first_err.map_or(Ok(()), Err)
+    }
+}
+
+#[cfg(test)]
+mod id_bits_tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_kept_as_bits_of_words_and_a_full_set_keeps_no_new_word() {
+        let id = |epoch, counter| EntryId { node: 1, epoch, counter };
+        let mut b = IdBits::default();
+        for c in 0..1000 {
+            b.insert(id(3, c));
+        }
+        assert_eq!(b.words.len(), 1000usize.div_ceil(64), "dense ids share words");
+        assert!(b.remove(id(3, 999)) && !b.remove(id(3, 999)));
+        assert!(!b.remove(id(4, 5)), "another epoch is another id");
+        assert!(!b.remove(EntryId { node: 2, epoch: 3, counter: 5 }), "another node's id");
+        for c in 0..999 {
+            assert!(b.remove(id(3, c)), "{c}");
+        }
+        assert!(b.words.is_empty(), "empty words go");
+        // Full: ids in the words it has are kept, others are not.
+        for w in 0..CHUNKLESS_WORDS_MAX as u64 {
+            b.insert(id(3, w * 64));
+        }
+        b.insert(id(3, 1));
+        b.insert(id(3, CHUNKLESS_WORDS_MAX as u64 * 64));
+        assert!(b.remove(id(3, 1)));
+        assert!(!b.remove(id(3, CHUNKLESS_WORDS_MAX as u64 * 64)));
     }
 }
