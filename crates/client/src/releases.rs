@@ -64,10 +64,7 @@ impl Client {
     /// allocation, a copy into it): the next release of a handle of `id`
     /// says so.
     pub fn note_written(&self, id: EntryId) {
-        let mut w = self.releases.written.lock().expect("written");
-        if !w.contains(&id) {
-            w.insert(id);
-        }
+        self.releases.written.lock().expect("written").insert(id);
     }
 
     /// Whether this client changed the chunk files of `id` since the last

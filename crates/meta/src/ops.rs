@@ -171,6 +171,18 @@ pub trait Handles: Send + Sync {
     /// Whether `id` is known to have no chunk files (made since this node
     /// started, no write reported); forgets it either way.
     fn take_chunkless(&self, id: EntryId) -> bool;
+    /// What the removal of `id`'s last link leaves (one look at both
+    /// counts): it is still open, or it has no chunk files (forgotten as
+    /// such), or it may have some.
+    fn last_link(&self, id: EntryId) -> LastLink;
+}
+
+/// See [`Handles::last_link`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LastLink {
+    Open,
+    Chunkless,
+    MayHaveChunks,
 }
 
 impl Ctx<'_> {
@@ -630,7 +642,9 @@ pub(crate) fn drop_link(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, mut 
         return t.put_inode(id, &i);
     }
     ctx.files_delta -= 1;
-    if i.kind == FileKind::File && ctx.handles.is_open(id) {
+    // Only regular files are counted open or made chunkless.
+    let last = if i.kind == FileKind::File { ctx.handles.last_link(id) } else { LastLink::MayHaveChunks };
+    if last == LastLink::Open {
         t.put_inode(id, &i)?;
         // Wake the disposal task too: should the last release come before
         // this commit, it finds the record and finishes the orphan.
@@ -638,10 +652,7 @@ pub(crate) fn drop_link(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, mut 
         return t.put_disposal(id, &Disposal::of(DisposalState::OpenUnlinked, i.pattern.as_ref()));
     }
     t.remove_inode(id)?;
-    // Asked after `is_open`: a release that reports a write forgets the
-    // file as chunkless before its handle stops counting.
-    let chunkless = ctx.handles.take_chunkless(id);
-    if !chunkless && i.pattern.as_ref().is_some_and(|p| p.stripe_count() > 0) {
+    if last == LastLink::MayHaveChunks && i.pattern.as_ref().is_some_and(|p| p.stripe_count() > 0) {
         t.put_disposal(id, &Disposal::of(DisposalState::DeleteChunks, i.pattern.as_ref()))?;
         ctx.disposal_queued = true;
     }

@@ -38,10 +38,12 @@ impl Namespace {
             Request::LeaseWaitDirs { client, acked, wait_ms } => {
                 Ok(self.leases.wait(client, acked, Duration::from_millis(wait_ms.into()), true).await)
             }
-            Request::ReleaseMany { ids, wrote } => {
+            Request::ReleaseMany { ids, mut wrote } => {
+                // Looked up per handle: sorted, not scanned (up to 4096 of each).
+                wrote.sort_unstable();
                 // Each as its own `Release` (one of a moved file goes to its new owner).
                 for id in ids {
-                    let write = wrote.contains(&id);
+                    let write = wrote.binary_search(&id).is_ok();
                     if let Err(e) = self.handle_unleased(None, Request::Release { id, write }).await {
                         debug!("release of {id} on metadata node {}: {e}", self.node);
                     }

@@ -169,6 +169,19 @@ impl crate::ops::Handles for Opens {
     fn take_chunkless(&self, id: EntryId) -> bool {
         self.0.lock().expect("opens lock").chunkless.remove(id)
     }
+    fn last_link(&self, id: EntryId) -> crate::ops::LastLink {
+        use crate::ops::LastLink;
+        // Under the lock a release that reports a write takes the file out
+        // of `chunkless` before its handle stops counting.
+        let mut m = self.0.lock().expect("opens lock");
+        if m.counts.contains_key(&id) {
+            LastLink::Open
+        } else if m.chunkless.remove(id) {
+            LastLink::Chunkless
+        } else {
+            LastLink::MayHaveChunks
+        }
+    }
 }
 
 pub struct Namespace {
