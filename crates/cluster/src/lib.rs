@@ -17,7 +17,7 @@ use hivefs_types::error::{ErrorCode, FsError};
 use hivefs_types::ids::{BuddyGroupId, NodeId, NodeType, PoolId, TargetId};
 use hivefs_types::pattern::StripeUnit;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -148,11 +148,14 @@ where
 /// A snapshot of the registry as seen from mgmtd.
 #[derive(Default, Debug)]
 pub struct ClusterView {
-    pub nodes: HashMap<(NodeType, NodeId), NodeInfo>,
-    pub targets: HashMap<TargetId, TargetInfo>,
-    pub pools: HashMap<PoolId, PoolInfo>,
+    // Ordered maps: whatever walks the view (a resync per group, a
+    // chooser over targets) does so in the same order on every run, which
+    // the deterministic simulation needs.
+    pub nodes: BTreeMap<(NodeType, NodeId), NodeInfo>,
+    pub targets: BTreeMap<TargetId, TargetInfo>,
+    pub pools: BTreeMap<PoolId, PoolInfo>,
     /// Buddy groups of both kinds.
-    pub groups: HashMap<BuddyGroupId, GroupInfo>,
+    pub groups: BTreeMap<BuddyGroupId, GroupInfo>,
     pub root_owner: Option<NodeId>,
     /// When this view was loaded (None for the empty initial view).
     pub loaded_at: Option<std::time::Instant>,

@@ -1,6 +1,7 @@
-//! Deterministic simulation of HiveFS nodes and clients in one process;
-//! today: the metadata service's cross-node protocol (`hivefs-meta`'s
-//! `cross` module and `namespace/cross.rs`).
+//! Deterministic simulation of HiveFS nodes and clients in one process:
+//! the metadata service's cross-node protocol (`hivefs-meta`'s `cross`
+//! module and `namespace/cross.rs`; this file and the modules below), and
+//! storage buddy mirroring ([`buddy`]).
 //!
 //! Owns running several metadata nodes (`hivefs_meta::Namespace` on temp
 //! dirs) and clients on one tokio thread in paused time, with every choice
@@ -35,6 +36,7 @@
 //! `HIVEFS_SIM_SEEDS=5000 cargo test -p hivefs-sim --release --test seeds -- --nocapture`.
 //! See `docs/simulation.md`.
 
+pub mod buddy;
 mod client;
 mod invariants;
 mod model;
@@ -148,6 +150,8 @@ pub struct Failure {
     pub violations: Vec<String>,
     /// The last lines of the trace.
     pub trace_tail: Vec<String>,
+    /// The command that replays the seed.
+    pub replay: String,
 }
 
 impl fmt::Display for Failure {
@@ -160,7 +164,7 @@ impl fmt::Display for Failure {
         for l in &self.trace_tail {
             writeln!(f, "  {l}")?;
         }
-        write!(f, "replay: {}", replay_command(self.seed))
+        write!(f, "replay: {}", self.replay)
     }
 }
 

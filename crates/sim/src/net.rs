@@ -70,19 +70,19 @@ struct Cut {
 /// The trace: every event, one line each, hashed as it goes; the last
 /// lines are kept for a failure report (all of them when echoing).
 pub struct Trace {
-    hash: u64,
+    pub(crate) hash: u64,
     pub lines: u64,
-    tail: VecDeque<String>,
+    pub(crate) tail: VecDeque<String>,
     keep: usize,
     echo: bool,
 }
 
 impl Trace {
-    fn new(keep: usize, echo: bool) -> Trace {
+    pub(crate) fn new(keep: usize, echo: bool) -> Trace {
         Trace { hash: 0xcbf2_9ce4_8422_2325, lines: 0, tail: VecDeque::new(), keep, echo }
     }
 
-    fn push(&mut self, line: String) {
+    pub(crate) fn push(&mut self, line: String) {
         // FNV-1a: stable across builds and platforms.
         for b in line.bytes().chain(std::iter::once(b'\n')) {
             self.hash ^= u64::from(b);
@@ -115,43 +115,23 @@ pub struct Stats {
     pub client_retries: u64,
 }
 
-pub struct World {
+/// What every simulated world has: the one seeded RNG, the trace, the
+/// violations found and the simulated clock's start.
+pub struct Core {
     rng: Mutex<StdRng>,
-    pub faults: Faults,
     trace: Mutex<Trace>,
-    pub nodes: Vec<Mutex<Slot>>,
-    cuts: Mutex<Vec<Cut>>,
-    /// No faults, no delays (set up and the end of a run).
-    calm: AtomicBool,
     violations: Mutex<Vec<String>>,
-    pub stats: Mutex<Stats>,
     start: Instant,
-    next_msg: AtomicU64,
-    /// Crash-and-restart tasks in flight.
-    pub restarts: Mutex<Vec<JoinHandle<()>>>,
 }
 
-impl World {
-    pub fn new(seed: u64, faults: Faults, dirs: Vec<tempfile::TempDir>, keep: usize, echo: bool) -> Arc<World> {
-        let nodes = dirs
-            .into_iter()
-            .map(|dir| {
-                Mutex::new(Slot { dir, ns: None, boot: 0, tasks: Vec::new(), watcher: None, halt: Arc::default() })
-            })
-            .collect();
-        Arc::new(World {
+impl Core {
+    pub fn new(seed: u64, keep: usize, echo: bool) -> Core {
+        Core {
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
-            faults,
             trace: Mutex::new(Trace::new(keep, echo)),
-            nodes,
-            cuts: Mutex::default(),
-            calm: AtomicBool::new(true),
             violations: Mutex::default(),
-            stats: Mutex::default(),
             start: Instant::now(),
-            next_msg: AtomicU64::new(0),
-            restarts: Mutex::default(),
-        })
+        }
     }
 
     pub fn rng(&self) -> MutexGuard<'_, StdRng> {
@@ -192,6 +172,48 @@ impl World {
 
     pub fn violations(&self) -> Vec<String> {
         self.violations.lock().expect("violations lock").clone()
+    }
+}
+
+pub struct World {
+    core: Core,
+    pub faults: Faults,
+    pub nodes: Vec<Mutex<Slot>>,
+    cuts: Mutex<Vec<Cut>>,
+    /// No faults, no delays (set up and the end of a run).
+    calm: AtomicBool,
+    pub stats: Mutex<Stats>,
+    next_msg: AtomicU64,
+    /// Crash-and-restart tasks in flight.
+    pub restarts: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::ops::Deref for World {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        &self.core
+    }
+}
+
+impl World {
+    pub fn new(seed: u64, faults: Faults, dirs: Vec<tempfile::TempDir>, keep: usize, echo: bool) -> Arc<World> {
+        let nodes = dirs
+            .into_iter()
+            .map(|dir| {
+                Mutex::new(Slot { dir, ns: None, boot: 0, tasks: Vec::new(), watcher: None, halt: Arc::default() })
+            })
+            .collect();
+        Arc::new(World {
+            core: Core::new(seed, keep, echo),
+            faults,
+            nodes,
+            cuts: Mutex::default(),
+            calm: AtomicBool::new(true),
+            stats: Mutex::default(),
+            next_msg: AtomicU64::new(0),
+            restarts: Mutex::default(),
+        })
     }
 
     pub fn set_calm(&self, calm: bool) {
@@ -284,22 +306,25 @@ impl World {
         if self.is_calm() {
             return (Fate::Deliver, Duration::ZERO, Duration::ZERO);
         }
-        let f = &self.faults;
-        let mut r = self.rng();
-        let fate = if r.gen_bool(f.drop) {
-            Fate::Drop
-        } else if r.gen_bool(f.lose_reply) {
-            Fate::LoseReply
-        } else {
-            Fate::Deliver
-        };
-        let mut delay = || {
-            let (lo, hi) = if r.gen_bool(f.slow) { f.slow_ms } else { (0, f.max_delay_ms) };
-            Duration::from_millis(r.gen_range(lo..=hi))
-        };
-        let (d1, d2) = (delay(), delay());
-        (fate, d1, d2)
+        draw_fate(&mut self.rng(), &self.faults)
     }
+}
+
+/// A message's fate and its two delays (request, answer), drawn from `r`.
+pub(crate) fn draw_fate(r: &mut StdRng, f: &Faults) -> (Fate, Duration, Duration) {
+    let fate = if r.gen_bool(f.drop) {
+        Fate::Drop
+    } else if r.gen_bool(f.lose_reply) {
+        Fate::LoseReply
+    } else {
+        Fate::Deliver
+    };
+    let mut delay = || {
+        let (lo, hi) = if r.gen_bool(f.slow) { f.slow_ms } else { (0, f.max_delay_ms) };
+        Duration::from_millis(r.gen_range(lo..=hi))
+    };
+    let (d1, d2) = (delay(), delay());
+    (fate, d1, d2)
 }
 
 /// The message a panic carried.
@@ -313,7 +338,7 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 
 /// A future whose panic is caught (and reported as a violation) instead
 /// of ending the task silently.
-struct CatchUnwind<F>(Pin<Box<F>>);
+pub(crate) struct CatchUnwind<F>(pub(crate) Pin<Box<F>>);
 
 impl<F: Future> Future for CatchUnwind<F> {
     type Output = Result<F::Output, Box<dyn std::any::Any + Send>>;
@@ -329,13 +354,13 @@ impl<F: Future> Future for CatchUnwind<F> {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Fate {
+pub(crate) enum Fate {
     Deliver,
     Drop,
     LoseReply,
 }
 
-fn lost(what: &str) -> FsError {
+pub(crate) fn lost(what: &str) -> FsError {
     fs_err!(Unavailable, "simulated network: {what}")
 }
 
@@ -351,7 +376,7 @@ fn request_name(req: &Request) -> String {
     }
 }
 
-fn outcome(r: &Response) -> String {
+pub(crate) fn outcome(r: &Response) -> String {
     match r {
         Ok(reply) => {
             let s = format!("{reply:?}");

@@ -24,7 +24,7 @@ const CLIENTS_DEADLINE: Duration = Duration::from_secs(3600);
 /// Longest sim time the nodes may take to go quiet at the end.
 const QUIET_DEADLINE: Duration = Duration::from_secs(600);
 
-fn temp_dir() -> tempfile::TempDir {
+pub(crate) fn temp_dir() -> tempfile::TempDir {
     // Memory-backed where there is one: a run writes its stores many times.
     let shm = std::path::Path::new("/dev/shm");
     let b = tempfile::Builder::new().prefix("hivefs-sim-").tempdir_in(shm);
@@ -42,7 +42,7 @@ pub fn run(seed: u64, cfg: &Config) -> Result<Outcome, Failure> {
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(run_async(seed, cfg))));
     r.unwrap_or_else(|panic| {
         let why = format!("the simulation panicked: {}", panic_message(&*panic));
-        Err(Failure { seed, violations: vec![why], trace_tail: Vec::new() })
+        Err(Failure { seed, violations: vec![why], trace_tail: Vec::new(), replay: crate::replay_command(seed) })
     })
 }
 
@@ -59,7 +59,7 @@ async fn run_async(seed: u64, cfg: &Config) -> Result<Outcome, Failure> {
     world.trace(format_args!("seed {seed}: {nodes} metadata nodes, {clients} clients, chooser {chooser:?}"));
     let fail = |world: &Arc<World>, mut v: Vec<String>| {
         v.extend(world.violations());
-        Failure { seed, violations: v, trace_tail: world.trace_tail() }
+        Failure { seed, violations: v, trace_tail: world.trace_tail(), replay: crate::replay_command(seed) }
     };
 
     // ---- set-up, calm

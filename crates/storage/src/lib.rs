@@ -24,13 +24,14 @@ pub mod ratelimit;
 pub mod target;
 
 pub use error::StorageError;
+pub use mirror::STEPS as MIRROR_STEPS;
 pub use ratelimit::{RateLimit, RateSetting};
 pub use target::{init_target, open_target, TargetFile, CHUNKS_DIR, TARGET_FILE};
 
 use bytes::Bytes;
 use hivefs_chunk::ChunkStore;
 use hivefs_cluster::NodeIdentity;
-use hivefs_net::{serve, Call, ClientConfig, Handler, Peer, Pool, ServerConfig, ServerHandle};
+use hivefs_net::{serve, Call, ClientConfig, Handler, Peer, ServerConfig, ServerHandle};
 use hivefs_proto::{ChunkCopy, Reply, Request, Response, TargetCapacity, MAX_PAYLOAD_LEN};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::fs_err;
@@ -106,16 +107,45 @@ impl Default for Config {
     }
 }
 
+/// How a storage service meets its peers.
+pub enum Net {
+    /// Listens on `Config::listen` (and offers short-circuit access when
+    /// configured); reaches mgmtd and other nodes over TCP.
+    Tcp,
+    /// Listens nowhere: requests arrive through [`StorageService::handle`],
+    /// and mgmtd and other nodes are reached through `pools` (a simulated
+    /// network, `hivefs-sim`). `Config::advertise` names the node there.
+    Pools(hivefs_net::Pools),
+}
+
+thread_local! {
+    /// Chunk-file I/O runs where it is asked for instead of on tokio's
+    /// blocking pool (see [`run_io_in_place_on_this_thread`]).
+    static IO_IN_PLACE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes every storage service task polled by this thread do its file I/O
+/// in place instead of on tokio's blocking pool: for a deterministic
+/// simulation, which runs all nodes on one current-thread runtime and
+/// must not let another thread's timing decide the order of events.
+pub fn run_io_in_place_on_this_thread(on: bool) {
+    IO_IN_PLACE.with(|c| c.set(on));
+}
+
 /// A running storage service. Dropping it (or [`StorageService::stop`])
-/// stops accepting connections and stops the heartbeats.
+/// stops accepting connections, the heartbeats and its mirroring tasks
+/// (resyncs, role changes).
 #[must_use = "the service stops when this handle is dropped"]
 pub struct StorageService {
+    /// The bound listen address (`Net::Tcp`); unspecified with `Net::Pools`.
     pub local_addr: SocketAddr,
     pub node_id: NodeId,
     /// The served targets, in the order of `Config::targets`.
     pub targets: Vec<TargetId>,
-    server: ServerHandle,
+    server: Option<ServerHandle>,
+    handler: Arc<StorageHandler>,
     heartbeat: tokio::task::JoinHandle<()>,
+    mirror: Arc<mirror::Mirror>,
     /// The short-circuit socket, when offered.
     _local: Option<hivefs_chunk::local::LocalServer>,
 }
@@ -125,12 +155,27 @@ impl StorageService {
     /// already accepted are served until their peers close them: a transport
     /// limitation.)
     pub fn stop(self) {}
+
+    /// Makes the first task of this node that reaches `step` of the
+    /// mirroring protocol ([`MIRROR_STEPS`]) stop there for good, and fires
+    /// `notify`: a simulation then crashes the whole node.
+    pub fn halt_at(&self, step: &str, notify: Arc<tokio::sync::Notify>) {
+        self.mirror.halt_at(step, notify);
+    }
+
+    /// Serves one request as if it had arrived over the network (`Net::Pools`).
+    pub async fn handle(&self, env: hivefs_proto::Envelope, req: Request, payload: Vec<u8>) -> (Response, Vec<u8>) {
+        self.handler.serve(env, req, payload).await
+    }
 }
 
 impl Drop for StorageService {
     fn drop(&mut self) {
-        self.server.abort();
+        if let Some(s) = &self.server {
+            s.abort();
+        }
         self.heartbeat.abort();
+        self.mirror.stop_tasks();
     }
 }
 
@@ -193,9 +238,18 @@ impl hivefs_chunk::local::ChunkOpener for LocalOpener {
     }
 }
 
+/// Runs blocking file work off the async workers (in place under
+/// [`run_io_in_place_on_this_thread`]); `Err` when the task panicked.
+async fn io_task<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+    if IO_IN_PLACE.with(|c| c.get()) {
+        return Ok(f());
+    }
+    tokio::task::spawn_blocking(f).await.map_err(|e| e.to_string())
+}
+
 /// Runs blocking file I/O off the async workers.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> FsResult<T> + Send + 'static) -> FsResult<T> {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(fs_err!(Internal, "chunk I/O task failed: {e}")))
+    io_task(f).await.unwrap_or_else(|e| Err(fs_err!(Internal, "chunk I/O task failed: {e}")))
 }
 
 /// Writes of at most this many bytes, and reads of at most this many that the
@@ -422,6 +476,12 @@ impl Handler for StorageHandler {
         payload: Vec<u8>,
         _peer: &Peer,
     ) -> (Response, Vec<u8>) {
+        self.serve(env, req, payload).await
+    }
+}
+
+impl StorageHandler {
+    async fn serve(&self, env: hivefs_proto::Envelope, req: Request, payload: Vec<u8>) -> (Response, Vec<u8>) {
         match self.ready.get() {
             Some(ready) => match env.mirror {
                 Some(h) => mirror::handle(ready, h, req, payload).await,
@@ -474,7 +534,7 @@ async fn register_targets(mgmt: &dyn Call, node: NodeId, opened: &mut [Opened]) 
                 t.file.target_id = Some(assigned);
                 t.file.node_id = Some(node);
                 let (file, dir) = (t.file.clone(), t.dir.clone());
-                tokio::task::spawn_blocking(move || file.save(&dir))
+                io_task(move || file.save(&dir))
                     .await
                     .map_err(|e| StorageError::Config(format!("target file writer failed: {e}")))??;
             }
@@ -485,8 +545,13 @@ async fn register_targets(mgmt: &dyn Call, node: NodeId, opened: &mut [Opened]) 
     Ok(ids)
 }
 
-/// Opens the targets, registers with mgmtd and serves chunk requests.
+/// Opens the targets, registers with mgmtd and serves chunk requests over TCP.
 pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
+    start_with(cfg, Net::Tcp).await
+}
+
+/// [`start`] on the network `net`.
+pub async fn start_with(cfg: Config, net: Net) -> Result<StorageService, StorageError> {
     if cfg.targets.is_empty() {
         return Err(StorageError::Config("no storage targets configured".into()));
     }
@@ -513,12 +578,24 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
     let mut identity = NodeIdentity::load_or_create(&cfg.dir).map_err(|e| StorageError::io(&cfg.dir, e))?;
 
     let handler = Arc::new(StorageHandler { ready: OnceLock::new() });
-    let server = serve(&cfg.listen, ServerConfig::new(NodeType::Storage, secret.clone()), handler.clone())
-        .await
-        .map_err(|source| StorageError::Listen { addr: cfg.listen.clone(), source })?;
+    let pools = match &net {
+        Net::Tcp => hivefs_net::Pools::new(ClientConfig::new(secret.clone())),
+        Net::Pools(p) => p.with_config(ClientConfig::new(secret.clone())),
+    };
+    let server = match net {
+        Net::Tcp => Some(
+            serve(&cfg.listen, ServerConfig::new(NodeType::Storage, secret.clone()), handler.clone())
+                .await
+                .map_err(|source| StorageError::Listen { addr: cfg.listen.clone(), source })?,
+        ),
+        Net::Pools(_) => None,
+    };
     // From here on, an error drops `server`'s task (abort) before returning.
-    let server = AbortOnDrop(Some(server));
-    let local_addr = server.0.as_ref().expect("set above").local_addr;
+    let server = AbortOnDrop(server);
+    let local_addr = match &server.0 {
+        Some(s) => s.local_addr,
+        None => SocketAddr::from(([0, 0, 0, 0], 0)),
+    };
     let advertise = match &cfg.advertise {
         Some(a) => a.clone(),
         None if local_addr.ip().is_unspecified() => {
@@ -530,7 +607,7 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
         None => local_addr.to_string(),
     };
 
-    let mgmt: Arc<dyn Call> = Arc::new(Pool::new(cfg.mgmtd.clone(), ClientConfig::new(secret.clone())));
+    let mgmt: Arc<dyn Call> = pools.get(&cfg.mgmtd);
     let node = hivefs_cluster::register_node(
         &*mgmt,
         NodeType::Storage,
@@ -545,12 +622,14 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
 
     let stores: HashMap<TargetId, Arc<ChunkStore>> =
         ids.iter().zip(&opened).map(|(&id, o)| (id, Arc::new(ChunkStore::new(id, &o.dir)))).collect();
-    let space: Vec<(TargetId, PathBuf)> = ids.iter().zip(&opened).map(|(&id, o)| (id, o.dir.clone())).collect();
-    hivefs_metrics::on_scrape(move || {
-        for t in sample(&space) {
-            hivefs_metrics::target_space(t.target.0, node.0, t.capacity.total_bytes, t.capacity.free_bytes);
-        }
-    });
+    if server.0.is_some() {
+        let space: Vec<(TargetId, PathBuf)> = ids.iter().zip(&opened).map(|(&id, o)| (id, o.dir.clone())).collect();
+        hivefs_metrics::on_scrape(move || {
+            for t in sample(&space) {
+                hivefs_metrics::target_space(t.target.0, node.0, t.capacity.total_bytes, t.capacity.free_bytes);
+            }
+        });
+    }
     for s in stores.values() {
         // Otherwise made one by one, each with an fsync, under the first files.
         if let Err(e) = s.make_subdirs() {
@@ -564,13 +643,13 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
         }
         None => HashMap::new(),
     };
-    let cluster = hivefs_cluster::Cluster::new(&cfg.mgmtd, hivefs_net::Pools::new(ClientConfig::new(secret.clone())));
+    let cluster = hivefs_cluster::Cluster::new(&cfg.mgmtd, pools.with_config(ClientConfig::new(secret.clone())));
     let forward_cfg =
         ClientConfig::new(secret.clone()).with_timeout(Duration::from_millis(cfg.mirror_forward_timeout_ms.max(100)));
-    let mirror_cluster = hivefs_cluster::Cluster::new(&cfg.mgmtd, hivefs_net::Pools::new(forward_cfg));
+    let mirror_cluster = hivefs_cluster::Cluster::new(&cfg.mgmtd, pools.with_config(forward_cfg));
     let dirs: Vec<(TargetId, PathBuf)> = ids.iter().zip(&opened).map(|(&id, o)| (id, o.dir.clone())).collect();
     let mirror = Arc::new(mirror::Mirror::open(node, mgmt.clone(), mirror_cluster, &dirs)?);
-    let local = if cfg.short_circuit {
+    let local = if cfg.short_circuit && server.0.is_some() {
         let name = hivefs_chunk::local::socket_name(node, local_addr.port());
         let limited = limits.keys().copied().collect();
         let opener = Arc::new(LocalOpener { node, stores: stores.clone(), limited, mirror: mirror.clone() });
@@ -598,18 +677,27 @@ pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
         advertise,
         targets: ids.iter().zip(&opened).map(|(&id, o)| (id, o.file.uuid.clone(), o.dir.clone())).collect(),
         every: Duration::from_millis(cfg.heartbeat_interval_ms),
-        mirror,
+        mirror: mirror.clone(),
     };
     let heartbeat = tokio::spawn(hb.run());
     info!(%node, addr = %local_addr, targets = ?ids, "storage service started");
-    Ok(StorageService { local_addr, node_id: node, targets: ids, server: server.take(), heartbeat, _local: local })
+    Ok(StorageService {
+        local_addr,
+        node_id: node,
+        targets: ids,
+        server: server.take(),
+        handler,
+        heartbeat,
+        mirror,
+        _local: local,
+    })
 }
 
 struct AbortOnDrop(Option<ServerHandle>);
 
 impl AbortOnDrop {
-    fn take(mut self) -> ServerHandle {
-        self.0.take().expect("taken once")
+    fn take(mut self) -> Option<ServerHandle> {
+        self.0.take()
     }
 }
 
@@ -642,9 +730,9 @@ impl Heartbeat {
         let mut failing = false;
         loop {
             let dirs: Vec<(TargetId, PathBuf)> = self.targets.iter().map(|(id, _, d)| (*id, d.clone())).collect();
-            let targets = tokio::task::spawn_blocking(move || sample(&dirs)).await.unwrap_or_default();
+            let targets = io_task(move || sample(&dirs)).await.unwrap_or_default();
             let req = Request::Heartbeat { node_type: NodeType::Storage, node: self.node, targets, meta: None };
-            let sent = std::time::Instant::now();
+            let sent = tokio::time::Instant::now();
             match self.mgmt.rpc(&req).await {
                 Ok(r) => {
                     if failing {

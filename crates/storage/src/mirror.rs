@@ -20,12 +20,15 @@ use hivefs_proto::{Consistency, Envelope, GroupInfo, MirrorHdr, MirrorRole, Repl
 use hivefs_types::error::FsResult;
 use hivefs_types::fs_err;
 use hivefs_types::ids::{BuddyGroupId, EntryId, NodeId, TargetId};
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::task::AbortHandle;
+// tokio's clock: the real one in the service, the simulation's paused one in `hivefs-sim`.
+use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 /// The directory of a target holding mirrored chunk files (as `chunks/` below it).
@@ -40,6 +43,23 @@ const RECENT_MAX: usize = 1 << 20;
 /// A mirrored chunk is handed to a reader on this host only while the lease
 /// lasts at least this long (a shorter time would cost a request per read).
 const HANDOUT_MIN: Duration = Duration::from_millis(200);
+/// The steps of the mirroring protocol where a simulation may stop a node
+/// (`StorageService::halt_at`): a primary with the secondary's answer to a
+/// forward, before its own change; a secondary with a forward applied,
+/// before its answer; a degrade with the entries marked dirty, before
+/// mgmtd is told; a resync that has set the secondary resyncing, that has
+/// copied an entry (before taking it off the dirty list), and that has
+/// copied everything (before asking mgmtd for good); a new primary that
+/// noticed its promotion, before it marks the recent entries dirty.
+pub const STEPS: [&str; 7] = [
+    "forward:answered",
+    "forward:applied",
+    "degrade:marked",
+    "resync:started",
+    "resync:copied",
+    "resync:done",
+    "promoted:noticed",
+];
 /// Bytes copied per request during a resync.
 const RESYNC_PIECE: u64 = 4 << 20;
 /// Default of `mirror_forward_timeout_ms`: a forward to the secondary that
@@ -51,6 +71,9 @@ struct Recent {
     entries: VecDeque<(Instant, EntryId)>,
     /// More than [`RECENT_MAX`] within the window: the list is incomplete.
     overflowed: bool,
+    /// When this node started: the list knows nothing from before, so it is
+    /// incomplete until a whole window has passed since.
+    started: Instant,
 }
 
 /// Mirroring state of one target.
@@ -62,12 +85,21 @@ pub(crate) struct TargetMirror {
     recent: Mutex<Recent>,
     locks: Vec<tokio::sync::RwLock<()>>,
     resyncing: AtomicBool,
-    /// As primary, this target sends every change to its secondary, whatever
-    /// the (possibly older) group view says: set by a resync before it reads
-    /// the dirty list, cleared when a forward fails and on a change of role.
-    /// mgmtd's state may be newer than the view (a resync sets it good), so
-    /// the view alone must never decide to skip a forward.
+    /// As primary, this target sends every change to its secondary: set by
+    /// a resync before it reads the dirty list, cleared when a forward fails
+    /// and on a change of role. (A resync checks it to notice a failed forward.)
     forwarding: AtomicBool,
+    /// Whether this primary may apply a change without forwarding it (and
+    /// mark it dirty instead): only while mgmtd is known to hold the
+    /// secondary as needing a resync, so that it never promotes a copy that
+    /// misses an acknowledged change. `(generation << 1) | skip`: the skip
+    /// bit is set by a degrade that mgmtd confirmed, or at a promotion
+    /// (mgmtd's switch marks the old primary needs-resync); every resync
+    /// step that may make the secondary good at mgmtd moves the generation
+    /// on and clears the bit first, and a confirmation that arrives after
+    /// such a step sets nothing. A group view alone never decides to skip:
+    /// it may be older than mgmtd's state (a resync sets it good).
+    skip: std::sync::atomic::AtomicU64,
 }
 
 impl TargetMirror {
@@ -98,11 +130,35 @@ impl TargetMirror {
             store: Arc::new(ChunkStore::new(target, &root)),
             dirty: Mutex::new(dirty),
             dirty_path,
-            recent: Mutex::new(Recent { entries: VecDeque::new(), overflowed: false }),
+            recent: Mutex::new(Recent { entries: VecDeque::new(), overflowed: false, started: Instant::now() }),
             locks: (0..LOCK_STRIPES).map(|_| tokio::sync::RwLock::new(())).collect(),
             resyncing: AtomicBool::new(false),
             forwarding: AtomicBool::new(false),
+            skip: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Whether a change may skip its forward (see `skip`).
+    fn may_skip_forward(&self) -> bool {
+        !self.forwarding.load(Ordering::SeqCst) && self.skip.load(Ordering::SeqCst) & 1 == 1
+    }
+
+    /// The skip generation now, to confirm a degrade against.
+    fn skip_generation(&self) -> u64 {
+        self.skip.load(Ordering::SeqCst) >> 1
+    }
+
+    /// mgmtd confirmed the secondary needs a resync: changes may skip their
+    /// forwards, unless a resync step came between (`seen` is older).
+    fn confirm_skip(&self, seen: u64) {
+        let _ = self.skip.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| (s >> 1 == seen).then_some(s | 1));
+    }
+
+    /// A step that may make the secondary good at mgmtd: forward from now on.
+    fn new_skip_generation(&self, skip: bool) {
+        let _ = self
+            .skip
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| Some((((s >> 1) + 1) << 1) | u64::from(skip)));
     }
 
     fn lock(&self, e: EntryId) -> &tokio::sync::RwLock<()> {
@@ -171,13 +227,19 @@ pub(crate) struct Mirror {
     mgmt: Arc<dyn Call>,
     /// For the group view and the buddies (forward timeout [`FORWARD_TIMEOUT`]).
     cluster: Arc<Cluster>,
-    targets: HashMap<TargetId, Arc<TargetMirror>>,
+    targets: BTreeMap<TargetId, Arc<TargetMirror>>,
     /// Until when this node may act as a primary, and the last lease length.
     lease: Mutex<(Option<Instant>, Duration)>,
     /// Per group of this node: (epoch, this node was primary) at the last look.
-    roles: Mutex<HashMap<BuddyGroupId, (u64, bool)>>,
+    roles: Mutex<BTreeMap<BuddyGroupId, (u64, bool)>>,
     /// An [`Mirror::after_heartbeat`] runs.
     looking: AtomicBool,
+    /// Tasks this node started (role looks, resyncs), stopped with the service.
+    tasks: Mutex<Vec<AbortHandle>>,
+    /// A simulation's crash point: the task reaching this step stops there
+    /// for good and the notify fires ([`STEPS`]).
+    halt: Mutex<Option<(String, Arc<tokio::sync::Notify>)>>,
+    armed: AtomicBool,
 }
 
 impl Mirror {
@@ -187,7 +249,7 @@ impl Mirror {
         cluster: Arc<Cluster>,
         targets: &[(TargetId, PathBuf)],
     ) -> Result<Mirror, crate::StorageError> {
-        let mut m = HashMap::new();
+        let mut m = BTreeMap::new();
         for (t, dir) in targets {
             let tm = TargetMirror::open(*t, dir).map_err(|e| crate::StorageError::io(dir.join(MIRROR_DIR), e))?;
             m.insert(*t, Arc::new(tm));
@@ -198,9 +260,52 @@ impl Mirror {
             cluster,
             targets: m,
             lease: Mutex::new((None, Duration::ZERO)),
-            roles: Mutex::new(HashMap::new()),
+            roles: Mutex::new(BTreeMap::new()),
             looking: AtomicBool::new(false),
+            tasks: Mutex::default(),
+            halt: Mutex::default(),
+            armed: AtomicBool::new(false),
         })
+    }
+
+    /// Makes the first task that reaches `step` stop there for good and fire `notify`.
+    pub fn halt_at(&self, step: &str, notify: Arc<tokio::sync::Notify>) {
+        *self.halt.lock().expect("halt lock") = Some((step.to_string(), notify));
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// A step of the protocol ([`STEPS`]): where [`Mirror::halt_at`] stops a task.
+    async fn step(&self, name: &str) {
+        if !self.armed.load(Ordering::Relaxed) {
+            return;
+        }
+        let hit = {
+            let mut h = self.halt.lock().expect("halt lock");
+            match &*h {
+                Some((s, _)) if s == name => h.take(),
+                _ => None,
+            }
+        };
+        if let Some((_, notify)) = hit {
+            self.armed.store(false, Ordering::SeqCst);
+            notify.notify_one();
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Runs `fut` as a task of this node: [`Mirror::stop_tasks`] stops it.
+    fn spawn(&self, fut: impl std::future::Future<Output = ()> + Send + 'static) {
+        let h = tokio::spawn(fut);
+        let mut t = self.tasks.lock().expect("tasks lock");
+        t.retain(|h| !h.is_finished());
+        t.push(h.abort_handle());
+    }
+
+    /// Stops every task of this node (the service stops).
+    pub fn stop_tasks(&self) {
+        for h in self.tasks.lock().expect("tasks lock").drain(..) {
+            h.abort();
+        }
     }
 
     pub fn store(&self, target: TargetId) -> Option<Arc<ChunkStore>> {
@@ -286,7 +391,7 @@ impl Mirror {
             return;
         }
         let me = self.clone();
-        tokio::spawn(async move {
+        self.spawn(async move {
             me.after_heartbeat().await;
             me.looking.store(false, Ordering::SeqCst);
         });
@@ -344,7 +449,7 @@ impl Mirror {
                 let tm = self.targets[&TargetId(g.primary)].clone();
                 if !tm.resyncing.swap(true, Ordering::SeqCst) {
                     let me = self.clone();
-                    tokio::spawn(async move {
+                    self.spawn(async move {
                         let group = g.id;
                         if let Err(e) = me.resync(&tm, g.clone()).await {
                             warn!(%group, target = %tm.target, "resync stopped, retried when the secondary is back: {e}");
@@ -364,17 +469,25 @@ impl Mirror {
     /// be missing on the old primary (a write it had not applied yet).
     async fn promoted(&self, g: &GroupInfo) {
         let Some(tm) = self.targets.get(&TargetId(g.primary)) else { return };
+        let window = self.recent_window();
         let (entries, overflowed) = {
             let r = tm.recent.lock().expect("recent lock");
-            (r.entries.iter().map(|(_, e)| *e).collect::<BTreeSet<_>>(), r.overflowed)
+            // Started less than a window ago: forwards taken before the start
+            // (the old primary may miss them) are not known.
+            let incomplete = r.overflowed || r.started.elapsed() < window;
+            (r.entries.iter().map(|(_, e)| *e).collect::<BTreeSet<_>>(), incomplete)
         };
+        self.step("promoted:noticed").await;
         warn!(group = %g.id, target = %tm.target, epoch = g.epoch, recent = entries.len(), "this target is now the primary of its buddy group");
-        // The old primary is a secondary that needs a resync: only that turns forwarding on.
+        // The old primary is a secondary that needs a resync (mgmtd's switch
+        // made it so at this epoch): only that turns forwarding on.
         tm.forwarding.store(false, Ordering::SeqCst);
+        tm.new_skip_generation(g.secondary_state != Consistency::Good);
         if let Err(e) = tm.mark_dirty(&entries.into_iter().collect::<Vec<_>>()) {
             error!("{e}");
         }
         if overflowed {
+            warn!(group = %g.id, "the entries forwarded here lately are not all known (a restart or too many): asking for a full resync");
             let req = Request::SetMemberState {
                 group: g.id,
                 epoch: Some(g.epoch),
@@ -398,12 +511,14 @@ impl Mirror {
     async fn resync(&self, tm: &TargetMirror, g: GroupInfo) -> FsResult<()> {
         let full = g.secondary_state == Consistency::Bad;
         let sec = TargetId(g.secondary);
+        tm.new_skip_generation(false);
         self.set_state(&g, Consistency::Resyncing).await?;
         // From here every change is forwarded; a change that decided not to
         // forward before this has marked its entries dirty once it lets go of
         // its lock, so the dirty list read after the drain is complete.
         tm.forwarding.store(true, Ordering::SeqCst);
         tm.drain_changes().await;
+        self.step("resync:started").await;
         let pool = self.cluster.group_target_pool(sec).await?;
         let env = Envelope {
             mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Resync }),
@@ -413,9 +528,7 @@ impl Mirror {
             let mut after = None;
             loop {
                 let store = tm.store.clone();
-                let (page, more) = tokio::task::spawn_blocking(move || store.list(after, 4096))
-                    .await
-                    .map_err(|e| fs_err!(Internal, "listing task failed: {e}"))??;
+                let (page, more) = crate::blocking(move || store.list(after, 4096)).await?;
                 tm.mark_dirty(&page.iter().map(|(e, _)| *e).collect::<Vec<_>>())?;
                 after = page.last().map(|(e, _)| *e);
                 if !more {
@@ -451,6 +564,7 @@ impl Mirror {
                 {
                     let _held = tm.lock(e).write().await;
                     self.copy_entry(tm, &*pool, &env, sec, e).await?;
+                    self.step("resync:copied").await;
                     tm.dirty.lock().expect("dirty lock").remove(&e);
                 }
                 done += 1;
@@ -465,7 +579,9 @@ impl Mirror {
         }
         let _ = self.mgmt.rpc(&Request::ResyncProgress { group: g.id, done: total, total }).await;
         tm.persist_dirty()?;
+        self.step("resync:done").await;
         // Refused when a forward failed meanwhile (the member went back to needs-resync).
+        tm.new_skip_generation(false);
         self.set_state(&g, Consistency::Good).await?;
         info!(group = %g.id, from = %tm.target, to = %sec, chunks = total, "resync done: both copies are equal");
         let _ = self.cluster.refresh().await;
@@ -486,9 +602,7 @@ impl Mirror {
         let store = tm.store.clone();
         let len = {
             let s = store.clone();
-            tokio::task::spawn_blocking(move || s.open(e, false).map(|f| f.map(|f| f.metadata().map(|m| m.len()))))
-                .await
-                .map_err(|x| fs_err!(Internal, "resync task failed: {x}"))??
+            crate::blocking(move || s.open(e, false).map(|f| f.map(|f| f.metadata().map(|m| m.len())))).await?
         };
         let len = match len {
             None => {
@@ -501,23 +615,15 @@ impl Mirror {
         let mut at = 0u64;
         while at < len {
             let s = store.clone();
-            let data_at = tokio::task::spawn_blocking(move || s.seek(e, at, false))
-                .await
-                .map_err(|x| fs_err!(Internal, "resync task failed: {x}"))??;
+            let data_at = crate::blocking(move || s.seek(e, at, false)).await?;
             let Some(start) = data_at else { break };
             let s = store.clone();
-            let end = tokio::task::spawn_blocking(move || s.seek(e, start, true))
-                .await
-                .map_err(|x| fs_err!(Internal, "resync task failed: {x}"))??
-                .unwrap_or(len)
-                .min(len);
+            let end = crate::blocking(move || s.seek(e, start, true)).await?.unwrap_or(len).min(len);
             let mut off = start;
             while off < end {
                 let n = (end - off).min(RESYNC_PIECE) as u32;
                 let s = store.clone();
-                let data = tokio::task::spawn_blocking(move || s.read(e, off, n))
-                    .await
-                    .map_err(|x| fs_err!(Internal, "resync task failed: {x}"))??;
+                let data = crate::blocking(move || s.read(e, off, n)).await?;
                 if data.is_empty() {
                     break;
                 }
@@ -630,10 +736,9 @@ async fn as_primary(ready: &Ready, h: MirrorHdr, mut req: Request, payload: Byte
     }
     let sec = TargetId(g.secondary);
     // A forward too many is harmless; one too few loses data at the next
-    // failover: forward when either this target or the view says so.
-    let forward =
-        tm.forwarding.load(Ordering::SeqCst) || matches!(g.secondary_state, Consistency::Good | Consistency::Resyncing);
-    if forward {
+    // failover: skip it only while mgmtd is known to hold the secondary as
+    // needing a resync.
+    if !tm.may_skip_forward() {
         let env = Envelope {
             mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Forward }),
             ..Envelope::default()
@@ -648,6 +753,7 @@ async fn as_primary(ready: &Ready, h: MirrorHdr, mut req: Request, payload: Byte
         };
         match sent {
             Ok(_) => {
+                m.step("forward:answered").await;
                 let (r, data) = ready.apply(req, payload, true).await;
                 if let Err(e) = &r {
                     // The secondary has the change, this copy does not: make them equal again.
@@ -693,6 +799,8 @@ async fn degrade(m: &Mirror, tm: &TargetMirror, g: &GroupInfo, entries: &[EntryI
     // First: a resync running now must not end as good (it checks this).
     tm.forwarding.store(false, Ordering::SeqCst);
     tm.mark_dirty(entries)?;
+    m.step("degrade:marked").await;
+    let seen = tm.skip_generation();
     if let Err(e) = m.set_state(g, Consistency::NeedsResync).await {
         return Err(fs_err!(
             Unavailable,
@@ -701,6 +809,7 @@ async fn degrade(m: &Mirror, tm: &TargetMirror, g: &GroupInfo, entries: &[EntryI
             g.secondary
         ));
     }
+    tm.confirm_skip(seen);
     warn!(group = %g.id, secondary = g.secondary, "secondary target needs a resync: {why}");
     if let Err(e) = m.cluster.refresh().await {
         debug!("cluster view refresh failed: {e}");
@@ -733,6 +842,9 @@ async fn as_secondary(ready: &Ready, h: MirrorHdr, mut req: Request, payload: By
     };
     if h.role == MirrorRole::Forward && changes(&req) {
         tm.note_recent(&entries_of(&req), m.recent_window());
+        let answer = ready.apply(req, payload, true).await;
+        m.step("forward:applied").await;
+        return Ok(answer);
     }
     Ok(ready.apply(req, payload, true).await)
 }

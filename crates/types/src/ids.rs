@@ -44,7 +44,7 @@ impl PoolId {
 }
 
 /// The role of a service node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum NodeType {
     Mgmt,
     Meta,

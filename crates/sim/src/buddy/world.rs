@@ -1,0 +1,424 @@
+//! The buddy-mirroring world: mgmtd's state, the storage nodes' slots, the
+//! one seeded RNG, the network between them and the clients, the trace.
+//!
+//! mgmtd is `hivefs_mgmtd::Mgmt` answered in place (its clock is tokio's
+//! paused one), and a task runs its failover check as the service does; a
+//! restart of mgmtd loads its registry from disk again and forgets what it
+//! had heard from the nodes (as the process would). A storage node is the real
+//! `hivefs_storage` service started with `Net::Pools`: it listens nowhere,
+//! its requests arrive as tasks of the node, and everything it sends goes
+//! through [`call`]. A crash stops every task of the node (requests it
+//! serves, its start, its heartbeats, resyncs) and drops the service.
+
+use crate::buddy::BuddyFaults;
+use crate::net::{draw_fate, lost, outcome, panic_message, CatchUnwind, Core, Fate};
+use bytes::Bytes;
+use hivefs_mgmtd::{CapacityLimits, Mgmt, Timeouts};
+use hivefs_net::{Call, CallFuture, ClientConfig, Connector, Pools};
+use hivefs_proto::{Envelope, Reply, Request, Response};
+use hivefs_storage::StorageService;
+use hivefs_types::error::FsResult;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// mgmtd's address.
+pub const MGMTD: &str = "mgmtd";
+/// Storage nodes' heartbeat interval.
+pub const HEARTBEAT_MS: u64 = 250;
+/// mgmtd's timeouts: a primary silent for 2 s is replaced (leases of 1 s).
+pub const TIMEOUTS: Timeouts =
+    Timeouts { probably_offline_after_ms: 1000, offline_after_ms: 2000, failover_after_ms: 2000 };
+/// How often mgmtd looks for groups to switch over (as the service does).
+const FAILOVER_CHECK: Duration = Duration::from_millis(500);
+
+/// Who sends a message, or receives one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ep {
+    Mgmt,
+    /// Storage node `k` (1-based), at address `s<k>`.
+    Node(usize),
+    Client(usize),
+}
+
+impl Ep {
+    fn of_addr(addr: &str) -> Option<Ep> {
+        if addr == MGMTD {
+            return Some(Ep::Mgmt);
+        }
+        addr.strip_prefix('s').and_then(|k| k.parse().ok()).map(Ep::Node)
+    }
+}
+
+impl fmt::Display for Ep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Ep::Mgmt => write!(f, "mgmtd"),
+            Ep::Node(k) => write!(f, "s{k}"),
+            Ep::Client(k) => write!(f, "c{k}"),
+        }
+    }
+}
+
+/// One storage node: its directories and, while it runs, its service and
+/// the tasks running its code.
+pub struct Slot {
+    pub dir: PathBuf,
+    pub targets: Vec<PathBuf>,
+    pub svc: Option<Arc<StorageService>>,
+    pub boot: u32,
+    /// Its start (registration with mgmtd) and the requests it serves.
+    pub tasks: Vec<JoinHandle<()>>,
+    /// Fired when a task of this boot stopped at its crash step.
+    pub halt: Arc<tokio::sync::Notify>,
+    /// Waits for `halt`, then crashes the node.
+    pub watcher: Option<JoinHandle<()>>,
+}
+
+/// Counts for the outcome of a run.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    pub messages: u64,
+    pub dropped: u64,
+    pub replies_lost: u64,
+    pub refused: u64,
+    pub crashes: u64,
+    pub step_crashes: u64,
+    pub partitions: u64,
+    pub failovers: u64,
+    pub client_ops: u64,
+    pub client_retries: u64,
+}
+
+/// A partition: the endpoints in `side` cannot reach the other servers
+/// (both ways) until `until`. Clients reach every server.
+struct Cut {
+    side: Vec<Ep>,
+    until: Instant,
+}
+
+pub struct World {
+    core: Core,
+    pub faults: BuddyFaults,
+    pub mgmt: Mutex<Mgmt>,
+    mgmt_dir: PathBuf,
+    /// mgmtd runs (it is down between a crash and its restart).
+    mgmt_up: AtomicBool,
+    pub nodes: Vec<Mutex<Slot>>,
+    cuts: Mutex<Vec<Cut>>,
+    calm: AtomicBool,
+    pub stats: Mutex<Stats>,
+    next_msg: AtomicU64,
+    /// Crash-and-restart tasks in flight.
+    pub restarts: Mutex<Vec<JoinHandle<()>>>,
+    /// The directories of the run (mgmtd's, the nodes').
+    _root: tempfile::TempDir,
+}
+
+impl std::ops::Deref for World {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        &self.core
+    }
+}
+
+impl World {
+    /// `targets[k]`: how many targets storage node `k + 1` has.
+    pub fn new(
+        seed: u64,
+        faults: BuddyFaults,
+        targets: &[usize],
+        root: tempfile::TempDir,
+        keep: usize,
+        echo: bool,
+    ) -> Arc<World> {
+        let mgmt_dir = root.path().join("mgmtd");
+        let mgmt = Mgmt::open(&mgmt_dir, TIMEOUTS, CapacityLimits::default(), Instant::now().into_std())
+            .expect("opening the simulated mgmtd");
+        let nodes = targets
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| {
+                let dir = root.path().join(format!("s{}", k + 1));
+                let ts: Vec<PathBuf> = (0..n).map(|t| dir.join(format!("target{t}"))).collect();
+                for t in &ts {
+                    std::fs::create_dir_all(t).expect("a target dir");
+                    hivefs_storage::init_target(t, "sim").expect("formatting a simulated target");
+                }
+                Mutex::new(Slot {
+                    dir: dir.join("service"),
+                    targets: ts,
+                    svc: None,
+                    boot: 0,
+                    tasks: Vec::new(),
+                    halt: Arc::default(),
+                    watcher: None,
+                })
+            })
+            .collect();
+        Arc::new(World {
+            core: Core::new(seed, keep, echo),
+            faults,
+            mgmt: Mutex::new(mgmt),
+            mgmt_dir,
+            mgmt_up: AtomicBool::new(true),
+            nodes,
+            cuts: Mutex::default(),
+            calm: AtomicBool::new(true),
+            stats: Mutex::default(),
+            next_msg: AtomicU64::new(0),
+            restarts: Mutex::default(),
+            _root: root,
+        })
+    }
+
+    pub fn set_calm(&self, calm: bool) {
+        self.calm.store(calm, Ordering::SeqCst);
+        if calm {
+            self.cuts.lock().expect("cuts lock").clear();
+        }
+    }
+
+    pub fn stat(&self, f: impl FnOnce(&mut Stats)) {
+        f(&mut self.stats.lock().expect("stats lock"))
+    }
+
+    pub fn slot(&self, k: usize) -> MutexGuard<'_, Slot> {
+        self.nodes[k - 1].lock().expect("slot lock")
+    }
+
+    pub fn node_ids(&self) -> Vec<usize> {
+        (1..=self.nodes.len()).collect()
+    }
+
+    pub fn up_nodes(&self) -> Vec<usize> {
+        self.node_ids().into_iter().filter(|&k| self.slot(k).svc.is_some()).collect()
+    }
+
+    /// mgmtd's state, with its clock's now.
+    pub fn mgmt(&self) -> (MutexGuard<'_, Mgmt>, std::time::Instant) {
+        (self.mgmt.lock().expect("mgmt lock"), Instant::now().into_std())
+    }
+
+    /// mgmtd crashes; [`World::restart_mgmt`] brings it back.
+    pub fn crash_mgmt(&self) {
+        self.trace("mgmtd crashes");
+        self.stat(|s| s.crashes += 1);
+        self.mgmt_up.store(false, Ordering::SeqCst);
+    }
+
+    /// mgmtd starts again from its registry on disk.
+    pub fn restart_mgmt(&self) {
+        let m = Mgmt::open(&self.mgmt_dir, TIMEOUTS, CapacityLimits::default(), Instant::now().into_std());
+        match m {
+            Ok(m) => {
+                *self.mgmt.lock().expect("mgmt lock") = m;
+                self.mgmt_up.store(true, Ordering::SeqCst);
+                self.trace("mgmtd up");
+            }
+            Err(e) => self.violation(format!("mgmtd does not start again: {e}")),
+        }
+    }
+
+    pub fn mgmt_is_up(&self) -> bool {
+        self.mgmt_up.load(Ordering::SeqCst)
+    }
+
+    /// Cuts `side` off the other servers for `dur`.
+    pub fn partition(&self, side: Vec<Ep>, dur: Duration) {
+        let names: Vec<String> = side.iter().map(|e| e.to_string()).collect();
+        self.trace(format_args!("partition [{}] | rest for {} ms", names.join(" "), dur.as_millis()));
+        self.stat(|s| s.partitions += 1);
+        self.cuts.lock().expect("cuts lock").push(Cut { side, until: Instant::now() + dur });
+    }
+
+    fn cut(&self, a: Ep, b: Ep) -> bool {
+        if matches!(a, Ep::Client(_)) || matches!(b, Ep::Client(_)) {
+            return false;
+        }
+        let now = Instant::now();
+        let mut cuts = self.cuts.lock().expect("cuts lock");
+        cuts.retain(|c| c.until > now);
+        cuts.iter().any(|c| c.side.contains(&a) != c.side.contains(&b))
+    }
+
+    fn up(&self, ep: Ep) -> bool {
+        match ep {
+            Ep::Node(k) => self.slot(k).svc.is_some(),
+            Ep::Mgmt => self.mgmt_is_up(),
+            Ep::Client(_) => true,
+        }
+    }
+
+    /// Runs `fut` as a task of node `k` (stopped when `k` crashes).
+    pub fn spawn_on<Fut>(self: &Arc<Self>, k: usize, fut: Fut)
+    where
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let world = Arc::downgrade(self);
+        let fut = CatchUnwind(Box::pin(fut));
+        let h = tokio::spawn(async move {
+            if let Err(panic) = fut.await {
+                if let Some(w) = world.upgrade() {
+                    w.violation(format!("code of storage node s{k} panicked: {}", panic_message(&*panic)));
+                }
+            }
+        });
+        let mut slot = self.slot(k);
+        slot.tasks.retain(|t| !t.is_finished());
+        slot.tasks.push(h);
+    }
+
+    fn fate(&self) -> (Fate, Duration, Duration) {
+        if self.calm.load(Ordering::SeqCst) {
+            return (Fate::Deliver, Duration::ZERO, Duration::ZERO);
+        }
+        draw_fate(&mut self.rng(), &self.faults.net)
+    }
+}
+
+/// Sends `req` from `from` to the service at `to` and waits for the answer.
+/// A client's lost answer is reported once the request has finished on the
+/// node (a client never overlaps two attempts of one change; see
+/// `docs/simulation.md`); a node's lost answer is reported while the
+/// request may still run.
+pub async fn call(
+    world: Arc<World>,
+    from: Ep,
+    to_addr: String,
+    env: Envelope,
+    req: Request,
+    payload: Bytes,
+) -> FsResult<(Reply, Vec<u8>)> {
+    let Some(to) = Ep::of_addr(&to_addr) else {
+        return Err(lost("no such address"));
+    };
+    let m = world.next_msg.fetch_add(1, Ordering::Relaxed);
+    let (fate, d1, d2) = world.fate();
+    world.stat(|s| s.messages += 1);
+    let role = env.mirror.map(|h| format!(" {:?}@{}", h.role, h.epoch)).unwrap_or_default();
+    world.trace(format_args!("m{m} {from}->{to} {}{role} {fate:?} +{}ms", req.name(), d1.as_millis()));
+    tokio::time::sleep(d1).await;
+    if !world.up(to) || world.cut(from, to) {
+        world.trace(format_args!("m{m} refused"));
+        world.stat(|s| s.refused += 1);
+        return Err(lost("node down or partitioned"));
+    }
+    if fate == Fate::Drop {
+        world.stat(|s| s.dropped += 1);
+        return Err(lost("request lost"));
+    }
+    let r: (Response, Vec<u8>) = match to {
+        Ep::Mgmt => {
+            if !world.mgmt_is_up() {
+                return Err(lost("mgmtd down"));
+            }
+            let (mut g, now) = world.mgmt();
+            (g.handle(req, now), Vec::new())
+        }
+        Ep::Node(k) => {
+            let Some(svc) = world.slot(k).svc.clone() else {
+                return Err(lost("node down"));
+            };
+            let (tx, rx) = oneshot::channel();
+            world.spawn_on(k, async move {
+                let _ = tx.send(svc.handle(env, req, payload.to_vec()).await);
+            });
+            if fate == Fate::LoseReply && !matches!(from, Ep::Client(_)) {
+                tokio::time::sleep(d2).await;
+                world.trace(format_args!("m{m} connection lost"));
+                world.stat(|s| s.replies_lost += 1);
+                return Err(lost("connection lost, the request may have been applied"));
+            }
+            match rx.await {
+                Ok(r) => r,
+                Err(_) => {
+                    world.trace(format_args!("m{m} no answer: {to} crashed"));
+                    return Err(lost("node crashed before answering"));
+                }
+            }
+        }
+        Ep::Client(_) => return Err(lost("clients serve nothing")),
+    };
+    tokio::time::sleep(d2).await;
+    if fate == Fate::LoseReply {
+        world.trace(format_args!("m{m} connection lost after the answer"));
+        world.stat(|s| s.replies_lost += 1);
+        return Err(lost("connection lost, the request may have been applied"));
+    }
+    if world.cut(from, to) {
+        world.trace(format_args!("m{m} answer cut off"));
+        return Err(lost("answer cut off"));
+    }
+    world.trace(format_args!("m{m} answer {}", outcome(&r.0)));
+    r.0.map(|reply| (reply, r.1))
+}
+
+/// The way from `from` to one address: [`call`].
+struct SimCall {
+    world: Weak<World>,
+    from: Ep,
+    addr: String,
+}
+
+impl Call for SimCall {
+    fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    fn call_with<'a>(&'a self, env: &'a Envelope, req: &'a Request, payload: Bytes) -> CallFuture<'a> {
+        let (world, from, addr, env, req) = (self.world.clone(), self.from, self.addr.clone(), *env, req.clone());
+        Box::pin(async move {
+            match world.upgrade() {
+                Some(w) => call(w, from, addr, env, req, payload).await,
+                None => Err(lost("simulation over")),
+            }
+        })
+    }
+}
+
+/// Pools whose every call is [`call`] from `from`.
+pub fn pools(world: &Arc<World>, from: Ep) -> Pools {
+    let w = Arc::downgrade(world);
+    let connect: Connector = Arc::new(move |addr: &str| {
+        Arc::new(SimCall { world: w.clone(), from, addr: addr.to_string() }) as Arc<dyn Call>
+    });
+    Pools::with_connector(ClientConfig::new(None), connect)
+}
+
+/// mgmtd's failover check, every [`FAILOVER_CHECK`], for the whole run.
+pub async fn failover_loop(world: Weak<World>) {
+    loop {
+        tokio::time::sleep(FAILOVER_CHECK).await;
+        let Some(w) = world.upgrade() else { return };
+        if !w.mgmt_is_up() {
+            continue;
+        }
+        let switched = {
+            let (mut g, now) = w.mgmt();
+            g.failover(now)
+        };
+        match switched {
+            Ok(groups) => {
+                for id in groups {
+                    let (g, _) = w.mgmt();
+                    if let Some(info) = g.list_groups(None).into_iter().find(|i| i.id == id) {
+                        drop(g);
+                        w.trace(format_args!(
+                            "mgmtd: group {id} fails over to target {} (epoch {})",
+                            info.primary, info.epoch
+                        ));
+                        w.stat(|s| s.failovers += 1);
+                    }
+                }
+            }
+            Err(e) => w.violation(format!("mgmtd's failover check failed: {e}")),
+        }
+    }
+}
