@@ -319,7 +319,7 @@ impl Cluster {
         }
         let target = TargetId(info.primary);
         let env = Envelope {
-            mirror: Some(MirrorHdr { group: g, epoch: info.epoch, role: MirrorRole::Client }),
+            mirror: Some(MirrorHdr { group: g, epoch: info.epoch, role: MirrorRole::Client, session: 0 }),
             ..Default::default()
         };
         Ok(Route { target, call: self.group_target_pool(target).await?, env })
@@ -383,7 +383,7 @@ impl Cluster {
             None => Ok((self.node_pool(NodeType::Meta, owner).await?, None)),
             Some(g) => {
                 let addr = self.node_addr(NodeType::Meta, NodeId(g.primary)).await?;
-                let hdr = MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Client };
+                let hdr = MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Client, session: 0 };
                 Ok((self.group_pools.get(&addr), Some(hdr)))
             }
         }
@@ -442,7 +442,7 @@ impl Cluster {
             };
             let addr = self.node_addr(NodeType::Meta, NodeId(g.primary)).await?;
             let mut env = *env;
-            env.mirror = Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Client });
+            env.mirror = Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Client, session: 0 });
             let e = match self.group_pools.get(&addr).rpc_with(&env, req).await {
                 Err(e) if again(&e) => e,
                 r => return r,

@@ -91,7 +91,7 @@ impl Nodes {
                 let way = match meta_groups.iter().find(|g| g.serves == Some(n.id)) {
                     Some(g) => online(NodeId(g.primary)).map(|p| {
                         let hdr = |role| Envelope {
-                            mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role }),
+                            mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role, session: 0 }),
                             ..Envelope::default()
                         };
                         let pool = Pool::new(p.addr.clone(), cfg.clone());
@@ -155,7 +155,7 @@ impl Nodes {
             if g.secondary_state == hivefs_proto::Consistency::Good {
                 if let Some(a) = addrs.get(&secondary) {
                     let env = Envelope {
-                        mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Check }),
+                        mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Check, session: 0 }),
                         ..Envelope::default()
                     };
                     secondaries.push((g.id, env, secondary, Pool::new(a.clone(), cfg.clone())));
@@ -166,7 +166,7 @@ impl Nodes {
                 FsckError::Cluster(format!("buddy group {}: its primary target {primary} is unknown", g.id))
             })?;
             let env = Envelope {
-                mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Client }),
+                mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Client, session: 0 }),
                 ..Envelope::default()
             };
             groups.push((g.id, env, primary, pool));

@@ -111,7 +111,7 @@ fn unavailable(m: String) -> AppendError {
 
 impl Primary {
     fn hdr(&self, epoch: u64, role: MirrorRole) -> Envelope {
-        Envelope { mirror: Some(MirrorHdr { group: self.group, epoch, role }), ..Default::default() }
+        Envelope { mirror: Some(MirrorHdr { group: self.group, epoch, role, session: 0 }), ..Default::default() }
     }
 
     pub fn epoch(&self) -> u64 {

@@ -21,7 +21,7 @@ pub use msg::*;
 /// Version of the frame layout and handshake. Peers with another version are refused.
 pub const PROTOCOL_VERSION: u16 = 1;
 /// Version of the message body encoding carried in every header.
-pub const BODY_VERSION: u8 = 1;
+pub const BODY_VERSION: u8 = 2;
 
 /// Encodes a body with postcard.
 pub fn encode_body<T: serde::Serialize>(v: &T) -> Vec<u8> {

@@ -177,6 +177,10 @@ pub struct MirrorHdr {
     pub group: BuddyGroupId,
     pub epoch: u64,
     pub role: MirrorRole,
+    /// A storage primary's forwards and resync requests: the secondary
+    /// target's mirroring session they belong to (`MirrorFence`); the
+    /// secondary applies only those of its current session. 0 elsewhere.
+    pub session: u64,
 }
 
 /// Who sends a mirrored chunk request.
@@ -778,6 +782,14 @@ pub enum Request {
         /// unit of their pattern (inodes: files): mgmtd sums them per pool.
         by_unit: Vec<(QuotaId, StripeUnit, QuotaUse)>,
     },
+    /// From a storage group's primary to its secondary `target`
+    /// (`Envelope::mirror` names the group and the epoch): starts a new
+    /// mirroring session once every request of the older sessions still
+    /// running there has finished; later requests of older sessions are
+    /// refused (`docs/design-mirror.md`, "Sessions"). Answer: `Fenced`.
+    MirrorFence {
+        target: TargetId,
+    },
 }
 
 /// Most users and groups one `QuotaUsage` request names.
@@ -1359,6 +1371,10 @@ pub enum Reply {
         age_ms: u64,
         quotas: Vec<QuotaState>,
     },
+    /// Answer to `MirrorFence`: the secondary's new session.
+    Fenced {
+        session: u64,
+    },
 }
 
 /// How a new directory's owner (metadata node) is chosen; a per-directory
@@ -1534,7 +1550,7 @@ mod tests {
             let (m, _): (T, _) = postcard::take_from_bytes(&body).unwrap_or_else(|e| panic!("id {id}: {e}"));
             name_of(&m)
         }
-        const REQUESTS: [&str; 82] = [
+        const REQUESTS: [&str; 83] = [
             "Ping",
             "RegisterNode",
             "RegisterTarget",
@@ -1617,8 +1633,9 @@ mod tests {
             "SetQuota",
             "GetQuotas",
             "QuotaReport",
+            "MirrorFence",
         ];
-        const REPLIES: [&str; 47] = [
+        const REPLIES: [&str; 48] = [
             "Ok",
             "Pong",
             "NodeRegistered",
@@ -1666,6 +1683,7 @@ mod tests {
             "UsageDiff",
             "QuotaUsage",
             "Quotas",
+            "Fenced",
         ];
         for (id, want) in REQUESTS.iter().enumerate() {
             assert_eq!(decoded::<Request>(id), *want, "request id {id}");
@@ -1742,7 +1760,7 @@ mod tests {
         // The envelope's bytes, pinned: op Some(7, 300, 299), lease client Some(7), mirror None.
         assert_eq!(&body[..9], &[1, 7, 0xac, 2, 0xab, 2, 1, 7, 0]);
         let m = Envelope {
-            mirror: Some(MirrorHdr { group: BuddyGroupId(3), epoch: 2, role: MirrorRole::Forward }),
+            mirror: Some(MirrorHdr { group: BuddyGroupId(3), epoch: 2, role: MirrorRole::Forward, session: 7 }),
             ..Envelope::default()
         };
         let (_, mb) = crate::encode_request(&m, &r);

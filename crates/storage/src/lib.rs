@@ -739,11 +739,12 @@ impl Heartbeat {
                         info!("heartbeats to mgmtd {} work again", self.mgmt.addr());
                     }
                     failing = false;
-                    if let Reply::HeartbeatAck { lease_ms } = r {
-                        self.mirror.renew(sent, lease_ms);
-                    }
+                    let lease = match r {
+                        Reply::HeartbeatAck { lease_ms } => Some((sent, lease_ms)),
+                        _ => None,
+                    };
                     // Off the heartbeat's beat: a slow view refresh must not delay the next heartbeat.
-                    self.mirror.spawn_after_heartbeat();
+                    self.mirror.spawn_after_heartbeat(lease);
                 }
                 Err(e) if e.code == ErrorCode::NotFound => {
                     warn!("mgmtd {} does not know this node: {e}; registering again", self.mgmt.addr());

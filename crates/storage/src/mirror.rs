@@ -35,6 +35,11 @@ use tracing::{debug, error, info, warn};
 pub const MIRROR_DIR: &str = "mirror";
 /// The dirty list inside [`MIRROR_DIR`]: one entry id per line.
 pub const DIRTY_FILE: &str = "dirty";
+/// Written inside [`MIRROR_DIR`] at a target's first start: a later start
+/// knows forwards may have reached it before.
+pub const STARTED_FILE: &str = "started";
+/// This target's mirroring session as a secondary, inside [`MIRROR_DIR`] (a number).
+pub const SESSION_FILE: &str = "session";
 /// Entry lock stripes per target.
 const LOCK_STRIPES: usize = 64;
 /// Most entries remembered as recently forwarded; beyond, a promotion asks
@@ -72,8 +77,10 @@ struct Recent {
     /// More than [`RECENT_MAX`] within the window: the list is incomplete.
     overflowed: bool,
     /// When this node started: the list knows nothing from before, so it is
-    /// incomplete until a whole window has passed since.
+    /// incomplete until a whole window has passed since, unless this is the
+    /// target's first start (nothing was forwarded to it before).
     started: Instant,
+    first_start: bool,
 }
 
 /// Mirroring state of one target.
@@ -100,6 +107,20 @@ pub(crate) struct TargetMirror {
     /// such a step sets nothing. A group view alone never decides to skip:
     /// it may be older than mgmtd's state (a resync sets it good).
     skip: std::sync::atomic::AtomicU64,
+    /// As secondary: the current mirroring session (`Request::MirrorFence`)
+    /// and its file; forwards and resync requests of another are refused.
+    session: std::sync::atomic::AtomicU64,
+    session_path: PathBuf,
+    /// Held shared while a forward or resync request is checked and applied,
+    /// exclusively while a fence starts a new session: once a fence has
+    /// answered, no request of an older session runs or will run here.
+    session_lock: tokio::sync::RwLock<()>,
+    /// As primary: the session its secondary gave it (`None`: fence first).
+    /// Dropped when a forward or a resync fails: the failed request may
+    /// still land at the secondary.
+    held: Mutex<Option<u64>>,
+    /// One fence at a time: concurrent first forwards share one session.
+    fencing: tokio::sync::Mutex<()>,
 }
 
 impl TargetMirror {
@@ -125,17 +146,58 @@ impl TargetMirror {
         if !dirty.is_empty() {
             info!(%target, entries = dirty.len(), "mirrored chunks the buddy misses, from {}", dirty_path.display());
         }
+        let started_path = root.join(STARTED_FILE);
+        let first_start = !started_path.exists();
+        if first_start {
+            hivefs_cluster::write_atomic(&started_path, b"")?;
+        }
+        let session_path = root.join(SESSION_FILE);
+        let session = match std::fs::read_to_string(&session_path) {
+            Ok(s) => s.trim().parse::<u64>().map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{}: {s:?} is not a session number: {e}", session_path.display()),
+                )
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(e),
+        };
         Ok(TargetMirror {
             target,
             store: Arc::new(ChunkStore::new(target, &root)),
             dirty: Mutex::new(dirty),
             dirty_path,
-            recent: Mutex::new(Recent { entries: VecDeque::new(), overflowed: false, started: Instant::now() }),
+            recent: Mutex::new(Recent {
+                entries: VecDeque::new(),
+                overflowed: false,
+                started: Instant::now(),
+                first_start,
+            }),
             locks: (0..LOCK_STRIPES).map(|_| tokio::sync::RwLock::new(())).collect(),
             resyncing: AtomicBool::new(false),
             forwarding: AtomicBool::new(false),
             skip: std::sync::atomic::AtomicU64::new(0),
+            session: std::sync::atomic::AtomicU64::new(session),
+            session_path,
+            session_lock: tokio::sync::RwLock::new(()),
+            held: Mutex::new(None),
+            fencing: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// As secondary: starts a new session (after every request of the
+    /// current one has finished) and persists it.
+    async fn fence(&self) -> FsResult<u64> {
+        let _all = self.session_lock.write().await;
+        let next = self.session.load(Ordering::SeqCst) + 1;
+        let path = self.session_path.clone();
+        crate::blocking(move || {
+            hivefs_cluster::write_atomic(&path, format!("{next}\n").as_bytes())
+                .map_err(|e| fs_err!(Io, "writing {}: {e}", path.display()))
+        })
+        .await?;
+        self.session.store(next, Ordering::SeqCst);
+        Ok(next)
     }
 
     /// Whether a change may skip its forward (see `skip`).
@@ -385,22 +447,25 @@ impl Mirror {
         v.groups.get(&id).cloned().ok_or_else(|| fs_err!(NotFound, "buddy group {id} is not registered with mgmtd"))
     }
 
-    /// Runs [`Mirror::after_heartbeat`] in its own task, unless the last one still runs.
-    pub fn spawn_after_heartbeat(self: &Arc<Self>) {
+    /// Runs [`Mirror::after_heartbeat`] in its own task, unless the last one
+    /// still runs; `lease`: the heartbeat sent at this instant was granted a
+    /// lease of this many ms.
+    pub fn spawn_after_heartbeat(self: &Arc<Self>, lease: Option<(Instant, u64)>) {
         if self.looking.swap(true, Ordering::SeqCst) {
             return;
         }
         let me = self.clone();
         self.spawn(async move {
-            me.after_heartbeat().await;
+            me.after_heartbeat(lease).await;
             me.looking.store(false, Ordering::SeqCst);
         });
     }
 
-    /// After each heartbeat: reload the view, notice a promotion (the
-    /// entries recently forwarded here become dirty: the old primary may
-    /// miss them), and start a resync of every secondary that needs one.
-    async fn after_heartbeat(self: &Arc<Self>) {
+    /// After each heartbeat: reload the view, take the lease the heartbeat
+    /// was granted, notice a promotion (the entries recently forwarded here
+    /// become dirty: the old primary may miss them), and start a resync of
+    /// every secondary that needs one.
+    async fn after_heartbeat(self: &Arc<Self>, lease: Option<(Instant, u64)>) {
         let view = match self.cluster.refresh().await {
             Ok(v) => v,
             Err(e) => {
@@ -408,6 +473,14 @@ impl Mirror {
                 return;
             }
         };
+        // The lease counts only with a view loaded after mgmtd granted it: a
+        // group switched over while this node was cut off from mgmtd shows
+        // in that view, so the node never serves as a primary it no longer
+        // is under a fresh lease (a read from a former primary would return
+        // old data).
+        if let Some((sent, ms)) = lease {
+            self.renew(sent, ms);
+        }
         let mine: Vec<GroupInfo> = view
             .groups
             .values()
@@ -452,6 +525,8 @@ impl Mirror {
                     self.spawn(async move {
                         let group = g.id;
                         if let Err(e) = me.resync(&tm, g.clone()).await {
+                            // A request of it may still land at the secondary.
+                            *tm.held.lock().expect("held lock") = None;
                             warn!(%group, target = %tm.target, "resync stopped, retried when the secondary is back: {e}");
                             // What is left stays in the dirty list; the member shows it needs it.
                             if let Err(e) = me.set_state(&g, Consistency::NeedsResync).await {
@@ -474,7 +549,7 @@ impl Mirror {
             let r = tm.recent.lock().expect("recent lock");
             // Started less than a window ago: forwards taken before the start
             // (the old primary may miss them) are not known.
-            let incomplete = r.overflowed || r.started.elapsed() < window;
+            let incomplete = r.overflowed || (!r.first_start && r.started.elapsed() < window);
             (r.entries.iter().map(|(_, e)| *e).collect::<BTreeSet<_>>(), incomplete)
         };
         self.step("promoted:noticed").await;
@@ -500,6 +575,33 @@ impl Mirror {
         }
     }
 
+    /// The session this (primary) target holds with `g`'s secondary: the
+    /// one it has, else a new one from a fence. Every request of a session
+    /// this target still holds has been answered or is still awaited by its
+    /// sender: one that failed dropped the session.
+    async fn session(&self, tm: &TargetMirror, g: &GroupInfo) -> FsResult<u64> {
+        if let Some(s) = *tm.held.lock().expect("held lock") {
+            return Ok(s);
+        }
+        let _one = tm.fencing.lock().await;
+        if let Some(s) = *tm.held.lock().expect("held lock") {
+            return Ok(s);
+        }
+        let sec = TargetId(g.secondary);
+        let env = Envelope {
+            mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Resync, session: 0 }),
+            ..Envelope::default()
+        };
+        let pool = self.cluster.group_target_pool(sec).await?;
+        match pool.call_with(&env, &Request::MirrorFence { target: sec }, Bytes::new()).await?.0 {
+            Reply::Fenced { session } => {
+                *tm.held.lock().expect("held lock") = Some(session);
+                Ok(session)
+            }
+            r => Err(fs_err!(Protocol, "target {sec}: odd MirrorFence reply {r:?}")),
+        }
+    }
+
     async fn set_state(&self, g: &GroupInfo, state: Consistency) -> FsResult<()> {
         let req = Request::SetMemberState { group: g.id, epoch: Some(g.epoch), member: g.secondary, state };
         self.mgmt.rpc(&req).await.map(|_| ())
@@ -518,10 +620,14 @@ impl Mirror {
         // its lock, so the dirty list read after the drain is complete.
         tm.forwarding.store(true, Ordering::SeqCst);
         tm.drain_changes().await;
+        // A session no failed request belongs to: requests of earlier
+        // resyncs and forwards that failed, still on their way or running at
+        // the secondary, can no longer land after this resync's copies.
+        let session = self.session(tm, &g).await?;
         self.step("resync:started").await;
         let pool = self.cluster.group_target_pool(sec).await?;
         let env = Envelope {
-            mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Resync }),
+            mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Resync, session }),
             ..Envelope::default()
         };
         if full {
@@ -683,10 +789,17 @@ fn is_chunk_io(req: &Request) -> bool {
 /// A chunk request carrying a mirroring header.
 pub(crate) async fn handle(ready: &Ready, h: MirrorHdr, req: Request, payload: Vec<u8>) -> (Response, Vec<u8>) {
     let payload = Bytes::from(payload);
-    let r = match h.role {
-        MirrorRole::Client => as_primary(ready, h, req, payload).await,
-        MirrorRole::Forward | MirrorRole::Resync => as_secondary(ready, h, req, payload).await,
-        MirrorRole::Check => as_member(ready, h, req, payload).await,
+    let r = match (h.role, &req) {
+        (MirrorRole::Forward | MirrorRole::Resync, Request::MirrorFence { target }) => {
+            match secondary_of(ready, h, *target).await {
+                Ok(tm) => tm.fence().await.map(|session| (Ok(Reply::Fenced { session }), Vec::new())),
+                Err(e) => Err(e),
+            }
+        }
+        (_, Request::MirrorFence { .. }) => Err(fs_err!(Invalid, "MirrorFence comes from a buddy group's primary")),
+        (MirrorRole::Client, _) => as_primary(ready, h, req, payload).await,
+        (MirrorRole::Forward | MirrorRole::Resync, _) => as_secondary(ready, h, req, payload).await,
+        (MirrorRole::Check, _) => as_member(ready, h, req, payload).await,
     };
     match r {
         Ok(answer) => answer,
@@ -739,16 +852,21 @@ async fn as_primary(ready: &Ready, h: MirrorHdr, mut req: Request, payload: Byte
     // failover: skip it only while mgmtd is known to hold the secondary as
     // needing a resync.
     if !tm.may_skip_forward() {
-        let env = Envelope {
-            mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Forward }),
-            ..Envelope::default()
-        };
         let mut freq = req.clone();
         if let Some(t) = freq.chunk_target_mut() {
             *t = sec;
         }
-        let sent = match m.cluster.group_target_pool(sec).await {
-            Ok(pool) => pool.call_with(&env, &freq, payload.clone()).await,
+        let sent = match m.session(&tm, &g).await {
+            Ok(session) => {
+                let env = Envelope {
+                    mirror: Some(MirrorHdr { group: g.id, epoch: g.epoch, role: MirrorRole::Forward, session }),
+                    ..Envelope::default()
+                };
+                match m.cluster.group_target_pool(sec).await {
+                    Ok(pool) => pool.call_with(&env, &freq, payload.clone()).await,
+                    Err(e) => Err(e),
+                }
+            }
             Err(e) => Err(e),
         };
         match sent {
@@ -798,6 +916,9 @@ async fn as_member(ready: &Ready, h: MirrorHdr, mut req: Request, payload: Bytes
 async fn degrade(m: &Mirror, tm: &TargetMirror, g: &GroupInfo, entries: &[EntryId], why: &str) -> FsResult<()> {
     // First: a resync running now must not end as good (it checks this).
     tm.forwarding.store(false, Ordering::SeqCst);
+    // The failed request may still land at the secondary: the next forward
+    // or resync starts a new session first.
+    *tm.held.lock().expect("held lock") = None;
     tm.mark_dirty(entries)?;
     m.step("degrade:marked").await;
     let seen = tm.skip_generation();
@@ -817,9 +938,9 @@ async fn degrade(m: &Mirror, tm: &TargetMirror, g: &GroupInfo, entries: &[EntryI
     Ok(())
 }
 
-async fn as_secondary(ready: &Ready, h: MirrorHdr, mut req: Request, payload: Bytes) -> FsResult<(Response, Vec<u8>)> {
+/// This node's `target`, if it is the secondary of `h`'s group at `h`'s epoch.
+async fn secondary_of(ready: &Ready, h: MirrorHdr, target: TargetId) -> FsResult<Arc<TargetMirror>> {
     let m = &ready.mirror;
-    let target = target_of(&mut req)?;
     let g = m.group(h.group, h.epoch).await?;
     if h.epoch < g.epoch {
         return Err(fs_err!(
@@ -840,6 +961,25 @@ async fn as_secondary(ready: &Ready, h: MirrorHdr, mut req: Request, payload: By
             g.secondary
         ));
     };
+    Ok(tm)
+}
+
+async fn as_secondary(ready: &Ready, h: MirrorHdr, mut req: Request, payload: Bytes) -> FsResult<(Response, Vec<u8>)> {
+    let m = &ready.mirror;
+    let target = target_of(&mut req)?;
+    let tm = secondary_of(ready, h, target).await?;
+    // Checked and applied under the session lock: a fence waits for this.
+    let _session = tm.session_lock.read().await;
+    let current = tm.session.load(Ordering::SeqCst);
+    if h.session != current {
+        return Err(fs_err!(
+            Unavailable,
+            "storage target {target} (node {}): {} of mirroring session {} refused, the session is {current}",
+            m.node,
+            req.name(),
+            h.session
+        ));
+    }
     if h.role == MirrorRole::Forward && changes(&req) {
         tm.note_recent(&entries_of(&req), m.recent_window());
         let answer = ready.apply(req, payload, true).await;

@@ -286,8 +286,8 @@ impl World {
 /// Sends `req` from `from` to the service at `to` and waits for the answer.
 /// A client's lost answer is reported once the request has finished on the
 /// node (a client never overlaps two attempts of one change; see
-/// `docs/simulation.md`); a node's lost answer is reported while the
-/// request may still run.
+/// `docs/simulation.md`); a node's request whose answer is lost arrives
+/// late, after the sender has given up on it.
 pub async fn call(
     world: Arc<World>,
     from: Ep,
@@ -326,16 +326,33 @@ pub async fn call(
             let Some(svc) = world.slot(k).svc.clone() else {
                 return Err(lost("node down"));
             };
+            if fate == Fate::LoseReply && !matches!(from, Ep::Client(_)) {
+                // The sender gives up on the connection; the request, still
+                // on its way (or queued at the receiver), runs later.
+                let late = world.ms(world.faults.net.slow_ms);
+                let w = world.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(late).await;
+                    let svc = w.slot(k).svc.clone();
+                    match svc {
+                        Some(svc) if !w.cut(from, to) => {
+                            w.trace(format_args!("m{m} delivered late"));
+                            w.spawn_on(k, async move {
+                                let _ = svc.handle(env, req, payload.to_vec()).await;
+                            });
+                        }
+                        _ => w.trace(format_args!("m{m} lost late")),
+                    }
+                });
+                tokio::time::sleep(d2).await;
+                world.trace(format_args!("m{m} connection lost"));
+                world.stat(|s| s.replies_lost += 1);
+                return Err(lost("connection lost, the request may still arrive"));
+            }
             let (tx, rx) = oneshot::channel();
             world.spawn_on(k, async move {
                 let _ = tx.send(svc.handle(env, req, payload.to_vec()).await);
             });
-            if fate == Fate::LoseReply && !matches!(from, Ep::Client(_)) {
-                tokio::time::sleep(d2).await;
-                world.trace(format_args!("m{m} connection lost"));
-                world.stat(|s| s.replies_lost += 1);
-                return Err(lost("connection lost, the request may have been applied"));
-            }
             match rx.await {
                 Ok(r) => r,
                 Err(_) => {
