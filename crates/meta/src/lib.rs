@@ -554,7 +554,20 @@ async fn heartbeat(cluster: &Cluster, node: NodeId, dir: &Path, lease: &mirror::
     let hb = Request::Heartbeat { node_type: NodeType::Meta, node, targets: Vec::new(), meta };
     let sent = std::time::Instant::now();
     match cluster.mgmt().rpc(&hb).await {
-        Ok(Reply::HeartbeatAck { lease_ms }) => lease.renew(sent, lease_ms),
+        Ok(Reply::HeartbeatAck { lease_ms }) => {
+            // With metadata groups, the lease counts only with a view loaded
+            // after its grant: a group switched over while this node was cut
+            // off from mgmtd shows there, so the node never serves reads as a
+            // former primary under a fresh lease (`Primary::check`).
+            let mirrored = cluster.view().groups.values().any(|g| g.kind == hivefs_proto::GroupKind::Meta);
+            if mirrored {
+                if let Err(e) = cluster.refresh().await {
+                    debug!("cluster view refresh after a heartbeat failed: {e}; the lease is not renewed");
+                    return;
+                }
+            }
+            lease.renew(sent, lease_ms)
+        }
         Ok(_) => {}
         Err(e) => warn!("heartbeat to mgmtd {} failed: {e}", cluster.mgmt().addr()),
     }

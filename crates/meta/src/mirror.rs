@@ -150,6 +150,17 @@ impl Primary {
             ));
         }
         let epoch = self.epoch();
+        // The lease is taken only after a view refresh that followed its
+        // grant (`heartbeat` in lib.rs): a switch-over this node missed while
+        // cut off from mgmtd shows there, before its roles are followed.
+        if let Some(g) = self.cluster.view().groups.get(&self.group).filter(|g| g.epoch > epoch) {
+            return Err(fs_err!(
+                Unavailable,
+                "buddy group {} is at epoch {} in mgmtd's view, this node serves epoch {epoch}: it is no longer the primary",
+                self.group,
+                g.epoch
+            ));
+        }
         match hdr {
             Some(h) if h.epoch != epoch => Err(fs_err!(
                 Unavailable,

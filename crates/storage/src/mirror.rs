@@ -558,6 +558,8 @@ impl Mirror {
         // made it so at this epoch): only that turns forwarding on.
         tm.forwarding.store(false, Ordering::SeqCst);
         tm.new_skip_generation(g.secondary_state != Consistency::Good);
+        // A session from an earlier time as primary: start a new one.
+        *tm.held.lock().expect("held lock") = None;
         if let Err(e) = tm.mark_dirty(&entries.into_iter().collect::<Vec<_>>()) {
             error!("{e}");
         }
