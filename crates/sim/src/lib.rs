@@ -44,7 +44,7 @@ mod net;
 mod node;
 mod run;
 
-pub use net::Stats;
+pub use net::{env_u64, Stats};
 
 use std::fmt;
 

@@ -111,6 +111,8 @@ pub struct Stats {
     pub crashes: u64,
     pub step_crashes: u64,
     pub partitions: u64,
+    /// Group switch-overs by mgmtd (the buddy-mirroring simulation).
+    pub failovers: u64,
     pub client_ops: u64,
     pub client_retries: u64,
 }
@@ -325,6 +327,25 @@ pub(crate) fn draw_fate(r: &mut StdRng, f: &Faults) -> (Fate, Duration, Duration
     };
     let (d1, d2) = (delay(), delay());
     (fate, d1, d2)
+}
+
+/// Waits for every task in `tasks`, including those pushed meanwhile.
+pub async fn await_all(tasks: &Mutex<Vec<JoinHandle<()>>>) {
+    loop {
+        let pending: Vec<_> = std::mem::take(&mut *tasks.lock().expect("tasks lock"));
+        if pending.is_empty() {
+            return;
+        }
+        for t in pending {
+            t.await.expect("a restart task panicked");
+        }
+    }
+}
+
+/// The value of environment variable `name` as a number (absent: `None`).
+pub fn env_u64(name: &str) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
+    Some(v.trim().parse().unwrap_or_else(|_| panic!("{name}={v} is not a number")))
 }
 
 /// The message a panic carried.

@@ -113,15 +113,7 @@ async fn run_async(seed: u64, cfg: &Config) -> Result<Outcome, Failure> {
     world.trace("end: network healed, every node restarts");
     world.set_calm(true);
     node::disarm_all(&world);
-    loop {
-        let pending: Vec<_> = std::mem::take(&mut *world.restarts.lock().expect("restarts lock"));
-        if pending.is_empty() {
-            break;
-        }
-        for t in pending {
-            t.await.expect("a restart task panicked");
-        }
-    }
+    crate::net::await_all(&world.restarts).await;
     for n in world.node_ids() {
         if world.ns(n).is_none() {
             node::start(&world, n);

@@ -8,12 +8,8 @@
 //! operations per client (a replay needs the same value).
 
 use hivefs_sim::buddy::{run, BuddyConfig, DEFAULT_SEEDS, DEFAULT_SEED_START};
+use hivefs_sim::env_u64;
 use std::time::Instant;
-
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    Some(v.trim().parse().unwrap_or_else(|_| panic!("{name}={v} is not a number")))
-}
 
 /// Failures reported before the run stops.
 const MAX_FAILURES: usize = 3;

@@ -6,13 +6,8 @@
 //! `HIVEFS_SIM_OPS` sets the operations per client (default
 //! `Config::default().ops_per_client`; a replay needs the same value).
 
-use hivefs_sim::{replay_command, run, Config, DEFAULT_SEEDS, DEFAULT_SEED_START};
+use hivefs_sim::{env_u64, replay_command, run, Config, DEFAULT_SEEDS, DEFAULT_SEED_START};
 use std::time::Instant;
-
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    Some(v.trim().parse().unwrap_or_else(|_| panic!("{name}={v} is not a number")))
-}
 
 /// Failures reported before the run stops (a broken protocol fails many seeds).
 const MAX_FAILURES: usize = 3;

@@ -115,10 +115,10 @@ pub(crate) struct TargetMirror {
     /// exclusively while a fence starts a new session: once a fence has
     /// answered, no request of an older session runs or will run here.
     session_lock: tokio::sync::RwLock<()>,
-    /// As primary: the session its secondary gave it (`None`: fence first).
-    /// Dropped when a forward or a resync fails: the failed request may
-    /// still land at the secondary.
-    held: Mutex<Option<u64>>,
+    /// As primary: the session its secondary gave it (0: none, fence first;
+    /// a fence never answers 0). Dropped when a forward or a resync fails:
+    /// the failed request may still land at the secondary.
+    held: std::sync::atomic::AtomicU64,
     /// One fence at a time: concurrent first forwards share one session.
     fencing: tokio::sync::Mutex<()>,
 }
@@ -180,7 +180,7 @@ impl TargetMirror {
             session: std::sync::atomic::AtomicU64::new(session),
             session_path,
             session_lock: tokio::sync::RwLock::new(()),
-            held: Mutex::new(None),
+            held: std::sync::atomic::AtomicU64::new(0),
             fencing: tokio::sync::Mutex::new(()),
         })
     }
@@ -526,7 +526,7 @@ impl Mirror {
                         let group = g.id;
                         if let Err(e) = me.resync(&tm, g.clone()).await {
                             // A request of it may still land at the secondary.
-                            *tm.held.lock().expect("held lock") = None;
+                            tm.held.store(0, Ordering::SeqCst);
                             warn!(%group, target = %tm.target, "resync stopped, retried when the secondary is back: {e}");
                             // What is left stays in the dirty list; the member shows it needs it.
                             if let Err(e) = me.set_state(&g, Consistency::NeedsResync).await {
@@ -559,7 +559,7 @@ impl Mirror {
         tm.forwarding.store(false, Ordering::SeqCst);
         tm.new_skip_generation(g.secondary_state != Consistency::Good);
         // A session from an earlier time as primary: start a new one.
-        *tm.held.lock().expect("held lock") = None;
+        tm.held.store(0, Ordering::SeqCst);
         if let Err(e) = tm.mark_dirty(&entries.into_iter().collect::<Vec<_>>()) {
             error!("{e}");
         }
@@ -582,11 +582,12 @@ impl Mirror {
     /// this target still holds has been answered or is still awaited by its
     /// sender: one that failed dropped the session.
     async fn session(&self, tm: &TargetMirror, g: &GroupInfo) -> FsResult<u64> {
-        if let Some(s) = *tm.held.lock().expect("held lock") {
+        let held = || Some(tm.held.load(Ordering::SeqCst)).filter(|&s| s != 0);
+        if let Some(s) = held() {
             return Ok(s);
         }
         let _one = tm.fencing.lock().await;
-        if let Some(s) = *tm.held.lock().expect("held lock") {
+        if let Some(s) = held() {
             return Ok(s);
         }
         let sec = TargetId(g.secondary);
@@ -597,7 +598,7 @@ impl Mirror {
         let pool = self.cluster.group_target_pool(sec).await?;
         match pool.call_with(&env, &Request::MirrorFence { target: sec }, Bytes::new()).await?.0 {
             Reply::Fenced { session } => {
-                *tm.held.lock().expect("held lock") = Some(session);
+                tm.held.store(session, Ordering::SeqCst);
                 Ok(session)
             }
             r => Err(fs_err!(Protocol, "target {sec}: odd MirrorFence reply {r:?}")),
@@ -920,7 +921,7 @@ async fn degrade(m: &Mirror, tm: &TargetMirror, g: &GroupInfo, entries: &[EntryI
     tm.forwarding.store(false, Ordering::SeqCst);
     // The failed request may still land at the secondary: the next forward
     // or resync starts a new session first.
-    *tm.held.lock().expect("held lock") = None;
+    tm.held.store(0, Ordering::SeqCst);
     tm.mark_dirty(entries)?;
     m.step("degrade:marked").await;
     let seen = tm.skip_generation();

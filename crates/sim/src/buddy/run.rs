@@ -143,15 +143,7 @@ async fn run_async(seed: u64, cfg: &BuddyConfig) -> Result<BuddyOutcome, Failure
     // ---- the end: heal, restart every node once, let the groups resync
     world.trace("end: network healed, every node restarts");
     world.set_calm(true);
-    loop {
-        let pending: Vec<_> = std::mem::take(&mut *world.restarts.lock().expect("restarts lock"));
-        if pending.is_empty() {
-            break;
-        }
-        for t in pending {
-            t.await.expect("a restart task panicked");
-        }
-    }
+    crate::net::await_all(&world.restarts).await;
     for k in world.node_ids() {
         node::crash_and_restart(world.clone(), k, None, "final restart", Duration::ZERO).await;
         if world.slot(k).svc.is_none() && !world.slot(k).tasks.iter().any(|t| !t.is_finished()) {

@@ -11,6 +11,7 @@
 //! serves, its start, its heartbeats, resyncs) and drops the service.
 
 use crate::buddy::BuddyFaults;
+pub use crate::net::Stats;
 use crate::net::{draw_fate, lost, outcome, panic_message, CatchUnwind, Core, Fate};
 use bytes::Bytes;
 use hivefs_mgmtd::{CapacityLimits, Mgmt, Timeouts};
@@ -78,21 +79,6 @@ pub struct Slot {
     pub halt: Arc<tokio::sync::Notify>,
     /// Waits for `halt`, then crashes the node.
     pub watcher: Option<JoinHandle<()>>,
-}
-
-/// Counts for the outcome of a run.
-#[derive(Clone, Debug, Default)]
-pub struct Stats {
-    pub messages: u64,
-    pub dropped: u64,
-    pub replies_lost: u64,
-    pub refused: u64,
-    pub crashes: u64,
-    pub step_crashes: u64,
-    pub partitions: u64,
-    pub failovers: u64,
-    pub client_ops: u64,
-    pub client_retries: u64,
 }
 
 /// A partition: the endpoints in `side` cannot reach the other servers
