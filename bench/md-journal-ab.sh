@@ -4,18 +4,39 @@
 # directory on the same disk in the same round. Per phase: ops/s, the metadata service's CPU
 # per operation (µs), the mount's, the storage services' (summed), and metadata requests per
 # operation.
+# FRESH=1: every run (each build, and bindfs) on a new ext4 in a file on the same disk
+# (loop device), so that no run pays for the inodes an earlier one deleted: ext4 skips
+# inodes freed in the last seconds when it allocates (`recently_deleted`), and after a
+# few runs on one file system that scan is most of the storage services' CPU.
 # Needs bindfs; root.
 # Usage: bench/md-journal-ab.sh WORKDIR OLD_BINARY NEW_BINARY
-#        (env: ROUNDS=2 RANKS=8 FILES=2000 SIZE=0 SHARED=0 META=1)
+#        (env: ROUNDS=2 RANKS=8 FILES=2000 SIZE=0 SHARED=0 META=1 FRESH=0)
 set -euo pipefail
 W=$1; OLD=$2; NEW=$3
 ROUNDS=${ROUNDS:-2}; RANKS=${RANKS:-8}; FILES=${FILES:-2000}; SIZE=${SIZE:-0}; META=${META:-1}
 extra=(); [ "${SHARED:-0}" = 1 ] && extra+=(--shared-dir)
-mkdir -p "$W/bsrc" "$W/bmnt" "$W/mnt"
-bindfs --multithreaded -o big_writes,max_write=131072 "$W/bsrc" "$W/bmnt"
+mkdir -p "$W/disk" "$W/bmnt" "$W/mnt"
+D=$W
+# A new file system under $W/disk for the next run (FRESH=1), or $W itself.
+fresh() {
+  [ "${FRESH:-0}" = 1 ] || return 0
+  mountpoint -q "$W/disk" && umount "$W/disk"
+  rm -f "$W/disk.img"
+  truncate -s 16G "$W/disk.img"
+  mkfs.ext4 -q -F "$W/disk.img"
+  mount -o loop "$W/disk.img" "$W/disk"
+  D=$W/disk
+}
+bindfs_up() {
+  fresh
+  mkdir -p "$D/bsrc"
+  bindfs --multithreaded -o big_writes,max_write=131072 "$D/bsrc" "$W/bmnt"
+}
 cleanup() {
   fusermount3 -u "$W/bmnt" 2>/dev/null || true
-  for b in "$OLD" "$NEW"; do "$b" down --dir "$W/fs" >/dev/null 2>&1 || true; done
+  for b in "$OLD" "$NEW"; do "$b" down --dir "$D/fs" >/dev/null 2>&1 || true; done
+  if mountpoint -q "$W/disk"; then umount "$W/disk"; fi
+  rm -f "$W/disk.img"
 }
 trap cleanup EXIT
 md() { "$1" bench md "$2" --ranks "$RANKS" --files "$FILES" --file-size "$SIZE" --no-progress --json "${@:3}" "${extra[@]}"; }
@@ -37,11 +58,14 @@ print(" | ".join(out))'
 }
 for round in $(seq "$ROUNDS"); do
   for b in "$OLD" "$NEW"; do
-    rm -rf "$W/fs"
-    "$b" up --dir "$W/fs" --mount "$W/mnt" --meta "$META" >/dev/null
+    fresh
+    rm -rf "$D/fs"
+    "$b" up --dir "$D/fs" --mount "$W/mnt" --meta "$META" >/dev/null
     echo "round $round $(basename "$b") mount:  $(md "$b" "$W/mnt" | show)"
     echo "round $round $(basename "$b") native: $(md "$b" "$W/mnt" --native | show)"
-    "$b" down --dir "$W/fs" >/dev/null
+    "$b" down --dir "$D/fs" >/dev/null
   done
+  bindfs_up
   echo "round $round bindfs: $(md "$NEW" "$W/bmnt" | show)"
+  fusermount3 -u "$W/bmnt"
 done

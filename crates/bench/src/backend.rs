@@ -226,14 +226,16 @@ struct NativeFile {
     write: bool,
     dirty: bool,
     size: u64,
+    /// The file's ctime as last seen, while `size` is exactly where this
+    /// handle's writes end (see `Client::report_size`).
+    seen: Option<hivefs_types::attr::Timespec>,
 }
 
 impl NativeFile {
     fn publish_size(&mut self) -> IoResult<()> {
         if self.dirty {
-            let size =
-                self.handle.block_on(self.client.size_from_targets(&self.pattern, self.ent.id)).map_err(fs_io)?;
-            self.handle.block_on(self.client.update_size(self.ent, size, Some(now_ts()))).map_err(fs_io)?;
+            let report = self.client.report_size(self.ent, &self.pattern, self.size, self.seen, now_ts());
+            (_, self.seen) = self.handle.block_on(report).map_err(fs_io)?;
             self.dirty = false;
         }
         Ok(())
@@ -287,6 +289,7 @@ impl Backend for Native {
             write,
             dirty: false,
             size: attr.size,
+            seen: Some(attr.ctime),
         }))
     }
 
@@ -307,7 +310,12 @@ impl BenchFile for NativeFile {
             return Err(Error::new(ErrorKind::PermissionDenied, "file is open for reading only"));
         }
         self.dirty = true;
-        self.handle.block_on(self.client.write(&self.pattern, self.ent.id, offset, buf)).map_err(fs_io)?;
+        let r = self.handle.block_on(self.client.write(&self.pattern, self.ent.id, offset, buf));
+        if r.is_err() {
+            // It may have left bytes past `size`.
+            self.seen = None;
+        }
+        r.map_err(fs_io)?;
         self.size = self.size.max(offset + buf.len() as u64);
         Ok(())
     }

@@ -103,6 +103,43 @@ fn sparse_writes_truncate_and_overwrite() {
     assert_eq!(std::fs::read(&p).unwrap(), b"new+more");
 }
 
+/// A close reports where this mount's own writes ended, without asking the
+/// targets for their chunks' lengths, unless the file changed since the
+/// mount looked: then the size comes from the chunk files, so a truncation
+/// by another mount between the writes and the close stands.
+#[test]
+fn a_close_reports_its_own_writes_end_unless_another_mount_changed_the_file() {
+    use std::os::unix::fs::FileExt;
+    let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "2", "--chunk-size", "4k"]);
+    let layout: toml::Value = toml::from_str(&std::fs::read_to_string(fs.dir.join("fs.toml")).unwrap()).unwrap();
+    // Metrics ports: mgmtd, the metadata node, the storage node, the mount.
+    let mount_port = layout["metrics_ports"].as_array().unwrap()[3].as_integer().unwrap() as u16;
+    // Sizes computed from the chunk files go out as UpdateSize.
+    let (computed, own) = (|| calls_sent(mount_port, "UpdateSize"), || calls_sent(mount_port, "UpdateSizeIf"));
+    let (before, own_before) = (computed(), own());
+    for i in 0..20u64 {
+        std::fs::write(fs.path(&format!("f{i}")), random_bytes(i, 5_000 + 1_000 * i as usize)).unwrap();
+    }
+    assert_eq!(computed(), before, "closes of files only this mount wrote computed their sizes");
+    assert_eq!(own(), own_before + 20);
+    let m2 = fs.second_mount();
+    for i in 0..20u64 {
+        let want = random_bytes(i, 5_000 + 1_000 * i as usize);
+        assert_eq!(std::fs::read(m2.mnt.join(format!("f{i}"))).unwrap(), want, "f{i} through the other mount");
+    }
+    // Published once (fsync), written further, truncated by the other mount, closed.
+    let data = random_bytes(7, 30_000);
+    let f = std::fs::File::create(fs.path("t")).unwrap();
+    f.write_all_at(&data[..20_000], 0).unwrap();
+    f.sync_all().unwrap();
+    f.write_all_at(&data[20_000..], 20_000).unwrap();
+    std::fs::OpenOptions::new().write(true).open(m2.mnt.join("t")).unwrap().set_len(5_000).unwrap();
+    drop(f);
+    assert_eq!(std::fs::metadata(m2.mnt.join("t")).unwrap().len(), 5_000, "the truncation was undone");
+    assert_eq!(std::fs::read(m2.mnt.join("t")).unwrap(), &data[..5_000]);
+    assert_eq!(computed(), before + 1, "the changed file's size came from the chunk files");
+}
+
 /// A file unlinked while open keeps its data for the open handle; its chunk
 /// files go after the close (the mount tells the metadata node in the
 /// background, batched with other closes).

@@ -19,12 +19,16 @@ fn an_open_files_io_goes_past_a_stopped_storage_service() {
     let tcp = fs.extra_mount("tcp", &["--io-timeout-ms", "3000", "--no-short-circuit"]);
     let first = random_bytes(1, 1 << 20);
     let second = random_bytes(2, 1 << 20);
-    // 1 MiB over two targets (512 KiB chunks), then the size from both chunk files
-    // (fsync): the second access to each fetches its descriptor.
+    // 1 MiB over two targets (512 KiB chunks), then read back: the second
+    // access to each chunk file fetches its descriptor.
     let mut f =
         std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(sc.mnt.join("f")).unwrap();
     f.write_all(&first).unwrap();
     f.sync_all().unwrap(); // publishes the size, so the TCP mount has bytes to ask for
+    f.seek(SeekFrom::Start(0)).unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    f.read_exact(&mut back).unwrap();
+    assert!(back == first);
 
     let stopped = Stopped::new(fs.pid("storage1"));
     f.write_all(&second).unwrap();

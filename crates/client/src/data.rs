@@ -2,10 +2,11 @@
 //! pieces, and the pieces go to their targets concurrently.
 
 use crate::local::Local;
-use crate::Client;
+use crate::{Client, Ent};
 use bytes::Bytes;
 use hivefs_chunk::io::{chunk_io_code, read_at_cached_into, read_at_full_into};
 use hivefs_proto::{Reply, Request, FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE};
+use hivefs_types::attr::Timespec;
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::ids::{EntryId, NodeId, NodeType, TargetId};
 use hivefs_types::pattern::{Pattern, Piece, StripeUnit};
@@ -357,6 +358,32 @@ impl Client {
             }
         }
         Ok(pattern.size_from_chunk_lens(&lens))
+    }
+
+    /// Tells the metadata node file `e`'s size after this client's writes:
+    /// `own_end`, where they ended (the size the file had when opened
+    /// counts), in one request while `seen` is the ctime this client last
+    /// saw and the file has not changed since (`Client::update_size_if`);
+    /// otherwise the size computed from the chunk files. Returns the size
+    /// reported and what `seen` is from now on: the new ctime after the
+    /// first kind of report, `None` after the second (this client's writes
+    /// may no longer be all that the size reflects).
+    pub async fn report_size(
+        &self,
+        e: Ent,
+        pattern: &Pattern,
+        own_end: u64,
+        seen: Option<Timespec>,
+        mtime: Timespec,
+    ) -> FsResult<(u64, Option<Timespec>)> {
+        if let Some(ctime) = seen {
+            if let Some(a) = self.update_size_if(e, own_end, Some(mtime), ctime).await? {
+                return Ok((own_end, Some(a.ctime)));
+            }
+        }
+        let size = self.size_from_targets(pattern, e.id).await?;
+        self.update_size(e, size, Some(mtime)).await?;
+        Ok((size, None))
     }
 
     /// Sends `req(stripe index, target)` to every target of the stripe that

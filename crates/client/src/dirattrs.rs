@@ -17,6 +17,7 @@
 //! the read); any change whose directories are not known drops everything.
 //! It must not keep attributes of files (those are leased) nor outlive the TTL.
 
+use crate::overlap::{Changes, Ticket, Touches};
 use hivefs_proto::Request;
 use hivefs_types::attr::EntryAttr;
 use hivefs_types::ids::EntryId;
@@ -24,26 +25,15 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// The directories a request may change the attributes of.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Touches {
-    /// None (a read).
-    Nothing,
-    /// This one.
-    Dir(EntryId),
-    /// Not known: any directory.
-    Any,
-}
-
 /// What a change of `req` (sent as a retryable operation or not) touches.
 pub(crate) fn touches(req: &Request) -> Touches {
     if let Some(dir) = req.changed_dir() {
-        return Touches::Dir(dir);
+        return Touches::One(dir);
     }
     match req {
         // A directory's own attributes.
         Request::SetAttr { id, .. } | Request::SetXattr { id, .. } | Request::RemoveXattr { id, .. } => {
-            Touches::Dir(*id)
+            Touches::One(*id)
         }
         // Renames change both parents and a moved directory's own entry.
         r if r.is_idempotent() || matches!(r, Request::Open { .. } | Request::Release { .. }) => Touches::Nothing,
@@ -52,35 +42,15 @@ pub(crate) fn touches(req: &Request) -> Touches {
 }
 
 #[derive(Default)]
-struct Busy {
-    /// Changes in flight.
-    inflight: u32,
-    /// Changes started, ever.
-    started: u64,
-}
-
-#[derive(Default)]
 struct State {
     attrs: HashMap<EntryId, (EntryAttr, Instant)>,
-    busy: HashMap<EntryId, Busy>,
-    /// Changes of unknown directories in flight, and started ever.
-    any: Busy,
+    changes: Changes,
     swept: usize,
 }
 
 pub(crate) struct DirAttrs {
     ttl: Duration,
     state: Mutex<State>,
-}
-
-/// A change in flight (from [`DirAttrs::begin`] to [`DirAttrs::end`]).
-pub(crate) struct Ticket {
-    touches: Touches,
-    /// Whether it started with no other change of its directory (or of
-    /// unknown ones) in flight, and the counts of started changes then.
-    alone: bool,
-    started: u64,
-    any_started: u64,
 }
 
 impl DirAttrs {
@@ -91,30 +61,13 @@ impl DirAttrs {
     /// A change is about to be sent: what it touches is no longer known.
     pub(crate) fn begin(&self, req: &Request) -> Ticket {
         let touches = touches(req);
-        let mut t = Ticket { touches, alone: false, started: 0, any_started: 0 };
         if touches == Touches::Nothing {
             // Reads (most requests) take no lock.
-            return t;
+            return Ticket::read();
         }
         let mut s = self.state.lock().expect("dir attrs");
-        match touches {
-            Touches::Nothing => {}
-            Touches::Any => {
-                s.attrs.clear();
-                s.any.inflight += 1;
-                s.any.started += 1;
-            }
-            Touches::Dir(id) => {
-                t.alone = s.any.inflight == 0 && s.busy.get(&id).is_none_or(|x| x.inflight == 0);
-                t.any_started = s.any.started;
-                s.attrs.remove(&id);
-                let x = s.busy.entry(id).or_default();
-                x.inflight += 1;
-                x.started += 1;
-                t.started = x.started;
-            }
-        }
-        t
+        let s = &mut *s;
+        s.changes.begin_dropping(touches, &mut s.attrs)
     }
 
     /// The change ended; `parent`: the directory's attributes its answer
@@ -124,26 +77,15 @@ impl DirAttrs {
             return;
         }
         let mut s = self.state.lock().expect("dir attrs");
-        match t.touches {
-            Touches::Nothing => {}
-            Touches::Any => s.any.inflight -= 1,
-            Touches::Dir(id) => {
-                let mut alone_to_the_end = t.alone && s.any.started == t.any_started;
-                if let Some(x) = s.busy.get_mut(&id) {
-                    x.inflight -= 1;
-                    alone_to_the_end &= x.started == t.started && x.inflight == 0;
-                    if x.inflight == 0 {
-                        s.busy.remove(&id);
-                    }
+        let alone = s.changes.end(&t);
+        if let (Touches::One(id), Some(p), true) = (t.touches, parent, alone) {
+            if p.id == id {
+                let now = Instant::now();
+                if s.attrs.len() > 2 * s.swept + 1024 {
+                    s.attrs.retain(|_, (_, until)| *until > now);
+                    s.swept = s.attrs.len();
                 }
-                if let Some(p) = parent.filter(|p| p.id == id && alone_to_the_end) {
-                    let now = Instant::now();
-                    if s.attrs.len() > 2 * s.swept + 1024 {
-                        s.attrs.retain(|_, (_, until)| *until > now);
-                        s.swept = s.attrs.len();
-                    }
-                    s.attrs.insert(id, (p, sent + self.ttl));
-                }
+                s.attrs.insert(id, (p, sent + self.ttl));
             }
         }
     }

@@ -25,10 +25,22 @@
 //! the copy first and the callback drops it, or the callback runs first and
 //! `with_lease` finds no lease. A grant for a request sent before a
 //! revocation of the same entry arrived is not remembered.
+//!
+//! Files' attributes after this client's own changes: the node does not
+//! revoke the requester's lease, so the attributes answering a change of
+//! one file (a size report on close, a `SetAttr`) stay true while the lease
+//! lasts, except for this client's own later changes. They are kept here
+//! ([`Client::leased_attr`]) when no other change of this client to the
+//! same file (or to files not known, as an unlink by name) overlapped the
+//! request, and dropped when such a change starts or the lease is revoked:
+//! the mount answers the kernel's next `getattr` with them instead of
+//! asking the node (the kernel drops a file's attributes after its writes).
 
+use crate::overlap::{Changes, Ticket, Touches};
 use crate::{unexpected, Client};
 use hivefs_cluster::Cluster;
 use hivefs_proto::{Reply, Request, RENAME_NOREPLACE};
+use hivefs_types::attr::{EntryAttr, FileKind};
 use hivefs_types::error::{ErrorCode, FsResult};
 use hivefs_types::ids::{EntryId, NodeId};
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -69,6 +81,36 @@ struct Held {
     dirs: HashMap<EntryId, DirSet>,
     dir_names: usize,
     swept_dirs: usize,
+    /// Files' attributes as answers to this client's changes carried them
+    /// (see the module doc), while their lease lasts.
+    attrs: HashMap<EntryId, EntryAttr>,
+    /// This client's changes of files in flight.
+    changing: Changes,
+}
+
+/// Which files' attributes a request of this client may change: none for
+/// reads, opens and releases, and creations of new names (an existing file
+/// found by a create is only opened); any for an unlink or a rename by
+/// name, and for request kinds added later.
+fn file_touch(req: &Request) -> Touches {
+    match req {
+        Request::SetAttr { id, .. }
+        | Request::SetXattr { id, .. }
+        | Request::RemoveXattr { id, .. }
+        | Request::UpdateSize { id, .. }
+        | Request::UpdateSizeIf { id, .. }
+        | Request::TouchAtime { id, .. }
+        | Request::Link { id, .. } => Touches::One(*id),
+        Request::Create { .. }
+        | Request::CreateOpen { .. }
+        | Request::Mkdir { .. }
+        | Request::Symlink { .. }
+        | Request::Open { .. }
+        | Request::Release { .. }
+        | Request::ReleaseMany { .. } => Touches::Nothing,
+        r if r.is_idempotent() => Touches::Nothing,
+        _ => Touches::Any,
+    }
 }
 
 struct DirSet {
@@ -219,12 +261,52 @@ impl LeaseSession {
         }
     }
 
+    /// A request is about to be sent: the files' attributes it may change
+    /// are no longer known.
+    pub(crate) fn begin(&self, req: &Request) -> Ticket {
+        let touches = file_touch(req);
+        if touches == Touches::Nothing {
+            return Ticket::read();
+        }
+        let mut h = self.held.lock().expect("leases");
+        let h = &mut *h;
+        h.changing.begin_dropping(touches, &mut h.attrs)
+    }
+
+    /// The request of `t`, sent at `sent`, was answered (`attr`: the
+    /// attributes it carried, with a lease granted or not): they are kept if
+    /// it changed that file alone and its lease holds.
+    pub(crate) fn end(&self, t: Ticket, attr: Option<&EntryAttr>, sent: Instant) {
+        if t.touches == Touches::Nothing {
+            return;
+        }
+        let mut h = self.held.lock().expect("leases");
+        let alone = h.changing.end(&t);
+        let Touches::One(id) = t.touches else { return };
+        let keep = attr.filter(|a| {
+            a.id == id
+                && a.kind != FileKind::Dir
+                && alone
+                && h.revoked.get(&id).is_none_or(|&at| at < sent)
+                && !LeaseSession::left(&h, id).is_zero()
+        });
+        if let Some(a) = keep {
+            if h.attrs.len() > 2 * h.swept_ends + 1024 {
+                let now = Instant::now();
+                let Held { attrs, ends, .. } = &mut *h;
+                attrs.retain(|id, _| ends.get(id).is_some_and(|end| *end > now));
+            }
+            h.attrs.insert(id, a.clone());
+        }
+    }
+
     fn revoke(&self, ids: &[EntryId], names: bool) {
         let mut h = self.held.lock().expect("leases");
         let now = Instant::now();
         for &id in ids {
             h.drop_dir(id);
             h.ends.remove(&id);
+            h.attrs.remove(&id);
             h.revoked.insert(id, now);
             (self.on_revoke)(Revocation::Attrs(id));
         }
@@ -292,6 +374,15 @@ impl Client {
             }
             None => f(Duration::ZERO, Duration::ZERO),
         }
+    }
+
+    /// `id`'s attributes as this client's last change of the file left them,
+    /// while the lease on them lasts (see the module doc); `None` when not
+    /// known (ask the node).
+    pub fn leased_attr(&self, id: EntryId) -> Option<EntryAttr> {
+        let s = self.leases.get()?;
+        let h = s.held.lock().expect("leases");
+        h.attrs.get(&id).filter(|_| !LeaseSession::left(&h, id).is_zero()).cloned()
     }
 
     /// Whether `name` is known not to exist in `dir`: this client holds a
@@ -407,6 +498,102 @@ mod tests {
 
     fn create(parent: EntryId, name: &[u8]) -> Request {
         Request::Symlink { parent, name: name.to_vec(), target: b"t".to_vec(), caller: Default::default() }
+    }
+
+    fn file(n: u64, size: u64) -> EntryAttr {
+        EntryAttr {
+            id: eid(n),
+            kind: FileKind::File,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            size,
+            nlink: 1,
+            atime: Default::default(),
+            mtime: Default::default(),
+            ctime: Default::default(),
+            rdev: 0,
+            owner: NodeId(1),
+            pattern: None,
+            dir_pattern: None,
+        }
+    }
+
+    fn report(a: &EntryAttr) -> Request {
+        Request::UpdateSize { id: a.id, size: a.size, mtime: None }
+    }
+
+    fn kept(s: &LeaseSession, id: EntryId) -> Option<EntryAttr> {
+        let h = s.held.lock().unwrap();
+        h.attrs.get(&id).filter(|_| !LeaseSession::left(&h, id).is_zero()).cloned()
+    }
+
+    /// The answer to a change of one file, as the grant of its lease came.
+    fn answer(s: &LeaseSession, t: Ticket, a: &EntryAttr, sent: Instant, ms: u32) {
+        s.granted(a.id, None, sent, ms, 0);
+        s.end(t, Some(a), sent);
+    }
+
+    #[test]
+    fn a_files_attributes_after_its_own_lone_change_last_as_the_lease() {
+        let s = LeaseSession::new(Box::new(|_| {}));
+        let a = file(1, 4096);
+        let sent = Instant::now();
+        let t = s.begin(&report(&a));
+        answer(&s, t, &a, sent, 5000);
+        assert_eq!(kept(&s, a.id), Some(a.clone()));
+        // Reads, opens and creations of new names change nothing kept.
+        for r in [Request::GetAttr { id: a.id }, Request::Open { id: a.id, write: true }, create(eid(9), b"n")] {
+            s.end(s.begin(&r), None, Instant::now());
+        }
+        assert_eq!(kept(&s, a.id), Some(a.clone()));
+        // Another client's change: revoked, gone.
+        s.revoke(&[a.id], false);
+        assert_eq!(kept(&s, a.id), None);
+        // An answer without a lease is not kept.
+        let t = s.begin(&report(&a));
+        answer(&s, t, &file(1, 1), Instant::now(), 0);
+        assert_eq!(kept(&s, eid(1)), None);
+        // Nor one whose request was sent before a revocation arrived.
+        let b = file(2, 10);
+        let (sent, t) = (Instant::now(), s.begin(&report(&b)));
+        s.revoke(&[b.id], false);
+        answer(&s, t, &b, sent, 5000);
+        assert_eq!(kept(&s, b.id), None);
+    }
+
+    #[test]
+    fn overlapping_changes_of_this_client_keep_nothing() {
+        let s = LeaseSession::new(Box::new(|_| {}));
+        let (a, b) = (file(1, 100), file(2, 200));
+        // Two changes of one file: either answer may predate the other's commit.
+        let (t1, t2) = (s.begin(&report(&a)), s.begin(&report(&a)));
+        answer(&s, t2, &a, Instant::now(), 5000);
+        answer(&s, t1, &a, Instant::now(), 5000);
+        assert_eq!(kept(&s, a.id), None);
+        // A change of another file does not matter.
+        let (t1, t2) = (s.begin(&report(&a)), s.begin(&report(&b)));
+        answer(&s, t1, &a, Instant::now(), 5000);
+        answer(&s, t2, &b, Instant::now(), 5000);
+        assert_eq!((kept(&s, a.id), kept(&s, b.id)), (Some(a.clone()), Some(b.clone())));
+        // A change of a file this client changed before drops what was kept of it.
+        let t = s.begin(&Request::SetXattr { id: a.id, name: b"user.x".to_vec(), value: Vec::new(), flags: 0 });
+        assert_eq!(kept(&s, a.id), None);
+        s.end(t, None, Instant::now());
+        // An unlink by name may change any file: everything goes, and a
+        // change answered while it ran is not kept.
+        let u = s.begin(&Request::Unlink { parent: eid(9), name: b"f".to_vec() });
+        assert_eq!(kept(&s, b.id), None);
+        let t = s.begin(&report(&a));
+        answer(&s, t, &a, Instant::now(), 5000);
+        s.end(u, None, Instant::now());
+        assert_eq!(kept(&s, a.id), None);
+        // A change that began while the unlink ran, answered after it ended, neither.
+        let u = s.begin(&Request::Unlink { parent: eid(9), name: b"f".to_vec() });
+        let t = s.begin(&report(&a));
+        s.end(u, None, Instant::now());
+        answer(&s, t, &a, Instant::now(), 5000);
+        assert_eq!(kept(&s, a.id), None);
     }
 
     #[test]

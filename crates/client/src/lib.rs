@@ -17,6 +17,7 @@ mod dirattrs;
 mod leases;
 mod local;
 mod locks;
+mod overlap;
 pub mod quota;
 mod releases;
 pub mod writeback;
@@ -105,6 +106,9 @@ pub struct Client {
     releases: Arc<releases::Releases>,
     /// Quota limits fetched from mgmtd (see `quota`).
     quotas: quota::Quotas,
+    /// A metadata node answered `UpdateSizeIf` as unknown (an older
+    /// version): sizes are reported the old way from then on.
+    no_size_if: std::sync::atomic::AtomicBool,
 }
 
 /// Ids of this client's non-idempotent metadata operations, so that they
@@ -184,6 +188,7 @@ impl Client {
             local: local::LocalChunks::new(opts.short_circuit, opts.secret.clone()),
             releases: Default::default(),
             quotas: Default::default(),
+            no_size_if: Default::default(),
         });
         client.locks.set_client(&client);
         tokio::spawn(quota::refresh(Arc::downgrade(&client)));
@@ -251,6 +256,7 @@ impl Client {
         self.poll_leases(session, owner);
         env.lease_client = Some(self.ops.client);
         let dirs = self.dir_attrs.get().map(|d| (d, d.begin(req)));
+        let files = session.begin(req);
         let sent = std::time::Instant::now();
         let r = self.dir_names_answer(req, sent, self.cluster.call_meta(owner, &env, req, budget).await);
         let (r, parent) = match r {
@@ -260,12 +266,16 @@ impl Client {
         if let Some((d, ticket)) = dirs {
             d.end(ticket, parent, sent);
         }
-        match r? {
-            Reply::Leased { attr, lease_ms, name_ms } => {
+        match r {
+            Ok(Reply::Leased { attr, lease_ms, name_ms }) => {
                 session.granted(attr.id, req.names(), sent, lease_ms, name_ms);
+                session.end(files, Some(&attr), sent);
                 Ok(Reply::Entry(attr))
             }
-            r => Ok(r),
+            r => {
+                session.end(files, None, sent);
+                r
+            }
         }
     }
 
@@ -454,6 +464,33 @@ impl Client {
 
     pub async fn update_size(&self, e: Ent, size: u64, mtime: Option<Timespec>) -> FsResult<EntryAttr> {
         entry(self.meta(e.owner, &Request::UpdateSize { id: e.id, size, mtime }).await?)
+    }
+
+    /// Reports `size`, the end of this client's own writes, if `e` is
+    /// unchanged since this client saw it at `ctime` (`Request::UpdateSizeIf`):
+    /// `None` when it changed (or its node does not know the request), and
+    /// the size must come from the chunk files ([`Client::size_from_targets`]).
+    pub async fn update_size_if(
+        &self,
+        e: Ent,
+        size: u64,
+        mtime: Option<Timespec>,
+        ctime: Timespec,
+    ) -> FsResult<Option<EntryAttr>> {
+        use std::sync::atomic::Ordering;
+        if self.no_size_if.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        match self.meta(e.owner, &Request::UpdateSizeIf { id: e.id, size, mtime, ctime }).await {
+            Ok(r) => entry(r).map(Some),
+            Err(err) if err.code == ErrorCode::Busy => Ok(None),
+            Err(err) if matches!(err.code, ErrorCode::Protocol | ErrorCode::NotSupported) => {
+                tracing::debug!("metadata node {}: no UpdateSizeIf ({err}); sizes from the chunk files", e.owner);
+                self.no_size_if.store(true, Ordering::Relaxed);
+                Ok(None)
+            }
+            Err(err) => Err(err),
+        }
     }
 
     /// Finds the metadata node storing `id`'s inode, knowing only the id (a

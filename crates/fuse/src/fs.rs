@@ -438,11 +438,16 @@ impl Filesystem for HiveFs {
             let e = inner.ent(ino)?;
             // A directory this mount just changed: its attributes came with
             // the change's answer (for the rest of the directory TTL).
+            // A file this mount just changed (its size reported on close):
+            // the answer's attributes, while their lease lasts.
             let (a, cached) = match inner.client.cached_dir_attr(e.id) {
                 Some((a, left)) => (a, Some(left)),
-                None => {
-                    (inner.or_removed_dir(ino, inner.on_ent(ino, |e| inner.client.getattr(e)).await, |_| {})?, None)
-                }
+                None => match inner.client.leased_attr(e.id) {
+                    Some(a) => (a, None),
+                    None => {
+                        (inner.or_removed_dir(ino, inner.on_ent(ino, |e| inner.client.getattr(e)).await, |_| {})?, None)
+                    }
+                },
             };
             Ok(move |reply: ReplyAttr| match cached {
                 Some(left) => reply.attr(&left, &inner.to_attr(ino.0, &a)),
@@ -731,6 +736,7 @@ impl Filesystem for HiveFs {
                         }
                         Err(e) => {
                             debug!("append failed: {e}");
+                            self.inner.size_unsure(f.ent.id);
                             reply.error(errno(&e))
                         }
                     };
@@ -753,6 +759,7 @@ impl Filesystem for HiveFs {
                             }
                             Err(e) => {
                                 debug!("buffered write failed: {e}");
+                                self.inner.size_unsure(f.ent.id);
                                 reply.error(errno(&e))
                             }
                         };
@@ -768,6 +775,7 @@ impl Filesystem for HiveFs {
                         }
                         Err(e) => {
                             debug!("request failed: {e}");
+                            self.inner.size_unsure(f.ent.id);
                             reply.error(errno(&e))
                         }
                     };
@@ -804,6 +812,9 @@ impl Filesystem for HiveFs {
             };
             // Even a failed write may have grown a chunk file: publish.
             f.dirty.store(true, Ordering::Release);
+            if written.is_err() {
+                inner.size_unsure(f.ent.id);
+            }
             let (offset, n) = written?;
             inner.note_write(f.ent.id, offset + n as u64);
             Ok(move |reply: ReplyWrite| reply.written(n as u32))
@@ -1031,6 +1042,9 @@ impl Filesystem for HiveFs {
             if r.is_ok() && grows {
                 inner.note_write(f.ent.id, offset + length);
             }
+            if r.is_err() {
+                inner.size_unsure(f.ent.id);
+            }
             if zeroes || (r.is_ok() && grows) {
                 f.dirty.store(true, Ordering::Release);
                 inner.publish_size(&f).await?;
@@ -1075,6 +1089,9 @@ impl Filesystem for HiveFs {
                     .await;
                 // Even a failed copy may have written some pieces: publish.
                 dst.dirty.store(true, Ordering::Release);
+                if r.is_err() {
+                    inner.size_unsure(dst.ent.id);
+                }
                 r?;
                 inner.note_write(dst.ent.id, offset_out + len);
             }

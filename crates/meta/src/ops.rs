@@ -105,6 +105,9 @@ pub enum Mutation {
         id: EntryId,
         size: u64,
         mtime: Option<Timespec>,
+        /// `Request::UpdateSizeIf`: only if the inode's ctime is still this
+        /// (else `Busy`, nothing changed).
+        if_ctime: Option<Timespec>,
     },
     /// See `Request::TouchAtime`.
     TouchAtime {
@@ -436,7 +439,7 @@ pub fn apply(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, m: Mutation) -> OpResult<Rep
             rename(t, ctx, parent, &name, new_parent, &new_name, flags)
         }
         Mutation::SetAttr { id, attr, privileged } => set_attr(t, ctx, id, &attr, privileged),
-        Mutation::UpdateSize { id, size, mtime } => update_size(t, ctx, id, size, mtime),
+        Mutation::UpdateSize { id, size, mtime, if_ctime } => update_size(t, ctx, id, size, mtime, if_ctime),
         Mutation::TouchAtime { id, at, strict } => {
             let mut i = inode(&t.inodes, id)?;
             if atime_due(&i, at, strict) {
@@ -990,9 +993,19 @@ fn update_size(
     id: EntryId,
     size: u64,
     mtime: Option<Timespec>,
+    if_ctime: Option<Timespec>,
 ) -> OpResult<Reply> {
     let mut i = inode(&t.inodes, id)?;
     check_truncatable(id, &i)?;
+    // A lower bound from the client's own writes holds only if nothing
+    // (a truncation above all) changed the file since the client looked.
+    if if_ctime.is_some_and(|c| c != i.ctime) {
+        return Err(fs_err!(
+            Busy,
+            "file {id} changed since the writer saw it: its size must come from the chunk files"
+        )
+        .into());
+    }
     // Writes only grow a file (truncation is `SetAttr`), and two writers'
     // reports may arrive in either order: the later computed size must not
     // be replaced by an earlier, smaller one.

@@ -990,6 +990,32 @@ async fn update_size_raises_size_and_mtime() {
     assert_eq!(h.code(Request::UpdateSize { id: missing, size: 1, mtime: None }).await, ErrorCode::NotFound);
 }
 
+#[tokio::test]
+async fn a_writers_own_size_lands_only_on_the_file_it_saw() {
+    let h = H::new().await;
+    let f = h.create(ROOT, "f").await;
+    // Unchanged since the writer saw it: applied as UpdateSize.
+    h.tick();
+    let a = h.entry(Request::UpdateSizeIf { id: f.id, size: 4096, mtime: Some(ts(70)), ctime: f.ctime }).await;
+    assert_eq!((a.size, a.mtime), (4096, ts(70)));
+    assert_ne!(a.ctime, f.ctime);
+    // A repeat of the same report finds the ctime it set: refused, nothing changes.
+    let again = Request::UpdateSizeIf { id: f.id, size: 8192, mtime: Some(ts(71)), ctime: f.ctime };
+    assert_eq!(h.code(again).await, ErrorCode::Busy);
+    assert_eq!(h.attr(f.id).await, a);
+    // Another client truncated the file after the writer's writes: the
+    // writer's report of where they ended must not bring the size back.
+    h.tick();
+    let set = SetAttr { size: Some(0), ..Default::default() };
+    h.ok(Request::SetAttr { id: f.id, attr: set, caller: Default::default() }).await;
+    let stale = Request::UpdateSizeIf { id: f.id, size: 4096, mtime: Some(ts(72)), ctime: a.ctime };
+    assert_eq!(h.code(stale).await, ErrorCode::Busy);
+    assert_eq!(h.attr(f.id).await.size, 0);
+    // The rules of UpdateSize hold: not a directory, not a missing file.
+    let c = Timespec::default();
+    assert_eq!(h.code(Request::UpdateSizeIf { id: ROOT, size: 1, mtime: None, ctime: c }).await, ErrorCode::IsDir);
+}
+
 // ------------------------------------------- unlink, open, disposal
 
 #[tokio::test]

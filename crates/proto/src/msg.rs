@@ -790,6 +790,18 @@ pub enum Request {
     MirrorFence {
         target: TargetId,
     },
+    /// A client reports the size its own writes reached (`size`: a lower
+    /// bound of the file's size, not read off the chunk files), applied as
+    /// `UpdateSize` only if the file's ctime is still `ctime`, the one the
+    /// client last saw: no other change (a truncation, say) came between.
+    /// Otherwise nothing changes and the answer is `Busy`: the client then
+    /// computes the size from the chunk files and sends `UpdateSize`.
+    UpdateSizeIf {
+        id: EntryId,
+        size: u64,
+        mtime: Option<Timespec>,
+        ctime: Timespec,
+    },
 }
 
 /// Most users and groups one `QuotaUsage` request names.
@@ -1153,6 +1165,9 @@ impl Request {
                 | Request::ListXattr { .. }
                 | Request::MetaStat
                 | Request::UpdateSize { .. }
+                // A repeat finds the ctime the first one set: Busy, and the
+                // client falls back to `UpdateSize`.
+                | Request::UpdateSizeIf { .. }
                 | Request::WriteChunk { .. }
                 | Request::ReadChunk { .. }
                 | Request::TruncateChunk { .. }
@@ -1550,7 +1565,7 @@ mod tests {
             let (m, _): (T, _) = postcard::take_from_bytes(&body).unwrap_or_else(|e| panic!("id {id}: {e}"));
             name_of(&m)
         }
-        const REQUESTS: [&str; 83] = [
+        const REQUESTS: [&str; 84] = [
             "Ping",
             "RegisterNode",
             "RegisterTarget",
@@ -1634,6 +1649,7 @@ mod tests {
             "GetQuotas",
             "QuotaReport",
             "MirrorFence",
+            "UpdateSizeIf",
         ];
         const REPLIES: [&str; 48] = [
             "Ok",

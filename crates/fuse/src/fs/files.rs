@@ -59,6 +59,14 @@ pub(super) struct LocalSize {
     pub(super) published: u64,
     /// Cache mode buffered: the file's writes not yet on the targets.
     pub(super) wb: Option<Arc<WriteBack>>,
+    /// The file's ctime as this mount last saw it, while `size` is exactly
+    /// where this mount's own writes since then end: a close reports that
+    /// size unless the file changed meanwhile (`Client::update_size_if`)
+    /// instead of asking every target for its chunk's length. `None` once
+    /// a write failed (it may have left bytes past `size`) or the file
+    /// changed under this mount: sizes come from the chunk files until the
+    /// last writer here closes.
+    pub(super) seen_ctime: Option<Timespec>,
 }
 
 impl Inner {
@@ -69,17 +77,24 @@ impl Inner {
         }
     }
 
-    pub(super) fn add_writer(&self, id: EntryId, size: u64, owner: (u32, u32), pattern: &Pattern) {
+    /// A handle of `a` (the attributes its open answered with) opened for writing.
+    pub(super) fn add_writer(&self, a: &EntryAttr, pattern: &Pattern) {
+        let (id, size, owner) = (a.id, a.size, (a.uid, a.gid));
         let pool = self.client.pool_of(pattern);
         let mut m = self.local_sizes.lock().expect("sizes");
         let l = m.entry(id).or_default();
         if l.writers == 0 {
+            l.seen_ctime = Some(a.ctime);
             l.published = size;
             if self.cache_mode == CacheMode::Buffered {
                 let (c, rt) = (self.client.clone(), self.rt.clone());
                 let budget = self.writeback_budget.clone();
                 l.wb = Some(WriteBack::new(c, pattern.clone(), id, self.writeback, budget, rt));
             }
+        }
+        if l.seen_ctime != Some(a.ctime) {
+            // Changed since this mount looked: by whom, and how, is not known.
+            l.seen_ctime = None;
         }
         l.writers += 1;
         l.owner = owner;
@@ -103,6 +118,17 @@ impl Inner {
         if let Some(l) = self.local_sizes.lock().expect("sizes").get_mut(&id) {
             l.size = size;
             l.published = size;
+        }
+    }
+
+    /// A write, allocation or copy into `id` failed (it may have left bytes
+    /// past what this mount knows): from now on its size is read off the
+    /// chunk files (see `LocalSize::seen_ctime`). Changes of the file's
+    /// attributes need no call: they move its ctime, which the metadata
+    /// node checks.
+    pub(super) fn size_unsure(&self, id: EntryId) {
+        if let Some(l) = self.local_sizes.lock().expect("sizes").get_mut(&id) {
+            l.seen_ctime = None;
         }
     }
 
@@ -217,23 +243,33 @@ impl Inner {
         Ok(())
     }
 
-    /// After writes: compute the size from the chunk files and tell the metadata node.
+    /// After writes: tells the metadata node the file's size. That is where
+    /// this mount's own writes end when nothing changed the file since it
+    /// looked (one request), else the size computed from the chunk files
+    /// (a request per storage node first).
     pub(super) async fn publish_size(&self, f: &OpenFile) -> FsResult<()> {
         let _one_at_a_time = f.publishing.lock().await;
         // Buffered writes first: the size is read off the chunk files.
-        self.settle(f.ent.id).await?;
+        if let Err(e) = self.settle(f.ent.id).await {
+            self.size_unsure(f.ent.id);
+            return Err(e);
+        }
         if !f.dirty.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
-        let size = self.client.size_from_targets(&f.pattern, f.ent.id).await?;
         let now = system_to_ts(SystemTime::now());
-        if let Err(e) = self.client.update_size(f.ent, size, Some(now)).await {
+        let (own_end, seen) =
+            self.local_sizes.lock().expect("sizes").get(&f.ent.id).map_or((0, None), |l| (l.size, l.seen_ctime));
+        let r = self.client.report_size(f.ent, &f.pattern, own_end, seen, now).await;
+        if r.is_err() {
             f.dirty.store(true, Ordering::Release);
-            return Err(e);
         }
+        let (size, seen) = r?;
         if let Some(l) = self.local_sizes.lock().expect("sizes").get_mut(&f.ent.id) {
             self.client.quota().note_reported(l.owner, l.pool, size.saturating_sub(l.published));
             l.published = size;
+            // Unless a write failed meanwhile.
+            l.seen_ctime = seen.filter(|_| l.seen_ctime.is_some());
         }
         // The metadata node does not revoke the writer's own lease.
         self.drop_kernel_attrs(f.ent.id);
@@ -337,7 +373,7 @@ impl Inner {
             return Err(FsError::new(ErrorCode::Invalid, format!("{} has no stripe pattern", ent.id)));
         };
         if write {
-            self.add_writer(ent.id, attr.size, (attr.uid, attr.gid), &pattern);
+            self.add_writer(&attr, &pattern);
         }
         if truncate {
             // Other handles of this mount may have written beyond it.

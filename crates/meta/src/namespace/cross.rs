@@ -440,6 +440,7 @@ impl Namespace {
                 Request::Open { id, .. }
                 | Request::Release { id, .. }
                 | Request::UpdateSize { id, .. }
+                | Request::UpdateSizeIf { id, .. }
                 | Request::TouchAtime { id, .. }
                 | Request::GetAttr { id }
                 | Request::SetAttr { id, .. } => *id,

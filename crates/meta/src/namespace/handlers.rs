@@ -233,7 +233,10 @@ impl Namespace {
             Request::Open { id, write: _ } => entry(self.open_file(id)),
             Request::Release { id, write } => self.release(id, write).await.map(|()| Reply::Ok),
             Request::UpdateSize { id, size, mtime } => {
-                self.submit_op(op, Mutation::UpdateSize { id, size, mtime }).await
+                self.submit_op(op, Mutation::UpdateSize { id, size, mtime, if_ctime: None }).await
+            }
+            Request::UpdateSizeIf { id, size, mtime, ctime } => {
+                self.submit_op(op, Mutation::UpdateSize { id, size, mtime, if_ctime: Some(ctime) }).await
             }
             Request::TouchAtime { id, at, strict } => {
                 // Most reads change nothing (relatime): answered without a commit.
