@@ -58,12 +58,19 @@ print(" | ".join(out))'
 }
 for round in $(seq "$ROUNDS"); do
   for b in "$OLD" "$NEW"; do
-    fresh
-    rm -rf "$D/fs"
-    "$b" up --dir "$D/fs" --mount "$W/mnt" --meta "$META" >/dev/null
-    echo "round $round $(basename "$b") mount:  $(md "$b" "$W/mnt" | show)"
-    echo "round $round $(basename "$b") native: $(md "$b" "$W/mnt" --native | show)"
-    "$b" down --dir "$D/fs" >/dev/null
+    for how in mount native; do
+      # With FRESH=1 the native run gets a file system of its own too.
+      if [ "$how" = mount ] || [ "${FRESH:-0}" = 1 ]; then
+        fresh
+        rm -rf "$D/fs"
+        "$b" up --dir "$D/fs" --mount "$W/mnt" --meta "$META" >/dev/null
+      fi
+      args=(); [ "$how" = native ] && args=(--native)
+      echo "round $round $(basename "$b") $how: $(md "$b" "$W/mnt" "${args[@]}" | show)"
+      if [ "$how" = native ] || [ "${FRESH:-0}" = 1 ]; then
+        "$b" down --dir "$D/fs" >/dev/null
+      fi
+    done
   done
   bindfs_up
   echo "round $round bindfs: $(md "$NEW" "$W/bmnt" | show)"

@@ -306,7 +306,12 @@ fn io_and_md_bench_through_the_mount_and_the_native_client() {
     }
     for p in r["run"]["phases"].as_array().unwrap() {
         let total: u64 = p["meta_requests"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
-        assert!(total >= 30, "{p}");
+        // Stats of files the mount just wrote are answered with the
+        // attributes their size reports left (while leased); the rest ask.
+        match p["phase"].as_str().unwrap() {
+            "stat" => assert!(total < 30, "{p}"),
+            _ => assert!(total >= 30, "{p}"),
+        }
     }
     assert_eq!(std::fs::read_dir(&work).unwrap().count(), 0, "md bench left files in {w}");
     assert_eq!(std::fs::read_dir(plain.path()).unwrap().count(), 0);
