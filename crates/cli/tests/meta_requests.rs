@@ -117,6 +117,29 @@ fn hot_paths_send_one_request_per_kernel_call() {
     assert!(unlink <= 1, "unlink: {unlink} requests");
 }
 
+/// A directory made through another metadata node (its parent's) gets the
+/// lease on its names from its own node: creates in it need no lookup of
+/// their new names, as in a directory its parent's node made itself.
+#[test]
+fn creates_in_a_directory_made_on_another_node_need_no_lookup() {
+    let fs = TestFs::up(&["--storage", "1", "--meta", "2"]);
+    let secret = hivefs_net::load_secret(&fs.secret()).expect("secret");
+    let m = MetaCounts::connect(&FsConn { mgmtd: fs.mgmtd_addr(), secret: Some(secret) }).expect("connect");
+    let dir = fs.path("d");
+    std::fs::create_dir(&dir).unwrap();
+    let (root, d) = (fs.entry_info(""), fs.entry_info("d"));
+    assert_ne!(root["owner_meta_node"], d["owner_meta_node"], "the balanced chooser puts d on the other node");
+    let file = |round: u32| dir.join(format!("f{round}"));
+    let warm = |_| {
+        std::fs::metadata(&dir).unwrap();
+    };
+    let create = fewest_requests(&m, warm, |r| {
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(file(r)).unwrap();
+    });
+    // create-and-open, and the release: no lookup of the new name.
+    assert!(create <= 2, "create + close in a directory made elsewhere: {create} requests");
+}
+
 /// Directory attributes are cached for the mount's --dir-attr-ttl-ms (1 s by
 /// default): another mount's chmod of a directory shows after about that
 /// long, and at once on a mount with 0.

@@ -346,8 +346,15 @@ impl Client {
         if self.leases.set(session.clone()).is_err() {
             return false;
         }
-        // The root's node at once (the first requests go there); others on first use.
+        // Every metadata node known now at once (a grant goes only to a
+        // client already polling); others on first use.
         self.poll_leases(&session, self.root.owner);
+        let view = self.cluster.view();
+        for &(t, node) in view.nodes.keys() {
+            if t == hivefs_types::ids::NodeType::Meta {
+                self.poll_leases(&session, node);
+            }
+        }
         true
     }
 
@@ -405,6 +412,7 @@ impl Client {
         let r = match r {
             Ok(Reply::DirNames { grants, reply }) => {
                 let made = match (req, reply.as_ref()) {
+                    (Request::LeaseDirNames { dir }, Reply::Entry(a)) if a.id == *dir => Some(a.id),
                     (Request::Mkdir { .. }, Reply::WithParent { reply, .. }) => match reply.as_ref() {
                         Reply::Entry(a) | Reply::Leased { attr: a, .. } => Some(a.id),
                         _ => None,

@@ -307,7 +307,18 @@ impl Client {
     }
 
     pub async fn mkdir(&self, parent: Ent, name: &[u8], mode: u32, caller: Caller) -> FsResult<EntryAttr> {
-        entry(self.meta(parent.owner, &Request::Mkdir { parent: parent.id, name: name.to_vec(), mode, caller }).await?)
+        let a = entry(
+            self.meta(parent.owner, &Request::Mkdir { parent: parent.id, name: name.to_vec(), mode, caller }).await?,
+        )?;
+        if a.owner != parent.owner && self.leases.get().is_some() {
+            // Made on another node through the parent's: the lease on its
+            // (empty) names comes from its owner, so that creates there
+            // need no lookup of their new names.
+            if let Err(e) = self.meta(a.owner, &Request::LeaseDirNames { dir: a.id }).await {
+                tracing::debug!("metadata node {}: no lease on the names of new directory {}: {e}", a.owner, a.id);
+            }
+        }
+        Ok(a)
     }
 
     pub async fn unlink(&self, parent: Ent, name: &[u8]) -> FsResult<()> {

@@ -1016,6 +1016,16 @@ async fn a_writers_own_size_lands_only_on_the_file_it_saw() {
     assert_eq!(h.code(Request::UpdateSizeIf { id: ROOT, size: 1, mtime: None, ctime: c }).await, ErrorCode::IsDir);
 }
 
+#[tokio::test]
+async fn lease_dir_names_answers_only_for_an_empty_directory() {
+    let h = H::new().await;
+    let d = h.mkdir(ROOT, "d").await;
+    assert!(matches!(h.ok(Request::LeaseDirNames { dir: d.id }).await, Reply::Entry(a) if a.id == d.id));
+    let f = h.create(d.id, "f").await;
+    assert_eq!(h.ok(Request::LeaseDirNames { dir: d.id }).await, Reply::Ok);
+    assert_eq!(h.code(Request::LeaseDirNames { dir: f.id }).await, ErrorCode::NotDir);
+}
+
 // ------------------------------------------- unlink, open, disposal
 
 #[tokio::test]

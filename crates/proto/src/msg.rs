@@ -802,6 +802,15 @@ pub enum Request {
         mtime: Option<Timespec>,
         ctime: Timespec,
     },
+    /// From a client taking leases on directories' names, to the owner of
+    /// directory `dir` it just made through another metadata node (the
+    /// parent's): answered `Entry` with the directory's attributes and,
+    /// while the directory has no entries, a lease on its (empty) set of
+    /// names, as a mkdir the owner ran itself gives (`Reply::DirNames`);
+    /// `Ok` (no lease) once it has entries.
+    LeaseDirNames {
+        dir: EntryId,
+    },
 }
 
 /// Most users and groups one `QuotaUsage` request names.
@@ -1168,6 +1177,7 @@ impl Request {
                 // A repeat finds the ctime the first one set: Busy, and the
                 // client falls back to `UpdateSize`.
                 | Request::UpdateSizeIf { .. }
+                | Request::LeaseDirNames { .. }
                 | Request::WriteChunk { .. }
                 | Request::ReadChunk { .. }
                 | Request::TruncateChunk { .. }
@@ -1565,7 +1575,7 @@ mod tests {
             let (m, _): (T, _) = postcard::take_from_bytes(&body).unwrap_or_else(|e| panic!("id {id}: {e}"));
             name_of(&m)
         }
-        const REQUESTS: [&str; 84] = [
+        const REQUESTS: [&str; 85] = [
             "Ping",
             "RegisterNode",
             "RegisterTarget",
@@ -1650,6 +1660,7 @@ mod tests {
             "QuotaReport",
             "MirrorFence",
             "UpdateSizeIf",
+            "LeaseDirNames",
         ];
         const REPLIES: [&str; 48] = [
             "Ok",

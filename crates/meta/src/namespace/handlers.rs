@@ -85,7 +85,8 @@ impl Namespace {
         };
         let name = req.names().map(|(p, n)| LeaseKey::Name(p, n.into()));
         let changed_dir = req.changed_dir();
-        let mkdir = matches!(req, Request::Mkdir { .. });
+        // A directory made here, or made through another node for this client.
+        let mkdir = matches!(req, Request::Mkdir { .. } | Request::LeaseDirNames { .. });
         let me = crate::leases::Requester { client, token: since.token };
         let r = self.leased(client, fresh, name, since, REQUESTER.scope(me, self.handle_unleased(op, req)).await?);
         let reply = r?;
@@ -217,6 +218,15 @@ impl Namespace {
                 self.submit_op(op, Mutation::Symlink { parent, name, target, uid: caller.uid, gid: caller.gid }).await
             }
             Request::ReadLink { id } => self.readlink(id).map(Reply::LinkTarget),
+            Request::LeaseDirNames { dir } => {
+                // Read after the lease mark: an entry added since refuses the grant.
+                let a = self.getattr(dir)?;
+                if a.kind != FileKind::Dir {
+                    return Err(fs_err!(NotDir, "{dir} is not a directory"));
+                }
+                let empty = self.read(|t| crate::ops::is_empty_dir(&t.dentries, dir))?;
+                Ok(if empty { Reply::Entry(a) } else { Reply::Ok })
+            }
             Request::Link { id, new_parent, new_name } => {
                 self.submit_op(op, Mutation::Link { id, new_parent, new_name }).await
             }
