@@ -32,7 +32,8 @@
 //! lasts, except for this client's own later changes. They are kept here
 //! ([`Client::leased_attr`]) when no other change of this client to the
 //! same file (or to files not known, as an unlink by name) overlapped the
-//! request, and dropped when such a change starts or the lease is revoked:
+//! request, until the lease held then ends (a later grant does not extend
+//! them), and dropped when such a change starts or the lease is revoked:
 //! the mount answers the kernel's next `getattr` with them instead of
 //! asking the node (the kernel drops a file's attributes after its writes).
 
@@ -82,8 +83,10 @@ struct Held {
     dir_names: usize,
     swept_dirs: usize,
     /// Files' attributes as answers to this client's changes carried them
-    /// (see the module doc), while their lease lasts.
-    attrs: HashMap<EntryId, EntryAttr>,
+    /// (see the module doc), and until when: the end of the lease held when
+    /// they came. A later grant does not make them last longer: the lease
+    /// may have lapsed in between, and a change then was told to nobody.
+    attrs: HashMap<EntryId, (EntryAttr, Instant)>,
     /// This client's changes of files in flight.
     changing: Changes,
 }
@@ -274,29 +277,25 @@ impl LeaseSession {
     }
 
     /// The request of `t`, sent at `sent`, was answered (`attr`: the
-    /// attributes it carried, with a lease granted or not): they are kept if
-    /// it changed that file alone and its lease holds.
-    pub(crate) fn end(&self, t: Ticket, attr: Option<&EntryAttr>, sent: Instant) {
+    /// attributes it carried, and the lease granted with them in ms): they
+    /// are kept if it changed that file alone and the lease was granted.
+    pub(crate) fn end(&self, t: Ticket, attr: Option<(&EntryAttr, u32)>, sent: Instant) {
         if t.touches == Touches::Nothing {
             return;
         }
         let mut h = self.held.lock().expect("leases");
         let alone = h.changing.end(&t);
         let Touches::One(id) = t.touches else { return };
-        let keep = attr.filter(|a| {
-            a.id == id
-                && a.kind != FileKind::Dir
-                && alone
-                && h.revoked.get(&id).is_none_or(|&at| at < sent)
-                && !LeaseSession::left(&h, id).is_zero()
+        let now = Instant::now();
+        let keep = attr.filter(|(a, ms)| {
+            a.id == id && a.kind != FileKind::Dir && alone && *ms > 0 && h.revoked.get(&id).is_none_or(|&at| at < sent)
         });
-        if let Some(a) = keep {
+        let until = h.ends.get(&id).copied().filter(|end| *end > now);
+        if let (Some((a, _)), Some(until)) = (keep, until) {
             if h.attrs.len() > 2 * h.swept_ends + 1024 {
-                let now = Instant::now();
-                let Held { attrs, ends, .. } = &mut *h;
-                attrs.retain(|id, _| ends.get(id).is_some_and(|end| *end > now));
+                h.attrs.retain(|_, (_, until)| *until > now);
             }
-            h.attrs.insert(id, a.clone());
+            h.attrs.insert(id, (a.clone(), until));
         }
     }
 
@@ -389,7 +388,7 @@ impl Client {
     pub fn leased_attr(&self, id: EntryId) -> Option<EntryAttr> {
         let s = self.leases.get()?;
         let h = s.held.lock().expect("leases");
-        h.attrs.get(&id).filter(|_| !LeaseSession::left(&h, id).is_zero()).cloned()
+        h.attrs.get(&id).filter(|(_, until)| *until > Instant::now()).map(|(a, _)| a.clone())
     }
 
     /// Whether `name` is known not to exist in `dir`: this client holds a
@@ -533,13 +532,13 @@ mod tests {
 
     fn kept(s: &LeaseSession, id: EntryId) -> Option<EntryAttr> {
         let h = s.held.lock().unwrap();
-        h.attrs.get(&id).filter(|_| !LeaseSession::left(&h, id).is_zero()).cloned()
+        h.attrs.get(&id).filter(|(_, until)| *until > Instant::now()).map(|(a, _)| a.clone())
     }
 
     /// The answer to a change of one file, as the grant of its lease came.
     fn answer(s: &LeaseSession, t: Ticket, a: &EntryAttr, sent: Instant, ms: u32) {
         s.granted(a.id, None, sent, ms, 0);
-        s.end(t, Some(a), sent);
+        s.end(t, Some((a, ms)), sent);
     }
 
     #[test]
@@ -568,6 +567,15 @@ mod tests {
         s.revoke(&[b.id], false);
         answer(&s, t, &b, sent, 5000);
         assert_eq!(kept(&s, b.id), None);
+        // Kept attributes end with the lease they came with, whatever is
+        // granted after it lapsed (a change then was told to nobody).
+        let c = file(3, 30);
+        let t = s.begin(&report(&c));
+        answer(&s, t, &c, Instant::now(), 30);
+        assert_eq!(kept(&s, c.id), Some(c.clone()));
+        std::thread::sleep(Duration::from_millis(40));
+        s.granted(c.id, None, Instant::now(), 5000, 0);
+        assert_eq!(kept(&s, c.id), None);
     }
 
     #[test]

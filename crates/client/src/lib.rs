@@ -269,7 +269,7 @@ impl Client {
         match r {
             Ok(Reply::Leased { attr, lease_ms, name_ms }) => {
                 session.granted(attr.id, req.names(), sent, lease_ms, name_ms);
-                session.end(files, Some(&attr), sent);
+                session.end(files, Some((&attr, lease_ms)), sent);
                 Ok(Reply::Entry(attr))
             }
             r => {
