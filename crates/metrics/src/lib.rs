@@ -333,23 +333,24 @@ impl OpSeries {
 }
 
 thread_local! {
-    /// Per thread: the series of each message type served (keyed by the name's address:
-    /// names are `&'static str` of one table) and sent, and of each user, so that the
-    /// hot path takes no lock and hashes no label set.
-    static SERVED: std::cell::RefCell<std::collections::HashMap<usize, OpSeries>> = Default::default();
-    static CALLED: std::cell::RefCell<std::collections::HashMap<usize, OpSeries>> = Default::default();
+    /// Per thread: the series of each message type served (keyed by the name's address
+    /// and length: names are `&'static str`, and the compiler may place one name at the
+    /// start of another, as "UpdateSize" in "UpdateSizeIf") and sent, and of each user,
+    /// so that the hot path takes no lock and hashes no label set.
+    static SERVED: std::cell::RefCell<std::collections::HashMap<(usize, usize), OpSeries>> = Default::default();
+    static CALLED: std::cell::RefCell<std::collections::HashMap<(usize, usize), OpSeries>> = Default::default();
     static BY_USER: std::cell::RefCell<std::collections::HashMap<u32, Counter>> = Default::default();
 }
 
 fn with_op(
-    cache: &'static std::thread::LocalKey<std::cell::RefCell<std::collections::HashMap<usize, OpSeries>>>,
+    cache: &'static std::thread::LocalKey<std::cell::RefCell<std::collections::HashMap<(usize, usize), OpSeries>>>,
     served: bool,
     op: &'static str,
     f: impl FnOnce(&OpSeries),
 ) {
     cache.with(|c| {
         let mut c = c.borrow_mut();
-        let s = c.entry(op.as_ptr() as usize).or_insert_with(|| {
+        let s = c.entry((op.as_ptr() as usize, op.len())).or_insert_with(|| {
             let m = metrics();
             let l = OpLabels { service: service(), op };
             let (count, errors, seconds) = if served {
@@ -524,6 +525,20 @@ mod tests {
         assert!(t.contains("hivefs_commit_batch_operations_bucket"), "{t}");
         assert!(t.contains("# TYPE hivefs_request_duration_seconds histogram"), "{t}");
         assert!(t.contains("hivefs_resident_memory_bytes{service=\"test\"}"), "{t}");
+    }
+
+    #[test]
+    fn a_name_at_the_start_of_another_counts_apart() {
+        set_service("test");
+        // As the compiler may lay out two names: one at the other's address.
+        const LONG: &str = "PrefixedOpIf";
+        let short: &'static str = &LONG[..10];
+        called(LONG, Duration::from_micros(10), true);
+        called(short, Duration::from_micros(10), true);
+        called(short, Duration::from_micros(10), true);
+        let t = render();
+        assert!(t.contains(r#"hivefs_calls_total{service="test",op="PrefixedOpIf"} 1"#), "{t}");
+        assert!(t.contains(r#"hivefs_calls_total{service="test",op="PrefixedOp"} 2"#), "{t}");
     }
 
     #[test]
