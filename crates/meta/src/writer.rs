@@ -292,8 +292,13 @@ impl Writer {
         let stats = Arc::new(WriterStats::default());
         let st = stats.clone();
         log.spawn_checkpointer()?;
-        let thread =
-            std::thread::Builder::new().name("meta-writer".into()).spawn(move || run(&mut log, rx, state, &st))?;
+        // A mirrored commit waits for the secondary on the runtime (see
+        // `log::run_to_end`): the thread enters the one it was started from.
+        let rt = tokio::runtime::Handle::try_current().ok();
+        let thread = std::thread::Builder::new().name("meta-writer".into()).spawn(move || {
+            let _in_runtime = rt.as_ref().map(|h| h.enter());
+            run(&mut log, rx, state, &st)
+        })?;
         Ok(Writer { tx: Some(tx), thread: Some(thread), inline: None, stats })
     }
 
@@ -336,7 +341,7 @@ impl Writer {
         let (log, st) = &mut *guard;
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         self.stats.mutations.fetch_add(1, Ordering::Relaxed);
-        run_batch(log, st, vec![m]).pop().ok_or_else(stopped)
+        run_batch(log, st, vec![m]).await.pop().ok_or_else(stopped)
     }
 
     /// Stops accepting mutations, lets the thread finish its batch, and joins it.
@@ -375,7 +380,7 @@ fn run(log: &mut Log, mut rx: mpsc::Receiver<Job>, mut st: WriterState, stats: &
         }
         stats.batches.fetch_add(1, Ordering::Relaxed);
         stats.mutations.fetch_add(muts.len() as u64, Ordering::Relaxed);
-        let results = run_batch(log, &mut st, muts);
+        let results = crate::store::log::run_to_end(run_batch(log, &mut st, muts));
         // Answers go out only now: after the commit.
         for (r, tx) in results.into_iter().zip(replies) {
             let _ = tx.send(r);
@@ -383,8 +388,9 @@ fn run(log: &mut Log, mut rx: mpsc::Receiver<Job>, mut st: WriterState, stats: &
     }
 }
 
-/// Applies and commits one batch; one result per mutation, in order.
-pub fn run_batch(log: &mut Log, st: &mut WriterState, muts: Vec<Queued>) -> Vec<Done> {
+/// Applies and commits one batch; one result per mutation, in order. It
+/// waits only on a mirrored primary (see `Log::commit_async`).
+pub async fn run_batch(log: &mut Log, st: &mut WriterState, muts: Vec<Queued>) -> Vec<Done> {
     let n = muts.len();
     let fail_all = |code: hivefs_types::ErrorCode, msg: &str| -> Vec<Done> {
         error!("metadata store failure, batch of {n} operations not committed: {msg}");
@@ -409,7 +415,7 @@ pub fn run_batch(log: &mut Log, st: &mut WriterState, muts: Vec<Queued>) -> Vec<
         Err(e) => return fail_all(hivefs_types::ErrorCode::Io, &e.to_string()),
     };
     let start = std::time::Instant::now();
-    let committed = log.commit(changes);
+    let committed = log.commit_async(changes).await;
     hivefs_metrics::committed(n, start.elapsed());
     if let Err(e) = committed {
         return match e {

@@ -262,7 +262,12 @@ impl Namespace {
             reply_floor: Default::default(),
             quota: quota.clone(),
         };
-        if let Some((Err(e), _)) = run_batch(&mut log, &mut state, vec![(Mutation::RecoverOrphans.into(), None)]).pop()
+        if let Some((Err(e), _)) = crate::store::log::run_to_end(run_batch(
+            &mut log,
+            &mut state,
+            vec![(Mutation::RecoverOrphans.into(), None)],
+        ))
+        .pop()
         {
             return Err(StoreError::Db { path, message: format!("recovering open-unlinked entries: {e}") });
         }

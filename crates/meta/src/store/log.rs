@@ -32,25 +32,48 @@ fn crash_point(point: &str) {
     }
 }
 
+/// The own part of a mirrored commit: the journal append and the memory
+/// layers; the checksum of the appended record.
+pub type Local<'a> = &'a mut (dyn FnMut() -> Result<u32, AppendError> + Send);
+
+/// The future of [`Replicate::commit`].
+pub type CommitFut<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), AppendError>> + Send + 'a>>;
+
 /// Where a mirrored namespace's records go before its own journal (buddy
 /// mirroring, `crate::mirror`): the hook sends the record to the secondary,
 /// or notes that the secondary misses it, and runs `local` (the journal
 /// append and the memory layers), holding whatever keeps a resync's
-/// snapshot apart from commits.
+/// snapshot apart from commits. Asynchronous, so that a commit waiting for
+/// the secondary holds no thread in a simulation (`crates/sim`) and can run
+/// in any task.
 pub trait Replicate: Send + Sync {
-    fn commit(
-        &self,
-        seq: u64,
-        body: &[u8],
-        local: &mut dyn FnMut() -> Result<u32, AppendError>,
-    ) -> Result<(), AppendError>;
+    fn commit<'a>(&'a self, seq: u64, body: &'a [u8], local: Local<'a>) -> CommitFut<'a>;
+}
+
+/// Runs a commit to its end from synchronous code: at once when it needs
+/// nothing but this thread (no mirror hook, or a hook that did not wait),
+/// else on the runtime this thread has entered (the writer thread enters
+/// it; blocking-pool threads are in it). A mirrored commit outside any
+/// runtime is a bug.
+pub fn run_to_end<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+        return v;
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => h.block_on(f),
+        Err(_) => panic!("a mirrored metadata commit waited outside the tokio runtime"),
+    }
 }
 
 /// The journal's last batch and the mirroring hook, shared with whoever
 /// installs the hook while the writer runs: every commit holds `hook`'s
-/// lock, so an installation happens between two commits and sees the last.
+/// lock (asynchronous: a mirrored commit holds it while it waits for the
+/// secondary), so an installation happens between two commits and sees the
+/// last.
 pub struct Tip {
-    hook: std::sync::Mutex<Option<std::sync::Arc<dyn Replicate>>>,
+    hook: tokio::sync::Mutex<Option<std::sync::Arc<dyn Replicate>>>,
     seq: AtomicU64,
     /// Checksum of batch `seq` (u64::MAX: not known).
     crc: AtomicU64,
@@ -117,14 +140,14 @@ impl Tip {
     }
 
     /// Installs the hook made by `make` from the last batch and its checksum.
-    pub fn install(&self, make: impl FnOnce((u64, Option<u32>)) -> std::sync::Arc<dyn Replicate>) {
-        let mut h = self.hook.lock().expect("tip lock");
+    pub async fn install(&self, make: impl FnOnce((u64, Option<u32>)) -> std::sync::Arc<dyn Replicate>) {
+        let mut h = self.hook.lock().await;
         *h = Some(make(self.last()));
     }
 
     /// Removes the hook (the namespace is served unmirrored again).
-    pub fn uninstall(&self) {
-        *self.hook.lock().expect("tip lock") = None;
+    pub async fn uninstall(&self) {
+        *self.hook.lock().await = None;
     }
 
     pub fn last(&self) -> (u64, Option<u32>) {
@@ -207,30 +230,39 @@ impl Log {
         Ok(())
     }
 
+    /// [`Log::commit_async`] from synchronous code (see [`run_to_end`]).
+    pub fn commit(&mut self, changes: [Map; NT]) -> Result<(), AppendError> {
+        run_to_end(self.commit_async(changes))
+    }
+
     /// Appends the changes as one journal record and then makes them
     /// visible (on a mirrored primary: after the secondary has the record).
-    /// Nothing changed: nothing is written.
-    pub fn commit(&mut self, changes: [Map; NT]) -> Result<(), AppendError> {
+    /// Nothing changed: nothing is written. Waits only on a mirrored
+    /// primary (for the secondary, and for mgmtd when that fails).
+    pub async fn commit_async(&mut self, changes: [Map; NT]) -> Result<(), AppendError> {
         if changes.iter().all(Map::is_empty) {
             return Ok(());
         }
         let tip = self.tip.clone();
-        let hook = tip.hook.lock().expect("tip lock");
+        let hook = tip.hook.lock().await;
         if let Some(r) = hook.as_ref() {
             let mut body = Vec::new();
             encode_changes(&changes, &mut body);
             let seq = self.journal.last_seq() + 1;
             let mut changes = Some(changes);
+            let (journal, mem, armed) = (&mut self.journal, &self.mem, self.armed);
+            let body_ref = &body;
             r.commit(seq, &body, &mut || {
-                self.journal.append(|b| b.extend_from_slice(&body))?;
-                if self.armed {
+                journal.append(|b| b.extend_from_slice(body_ref))?;
+                if armed {
                     crash_point("journal:appended");
                 }
                 if let Some(c) = changes.take() {
-                    self.mem.apply(c);
+                    mem.apply(c);
                 }
-                Ok(self.journal.last_crc().unwrap_or_default())
-            })?;
+                Ok(journal.last_crc().unwrap_or_default())
+            })
+            .await?;
         } else {
             self.journal.append(|b| encode_changes(&changes, b))?;
             if self.armed {
