@@ -55,6 +55,7 @@ pub use store::StoreError;
 pub use targets::DataTargets;
 
 use hivefs_cluster::{register_node, Cluster, NodeIdentity};
+pub use hivefs_net::Net;
 use hivefs_net::{load_secret, serve, ClientConfig, Handler, Peer, Pools, ServerConfig, ServerHandle};
 use hivefs_proto::{Envelope, Reply, Request, Response};
 use hivefs_types::error::FsError;
@@ -183,6 +184,8 @@ pub enum MetaError {
     Register { mgmtd: String, dir: PathBuf, source: FsError },
     #[error("mgmtd at {mgmtd} did not name the owner of the root directory: {message}")]
     RootOwner { mgmtd: String, message: String },
+    #[error("cannot load the cluster view from mgmtd at {mgmtd}: {message} (a node must know its buddy groups before it serves)")]
+    View { mgmtd: String, message: String },
     #[error("cannot create the root directory in {path}: {source}")]
     Root { path: PathBuf, source: FsError },
 }
@@ -210,7 +213,8 @@ impl Handler for MetaHandler {
             let r = self.cluster.refresh().await.map(|_| Reply::Ok);
             // A group made or switched over: take the new role now.
             if let Some(m) = self.mirrors() {
-                tokio::spawn(async move { m.follow_roles().await });
+                let m2 = m.clone();
+                m.spawn(async move { m2.follow_roles().await });
             }
             return (r, Vec::new());
         }
@@ -244,14 +248,26 @@ impl Handler for MetaHandler {
 
 /// A running metadata service.
 pub struct MetaService {
+    /// The bound listen address (`Net::Tcp`); unspecified with `Net::Pools`.
     pub local_addr: SocketAddr,
     pub node_id: NodeId,
-    server: ServerHandle,
+    server: Option<ServerHandle>,
     tasks: Vec<JoinHandle<()>>,
     handler: Arc<MetaHandler>,
 }
 
 impl MetaService {
+    /// Serves one request as if it had arrived over the network (`Net::Pools`).
+    pub async fn handle(&self, env: Envelope, req: Request, payload: Vec<u8>) -> (Response, Vec<u8>) {
+        let peer = Peer { addr: SocketAddr::from(([0, 0, 0, 0], 0)) };
+        self.handler.handle(env, req, payload, &peer).await
+    }
+
+    /// The namespaces this node serves and keeps copies of.
+    pub fn mirrors(&self) -> Option<Arc<mirror::Mirrors>> {
+        self.handler.mirrors()
+    }
+
     /// This node's own namespace, when it serves it (for in-process tools and tests).
     pub fn namespace(&self) -> Option<Arc<Namespace>> {
         self.handler.mirrors()?.own()
@@ -271,7 +287,9 @@ impl MetaService {
     /// Stops serving, waits for requests in progress, and closes the stores
     /// (their file locks are released when this returns).
     pub async fn stop(mut self) {
-        self.server.abort();
+        if let Some(s) = &self.server {
+            s.abort();
+        }
         for t in self.tasks.drain(..) {
             t.abort();
             let _ = t.await;
@@ -283,12 +301,15 @@ impl MetaService {
 
 impl Drop for MetaService {
     fn drop(&mut self) {
-        self.server.abort();
+        if let Some(s) = &self.server {
+            s.abort();
+        }
         for t in &self.tasks {
             t.abort();
         }
         if let Some(m) = self.handler.mirrors.write().expect("handler lock").take() {
-            for (_, s) in m.slots.write().expect("slots").drain() {
+            m.stop_tasks();
+            for s in std::mem::take(&mut *m.slots.write().expect("slots")).into_values() {
                 if let mirror::Slot::Serving { ns, .. } = s {
                     ns.stop_tasks();
                 }
@@ -328,12 +349,13 @@ async fn root_owner(cluster: &Cluster, mgmtd: &str) -> Result<NodeId, MetaError>
 async fn serve_namespace(
     cluster: Arc<Cluster>,
     cfg: Config,
+    sim: Option<Simulated>,
     store: store::Store,
     node: NodeId,
     dir: PathBuf,
     grace: Option<Duration>,
 ) -> Result<Arc<Namespace>, FsError> {
-    let opts = NamespaceOptions {
+    let mut opts = NamespaceOptions {
         dir: dir.clone(),
         sync: cfg.sync,
         node,
@@ -342,9 +364,17 @@ async fn serve_namespace(
         min_free_bytes: cfg.min_free_bytes,
         inline_writer: None,
     };
-    let targets = Arc::new(targets::ClusterTargets { cluster: cluster.clone() });
+    let targets: Arc<dyn DataTargets> = match &sim {
+        Some(s) => {
+            opts.seed = Some((s.seed)());
+            opts.clock = Some(s.clock.clone());
+            opts.inline_writer = Some(s.latency.clone());
+            s.targets.clone()
+        }
+        None => Arc::new(targets::ClusterTargets { cluster: cluster.clone() }),
+    };
     // Blocking: the batches of opening go through the mirroring hook.
-    let ns = tokio::task::spawn_blocking(move || Namespace::from_store(store, opts, targets))
+    let ns = store::off_workers(move || Namespace::from_store(store, opts, targets))
         .await
         .map_err(|e| fs_err!(Internal, "{e}"))?
         .map_err(|e| fs_err!(Io, "{e}"))?;
@@ -387,12 +417,31 @@ async fn serve_namespace(
     Ok(ns)
 }
 
+/// What a deterministic simulation (`crates/sim`) puts in place of a
+/// metadata service's own sources of time, randomness, threads and storage
+/// targets. With it, every namespace served commits in the submitting task
+/// after the latency it draws (`Writer::inline`); the simulation also
+/// makes blocking work run in place ([`store::run_blocking_in_place_on_this_thread`]).
+#[derive(Clone)]
+pub struct Simulated {
+    pub latency: writer::CommitLatency,
+    pub clock: writer::Clock,
+    /// Seeds of the choosers, one drawn per namespace served.
+    pub seed: Arc<dyn Fn() -> u64 + Send + Sync>,
+    pub targets: Arc<dyn DataTargets>,
+}
+
 /// Starts a metadata service: opens the store, binds, registers with mgmtd,
 /// serves its namespace (or keeps it as a copy when its buddy group made
 /// this node the secondary), starts heartbeats (which bring the lease for
 /// mirrored namespaces), the cluster view refresh and following the roles
 /// of its buddy groups. Returns once serving.
 pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
+    start_with(cfg, Net::Tcp, None).await
+}
+
+/// [`start`] on the network `net`, with a simulation's seams when given.
+pub async fn start_with(cfg: Config, net: Net, sim: Option<Simulated>) -> Result<MetaService, MetaError> {
     let dir = cfg.dir.clone();
     std::fs::create_dir_all(&dir).map_err(|source| MetaError::DataDir { path: dir.clone(), source })?;
     let secret = match &cfg.secret_file {
@@ -406,19 +455,32 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
     let mut store = store::Store::open_replica(&dir.join(DB_FILE), cfg.sync, cfg.store_cache_bytes)?;
     store.log.checkpoint_bytes = cfg.checkpoint_bytes;
     events::log().set_capacity(cfg.event_buffer);
-    let pools = Pools::new(ClientConfig::new(secret.clone()));
+    let pools = match &net {
+        Net::Tcp => Pools::new(ClientConfig::new(secret.clone())),
+        Net::Pools(p) => p.with_config(ClientConfig::new(secret.clone())),
+    };
     let cluster = Cluster::new(&cfg.mgmtd, pools);
     let handler =
         Arc::new(MetaHandler { mirrors: RwLock::new(None), cluster: cluster.clone(), requests: Default::default() });
-    let server = serve(&cfg.listen, ServerConfig::new(NodeType::Meta, secret.clone()), handler.clone())
-        .await
-        .map_err(|source| MetaError::Listen { addr: cfg.listen.clone(), source })?;
-    let local_addr = server.local_addr;
+    let server = match net {
+        Net::Tcp => Some(
+            serve(&cfg.listen, ServerConfig::new(NodeType::Meta, secret.clone()), handler.clone())
+                .await
+                .map_err(|source| MetaError::Listen { addr: cfg.listen.clone(), source })?,
+        ),
+        Net::Pools(_) => None,
+    };
+    let abort = |server: &Option<ServerHandle>| {
+        if let Some(s) = server {
+            s.abort();
+        }
+    };
+    let local_addr = server.as_ref().map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |s| s.local_addr);
     let advertise = match &cfg.advertise {
         Some(a) => a.clone(),
         // A wildcard reaches no one: registering it would make this node unreachable.
         None if local_addr.ip().is_unspecified() => {
-            server.abort();
+            abort(&server);
             return Err(MetaError::Config {
                 path: dir.clone(),
                 message: format!(
@@ -435,8 +497,17 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
         let node = register_node(&*cluster.mgmt(), NodeType::Meta, &dir, &mut identity, &advertise, MGMTD_DEADLINE)
             .await
             .map_err(|source| MetaError::Register { mgmtd: cfg.mgmtd.clone(), dir: dir.clone(), source })?;
-        if let Err(e) = cluster.refresh().await {
-            warn!("first cluster view refresh from mgmtd {} failed: {e}", cfg.mgmtd);
+        // The view decides whether this node serves its namespace as a
+        // group's primary (every commit forwarded) or keeps it as a copy:
+        // served alone on a view that failed to load, its commits would
+        // reach no secondary while mgmtd holds that secondary current.
+        let asked = tokio::time::Instant::now();
+        while let Err(e) = cluster.refresh().await {
+            if asked.elapsed() > MGMTD_DEADLINE {
+                return Err(MetaError::View { mgmtd: cfg.mgmtd.clone(), message: e.to_string() });
+            }
+            debug!("cluster view refresh from mgmtd {} failed: {e}; trying again", cfg.mgmtd);
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
         heartbeat(&cluster, node, &dir, &lease).await;
         let serve_cfg = cfg.clone();
@@ -449,8 +520,9 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
             slots: Default::default(),
             following: Default::default(),
             failed: Default::default(),
+            tasks: Default::default(),
             serve: Box::new(move |store, ns, dir, grace| {
-                Box::pin(serve_namespace(serve_cluster.clone(), serve_cfg.clone(), store, ns, dir, grace))
+                Box::pin(serve_namespace(serve_cluster.clone(), serve_cfg.clone(), sim.clone(), store, ns, dir, grace))
             }),
         });
         let group = cluster.meta_group(node);
@@ -469,7 +541,7 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
     let (node, mirrors) = match setup.await {
         Ok(x) => x,
         Err(e) => {
-            server.abort();
+            abort(&server);
             return Err(e);
         }
     };
@@ -501,7 +573,8 @@ pub async fn start(cfg: Config) -> Result<MetaService, MetaError> {
     }
     *handler.mirrors.write().expect("handler lock") = Some(mirrors.clone());
     // Copies of other namespaces are opened now, not at the first refresh.
-    tokio::spawn(async move { mirrors.follow_roles().await });
+    let m = mirrors.clone();
+    mirrors.spawn(async move { m.follow_roles().await });
     info!(%local_addr, %node, %advertise, "metadata service ready");
     Ok(MetaService { local_addr, node_id: node, server, tasks, handler })
 }
@@ -552,7 +625,7 @@ async fn heartbeat(cluster: &Cluster, node: NodeId, dir: &Path, lease: &mirror::
         }
     };
     let hb = Request::Heartbeat { node_type: NodeType::Meta, node, targets: Vec::new(), meta };
-    let sent = std::time::Instant::now();
+    let sent = tokio::time::Instant::now();
     match cluster.mgmt().rpc(&hb).await {
         Ok(Reply::HeartbeatAck { lease_ms }) => {
             // With metadata groups, the lease counts only with a view loaded

@@ -18,7 +18,7 @@ use crate::namespace::Namespace;
 use crate::store::journal::{self, AppendError};
 use crate::store::log::{CommitFut, Local, RecordError, Replicate, Tip};
 use crate::store::mem::Mem;
-use crate::store::{Incoming, Store};
+use crate::store::{off_workers, Incoming, Store};
 use bytes::Bytes;
 use hivefs_cluster::Cluster;
 use hivefs_net::Call;
@@ -29,7 +29,8 @@ use hivefs_types::ids::{BuddyGroupId, NodeId, NodeType};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 use tracing::{info, warn};
 
 /// A forward to the secondary that takes longer fails (and degrades the group).
@@ -160,6 +161,15 @@ impl Primary {
             )),
             _ => Ok(()),
         }
+    }
+
+    /// [`Primary::check`] as the namespace's gate for steps sent to peers.
+    fn gate(self: &Arc<Self>) -> crate::cross::Gate {
+        let me = Arc::downgrade(self);
+        Arc::new(move || match me.upgrade() {
+            Some(p) => p.check(None),
+            None => Err(fs_err!(Unavailable, "this node no longer serves the namespace as its group's primary")),
+        })
     }
 
     /// Takes mgmtd's view of the group (called on every view refresh).
@@ -369,12 +379,6 @@ impl Primary {
     }
 }
 
-/// Runs disk or CPU-heavy work (a journal read, a dump of the namespace)
-/// on the blocking pool, not on a runtime worker.
-async fn off_workers<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| e.to_string())
-}
-
 impl Replicate for Primary {
     fn commit<'a>(&'a self, seq: u64, body: &'a [u8], local: Local<'a>) -> CommitFut<'a> {
         Box::pin(self.commit_inner(seq, body, local))
@@ -384,12 +388,8 @@ impl Replicate for Primary {
 impl Primary {
     async fn commit_inner(&self, seq: u64, body: &[u8], local: Local<'_>) -> Result<(), AppendError> {
         let mut st = self.st.lock().await;
-        if !self.lease.valid() {
-            return Err(unavailable(format!(
-                "metadata node holds no lease from mgmtd: buddy group {} (namespace {}) takes no changes",
-                self.group, self.ns
-            )));
-        }
+        // The lease, and no newer epoch of the group in mgmtd's view.
+        self.check(None).map_err(|e| unavailable(format!("{} takes no changes: {}", self.ns, e.message)))?;
         if st.forwarding {
             let (epoch, sec) = (st.epoch, st.secondary);
             let body = Bytes::copy_from_slice(body);
@@ -461,7 +461,10 @@ impl Replica {
         }
         let mut s = Store::open_replica(&self.path, self.sync, self.cache_bytes).map_err(|e| e.to_string())?;
         s.log.checkpoint_bytes = self.checkpoint_bytes;
-        s.log.spawn_checkpointer().map_err(|e| e.to_string())?;
+        // A simulation's node has no threads: its checkpoints run in commits.
+        if !crate::store::blocking_in_place() {
+            s.log.spawn_checkpointer().map_err(|e| e.to_string())?;
+        }
         Ok(s)
     }
 
@@ -593,11 +596,15 @@ pub struct Mirrors {
     pub cluster: Arc<Cluster>,
     pub lease: Arc<Lease>,
     pub cfg: crate::Config,
-    pub slots: std::sync::RwLock<std::collections::HashMap<NodeId, Slot>>,
+    /// Ordered: walks over it (closing, comparing) go the same way every run.
+    pub slots: std::sync::RwLock<std::collections::BTreeMap<NodeId, Slot>>,
     /// Held while following roles (the periodic look and mgmtd's notices).
     pub following: tokio::sync::Mutex<()>,
     /// Raised when the store of any namespace served here failed.
     pub failed: Arc<crate::writer::StoreFailure>,
+    /// Tasks started here (following roles, resyncs): stopped with the
+    /// service, so none goes on in the name of a node that stopped.
+    pub tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Serves a namespace from an opened store (the service's start-up
     /// steps: writer, peers, leases, recovery of pending intents).
     /// `grace`: it was served by another node until now, whose grants of
@@ -613,6 +620,20 @@ pub mod futures_serve {
 }
 
 impl Mirrors {
+    /// Runs `fut` as a task of this service (see `tasks`).
+    pub fn spawn(&self, fut: impl std::future::Future<Output = ()> + Send + 'static) {
+        let mut tasks = self.tasks.lock().expect("mirror tasks");
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(tokio::spawn(fut));
+    }
+
+    /// Stops every task started here.
+    pub fn stop_tasks(&self) {
+        for t in self.tasks.lock().expect("mirror tasks").drain(..) {
+            t.abort();
+        }
+    }
+
     /// The directory of namespace `ns`'s store on this node.
     pub fn dir_of(&self, ns: NodeId) -> PathBuf {
         if ns == self.me {
@@ -689,9 +710,7 @@ impl Mirrors {
             Some(Slot::Replica(r)) => r.clone(),
             _ => return Err(fs_err!(Unavailable, "no copy of namespace {ns} is open here yet")),
         };
-        tokio::task::spawn_blocking(move || replica.step(step, &body))
-            .await
-            .map_err(|e| fs_err!(Internal, "mirroring step: {e}"))?
+        off_workers(move || replica.step(step, &body)).await.map_err(|e| fs_err!(Internal, "mirroring step: {e}"))?
     }
 
     fn replica(&self, ns: NodeId, store: Option<Store>) -> Arc<Replica> {
@@ -765,13 +784,8 @@ impl Mirrors {
             None => None,
         };
         // A new boot epoch, as a batch of its own (mirrored like any other).
-        let mut store = tokio::task::spawn_blocking(move || {
-            let mut store = store;
-            store.bump_epoch().map(|_| store)
-        })
-        .await
-        .map_err(|e| fs_err!(Internal, "{e}"))?
-        .map_err(|e| fs_err!(Io, "{e}"))?;
+        let mut store = store;
+        store.bump_epoch_async().await.map_err(|e| fs_err!(Io, "{e}"))?;
         store.log.checkpoint_bytes = self.cfg.checkpoint_bytes;
         // The former primary granted nothing after its own lease from mgmtd
         // ended, at least one lease length before the switch-over.
@@ -779,6 +793,9 @@ impl Mirrors {
             Duration::from_millis(self.cfg.attr_lease_ms).saturating_sub(self.lease.length()) + Duration::from_secs(1)
         });
         let n = (self.serve)(store, ns, self.dir_of(ns), grace).await?;
+        if let Some(p) = &primary {
+            n.set_gate(p.gate());
+        }
         let (one, all) = (n.failure(), self.failed.clone());
         n.add_task(tokio::spawn(async move {
             one.wait().await;
@@ -831,7 +848,7 @@ impl Mirrors {
         // and a promotion finds it.
         if let Now::Copy(r) = &now {
             let r = r.clone();
-            if let Ok(Err(e)) = tokio::task::spawn_blocking(move || r.ensure_open()).await {
+            if let Ok(Err(e)) = off_workers(move || r.ensure_open()).await {
                 warn!(ns = %ns, "copy of namespace {ns}: {e}");
             }
         }
@@ -849,7 +866,7 @@ impl Mirrors {
                 let full = g.secondary_state == Consistency::Bad;
                 let due = g.secondary_state != Consistency::Good;
                 if due && online && self.lease.valid() {
-                    tokio::spawn(async move {
+                    self.spawn(async move {
                         if let Err(e) = p.resync(full).await {
                             warn!("{e}");
                         }
@@ -860,7 +877,8 @@ impl Mirrors {
                 // Mirrored while served alone: every commit from now on goes
                 // through the hook; the secondary gets a full copy first.
                 let p = self.primary(g, ns, &held, false).await;
-                if let Some(Slot::Serving { primary, .. }) = self.slots.write().expect("slots").get_mut(&ns) {
+                if let Some(Slot::Serving { ns: n, primary, .. }) = self.slots.write().expect("slots").get_mut(&ns) {
+                    n.set_gate(p.gate());
                     *primary = Some(p);
                 }
                 info!(group = %g.id, ns = %ns, "namespace served here is mirrored from now on");
@@ -905,7 +923,8 @@ impl Mirrors {
 
     /// Closes every namespace served here (stop of the service).
     pub async fn close_all(&self) {
-        let all: Vec<Slot> = self.slots.write().expect("slots").drain().map(|(_, s)| s).collect();
+        self.stop_tasks();
+        let all: Vec<Slot> = std::mem::take(&mut *self.slots.write().expect("slots")).into_values().collect();
         for s in all {
             if let Slot::Serving { ns, .. } = s {
                 close_namespace(ns).await;
@@ -920,7 +939,7 @@ pub async fn close_namespace(mut ns: Arc<Namespace>) {
     for _ in 0..1000 {
         match Arc::try_unwrap(ns) {
             Ok(n) => {
-                let _ = tokio::task::spawn_blocking(move || n.close()).await;
+                let _ = off_workers(move || n.close()).await;
                 return;
             }
             Err(still_shared) => {

@@ -27,6 +27,17 @@ pub use auth::{generate_secret_file, load_secret, Secret};
 pub use client::{call_once, Call, CallFuture, ClientConfig, Connector, Pool, Pools};
 pub use server::{serve, Handler, Peer, ServerConfig, ServerHandle};
 
+/// How a service meets its peers.
+pub enum Net {
+    /// Listens on its configured address; reaches mgmtd and other nodes
+    /// over TCP.
+    Tcp,
+    /// Listens nowhere: requests arrive through the service's `handle`, and
+    /// mgmtd and other nodes are reached through `pools` (a simulated
+    /// network, `hivefs-sim`). The service's `advertise` names it there.
+    Pools(Pools),
+}
+
 use hivefs_types::error::{ErrorCode, FsError};
 
 /// Transport-level failure, converted to an [`FsError`] for callers.

@@ -11,7 +11,7 @@
 //! `LinkTo` when the new parent is elsewhere.
 
 use crate::model::{Expect, Kind, Mid, Model, Op};
-use crate::net::{call, Endpoint, World};
+use crate::net::{call, Core, Endpoint, Stats, World};
 use hivefs_proto::{Caller, Envelope, OpId, Reply, Request, Response, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use hivefs_types::attr::{EntryAttr, FileKind};
 use hivefs_types::error::ErrorCode;
@@ -29,15 +29,47 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// An operation without a definite answer after this long is a violation.
 const ANSWER_DEADLINE: Duration = Duration::from_secs(600);
 
-pub struct Client {
-    world: Arc<World>,
+/// The world a client runs in: its randomness and trace, and the way its
+/// requests reach the metadata node that owns what they name.
+pub trait Route: std::ops::Deref<Target = Core> + Send + Sync + 'static {
+    fn stat(&self, f: impl FnOnce(&mut Stats));
+
+    /// Sends `req` from client `client` to the namespace of node `to`; one
+    /// attempt (the caller retries transport failures).
+    fn send(
+        world: Arc<Self>,
+        client: usize,
+        to: NodeId,
+        env: Envelope,
+        req: Request,
+    ) -> impl std::future::Future<Output = Response> + Send;
+}
+
+impl Route for World {
+    fn stat(&self, f: impl FnOnce(&mut Stats)) {
+        World::stat(self, f)
+    }
+
+    fn send(
+        world: Arc<World>,
+        client: usize,
+        to: NodeId,
+        env: Envelope,
+        req: Request,
+    ) -> impl std::future::Future<Output = Response> + Send {
+        call(world, Endpoint::Client(client), to, env, req)
+    }
+}
+
+pub struct Client<W> {
+    world: Arc<W>,
     pub k: usize,
     id: u64,
     seq: u64,
     pub model: Model,
 }
 
-fn pick<T: Copy>(world: &World, v: &[T]) -> Option<T> {
+fn pick<T: Copy>(world: &Core, v: &[T]) -> Option<T> {
     if v.is_empty() {
         None
     } else {
@@ -46,8 +78,8 @@ fn pick<T: Copy>(world: &World, v: &[T]) -> Option<T> {
     }
 }
 
-impl Client {
-    pub fn new(world: Arc<World>, k: usize, model: Model) -> Client {
+impl<W: Route> Client<W> {
+    pub fn new(world: Arc<W>, k: usize, model: Model) -> Client<W> {
         Client { world, k, id: 0x5100 + k as u64, seq: 0, model }
     }
 
@@ -114,7 +146,7 @@ impl Client {
     }
 
     /// Runs `ops` operations; stops at the first wrong answer (a violation).
-    pub async fn run(mut self, ops: usize) -> Client {
+    pub async fn run(mut self, ops: usize) -> Client<W> {
         for i in 0..ops {
             let op = self.next_op();
             let expect = self.model.expect(&op);
@@ -152,7 +184,7 @@ impl Client {
         let started = tokio::time::Instant::now();
         let mut backoff = Duration::from_millis(50);
         loop {
-            let c = call(self.world.clone(), Endpoint::Client(self.k), to, env, req.clone());
+            let c = W::send(self.world.clone(), self.k, to, env, req.clone());
             let r = tokio::time::timeout(REQUEST_TIMEOUT, c)
                 .await
                 .unwrap_or_else(|_| Err(fs_err!(TimedOut, "no answer within {REQUEST_TIMEOUT:?}")));

@@ -7,7 +7,6 @@
 //! counters match the inodes it holds.
 
 use crate::model::{Kind, Mid, Model};
-use crate::net::World;
 use hivefs_fsck::Checker;
 use hivefs_meta::Namespace;
 use hivefs_proto::{Reply, Request};
@@ -18,14 +17,20 @@ use std::sync::Arc;
 
 const PAGE: u32 = 64;
 
-fn node(world: &World, n: NodeId) -> Result<Arc<Namespace>, String> {
-    world.ns(n).ok_or_else(|| format!("metadata node {n} is down at the end"))
+/// The namespace of each metadata node, where it is served at the end.
+pub struct Nodes<'a> {
+    pub ids: Vec<NodeId>,
+    pub serving: &'a dyn Fn(NodeId) -> Option<Arc<Namespace>>,
+}
+
+fn node(world: &Nodes<'_>, n: NodeId) -> Result<Arc<Namespace>, String> {
+    (world.serving)(n).ok_or_else(|| format!("the namespace of metadata node {n} is not served at the end"))
 }
 
 /// All checks; each problem found is one line.
-pub async fn check(world: &Arc<World>, models: &[Model]) -> Vec<String> {
+pub async fn check(world: &Nodes<'_>, models: &[Model]) -> Vec<String> {
     let mut out = Vec::new();
-    for n in world.node_ids() {
+    for n in world.ids.iter().copied() {
         match node(world, n).and_then(|ns| ns.intents_text().map_err(|e| e.to_string())) {
             Ok(list) => out.extend(list.into_iter().map(|i| format!("metadata node {n}: pending intent {i}"))),
             Err(e) => out.push(e),
@@ -61,7 +66,7 @@ async fn entries(ns: &Namespace, dir: EntryId) -> Result<Vec<(Vec<u8>, EntryId, 
 }
 
 /// The subtree at model directory `d` against the nodes.
-async fn compare(world: &Arc<World>, m: &Model, d: Mid) -> Result<(), String> {
+async fn compare(world: &Nodes<'_>, m: &Model, d: Mid) -> Result<(), String> {
     let dir = &m.nodes[d];
     let ns = node(world, dir.owner)?;
     let path = m.path(d);
@@ -99,11 +104,11 @@ async fn compare(world: &Arc<World>, m: &Model, d: Mid) -> Result<(), String> {
 }
 
 /// The fsck checker over every node's records, and the nodes' counters.
-async fn fsck(world: &Arc<World>) -> Result<Vec<String>, String> {
+async fn fsck(world: &Nodes<'_>) -> Result<Vec<String>, String> {
     let mut c = Checker::default();
     let mut out = Vec::new();
     let nodes: Vec<(NodeId, Arc<Namespace>)> =
-        world.node_ids().into_iter().map(|n| node(world, n).map(|ns| (n, ns))).collect::<Result<_, _>>()?;
+        world.ids.iter().map(|&n| node(world, n).map(|ns| (n, ns))).collect::<Result<_, _>>()?;
     for (n, ns) in &nodes {
         let mut after = None;
         loop {

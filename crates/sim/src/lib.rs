@@ -39,6 +39,7 @@
 pub mod buddy;
 mod client;
 mod invariants;
+pub mod metabuddy;
 mod model;
 mod net;
 mod node;
@@ -165,6 +166,79 @@ impl fmt::Display for Failure {
             writeln!(f, "  {l}")?;
         }
         write!(f, "replay: {}", self.replay)
+    }
+}
+
+/// Failures a sweep reports before it stops (a broken protocol fails many seeds).
+pub const MAX_FAILURES: usize = 3;
+
+/// One simulation as the seed sweeps of `tests/` run it: `<env>_SEED=<n>`
+/// replays seed n with its trace printed; otherwise `<env>_SEEDS` seeds
+/// (default `count`) from `<env>_SEED_START` (default `start`).
+pub struct Sweep<'a, O> {
+    /// Prefix of the environment variables, e.g. `HIVEFS_SIM_BUDDY`.
+    pub env: &'a str,
+    pub start: u64,
+    pub count: u64,
+    /// Runs a seed; `true`: a replay (every trace line printed).
+    pub run: &'a dyn Fn(u64, bool) -> Result<O, Failure>,
+    pub stats: fn(&O) -> &Stats,
+    pub replay: fn(u64) -> String,
+}
+
+impl<O: fmt::Debug> Sweep<'_, O> {
+    /// Runs the sweep (or the replay) and panics naming every failing seed
+    /// and how to replay it.
+    pub fn check(&self) {
+        let var = |what: &str| env_u64(&format!("{}_{what}", self.env));
+        if let Some(seed) = var("SEED") {
+            match (self.run)(seed, true) {
+                Ok(o) => eprintln!("seed {seed} passed: {o:?}"),
+                Err(f) => panic!("{f}"),
+            }
+            return;
+        }
+        let start = var("SEED_START").unwrap_or(self.start);
+        let count = var("SEEDS").unwrap_or(self.count);
+        let t0 = std::time::Instant::now();
+        let (mut failures, mut ran, mut t) = (Vec::new(), 0, Stats::default());
+        for seed in start..start + count {
+            ran += 1;
+            match (self.run)(seed, false) {
+                Ok(o) => {
+                    let s = (self.stats)(&o);
+                    t.messages += s.messages;
+                    t.crashes += s.crashes;
+                    t.step_crashes += s.step_crashes;
+                    t.partitions += s.partitions;
+                    t.failovers += s.failovers;
+                    t.client_ops += s.client_ops;
+                }
+                Err(f) => {
+                    eprintln!("{f}\n");
+                    failures.push(f.seed);
+                    if failures.len() >= MAX_FAILURES {
+                        break;
+                    }
+                }
+            }
+        }
+        eprintln!(
+            "{ran} seeds from {start} in {:.1} s ({} failed); passing ones: {} client operations, {} messages, \
+             {} crashes ({} at a protocol step), {} partitions, {} failovers",
+            t0.elapsed().as_secs_f64(),
+            failures.len(),
+            t.client_ops,
+            t.messages,
+            t.crashes,
+            t.step_crashes,
+            t.partitions,
+            t.failovers
+        );
+        if !failures.is_empty() {
+            let cmds: Vec<String> = failures.iter().map(|&s| format!("  {}", (self.replay)(s))).collect();
+            panic!("simulation seeds {failures:?} failed (see above); replay with:\n{}", cmds.join("\n"));
+        }
     }
 }
 

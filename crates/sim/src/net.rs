@@ -330,6 +330,20 @@ pub(crate) fn draw_fate(r: &mut StdRng, f: &Faults) -> (Fate, Duration, Duration
 }
 
 /// Waits for every task in `tasks`, including those pushed meanwhile.
+/// Waits for the clients' tasks, in order, for at most `deadline` (of
+/// simulated time): their results, or `None` when they did not all finish.
+pub async fn join_clients<T>(tasks: Vec<JoinHandle<T>>, deadline: Duration) -> Option<Vec<T>> {
+    tokio::time::timeout(deadline, async {
+        let mut out = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            out.push(t.await.expect("a client task panicked"));
+        }
+        out
+    })
+    .await
+    .ok()
+}
+
 pub async fn await_all(tasks: &Mutex<Vec<JoinHandle<()>>>) {
     loop {
         let pending: Vec<_> = std::mem::take(&mut *tasks.lock().expect("tasks lock"));

@@ -25,7 +25,7 @@ pub const STEPS: [&str; 4] = ["intent", "peer", "remote", "commit"];
 
 /// One storage target whose chunk operations always succeed: files get a
 /// pattern, and no chunk file is ever written.
-struct OneTarget;
+pub(crate) struct OneTarget;
 
 impl DataTargets for OneTarget {
     fn candidates(&self, _pool: PoolId) -> Vec<(TargetId, NodeId, u64)> {

@@ -96,16 +96,10 @@ async fn run_async(seed: u64, cfg: &Config) -> Result<Outcome, Failure> {
         let c = Client::new(world.clone(), k, m);
         tasks.push(tokio::spawn(c.run(cfg.ops_per_client)));
     }
-    let mut models = Vec::new();
-    let joined = tokio::time::timeout(CLIENTS_DEADLINE, async {
-        for t in tasks {
-            models.push(t.await.expect("a client task panicked").model);
-        }
-    })
-    .await;
-    if joined.is_err() {
+    let Some(done) = crate::net::join_clients(tasks, CLIENTS_DEADLINE).await else {
         return Err(fail(&world, vec![format!("the clients did not finish within {CLIENTS_DEADLINE:?}")]));
-    }
+    };
+    let models: Vec<Model> = done.into_iter().map(|c| c.model).collect();
     stop.store(true, Ordering::SeqCst);
     chaos.await.expect("the chaos task panicked");
 
@@ -136,7 +130,9 @@ async fn run_async(seed: u64, cfg: &Config) -> Result<Outcome, Failure> {
     if quiet.is_err() {
         problems.push(format!("the nodes did not go quiet within {QUIET_DEADLINE:?} after the final restart"));
     }
-    problems.extend(invariants::check(&world, &models).await);
+    let serving = |n: NodeId| world.ns(n);
+    let all = invariants::Nodes { ids: world.node_ids(), serving: &serving };
+    problems.extend(invariants::check(&all, &models).await);
     let (trace_hash, trace_lines) = world.trace_hash();
     let stats = world.stats.lock().expect("stats lock").clone();
     let sim_ms = world.elapsed_ms();

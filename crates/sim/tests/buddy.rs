@@ -7,12 +7,8 @@
 //! replays one seed, printing its trace; `HIVEFS_SIM_BUDDY_OPS` sets the
 //! operations per client (a replay needs the same value).
 
-use hivefs_sim::buddy::{run, BuddyConfig, DEFAULT_SEEDS, DEFAULT_SEED_START};
-use hivefs_sim::env_u64;
-use std::time::Instant;
-
-/// Failures reported before the run stops.
-const MAX_FAILURES: usize = 3;
+use hivefs_sim::buddy::{replay_command, run, BuddyConfig, DEFAULT_SEEDS, DEFAULT_SEED_START};
+use hivefs_sim::{env_u64, Sweep};
 
 fn config() -> BuddyConfig {
     let mut cfg = BuddyConfig::default();
@@ -24,58 +20,20 @@ fn config() -> BuddyConfig {
 
 #[test]
 fn buddy_seeds() {
-    if let Some(seed) = env_u64("HIVEFS_SIM_BUDDY_SEED") {
-        let cfg = BuddyConfig { echo: true, trace_tail: 0, ..config() };
-        match run(seed, &cfg) {
-            Ok(o) => eprintln!("seed {seed} passed: {o:?}"),
-            Err(f) => panic!("{f}"),
-        }
-        return;
-    }
-    let start = env_u64("HIVEFS_SIM_BUDDY_SEED_START").unwrap_or(DEFAULT_SEED_START);
-    let count = env_u64("HIVEFS_SIM_BUDDY_SEEDS").unwrap_or(DEFAULT_SEEDS);
     let cfg = config();
-    let t0 = Instant::now();
-    let mut failures = Vec::new();
-    let mut totals = hivefs_sim::buddy::Stats::default();
-    let mut ran = 0;
-    for seed in start..start + count {
-        ran += 1;
-        match run(seed, &cfg) {
-            Ok(o) => {
-                let s = &o.stats;
-                totals.messages += s.messages;
-                totals.crashes += s.crashes;
-                totals.step_crashes += s.step_crashes;
-                totals.partitions += s.partitions;
-                totals.failovers += s.failovers;
-                totals.client_ops += s.client_ops;
-            }
-            Err(f) => {
-                eprintln!("{f}\n");
-                failures.push(f.seed);
-                if failures.len() >= MAX_FAILURES {
-                    break;
-                }
-            }
-        }
+    let run_one = |seed, replay| match replay {
+        true => run(seed, &BuddyConfig { echo: true, trace_tail: 0, ..cfg.clone() }),
+        false => run(seed, &cfg),
+    };
+    Sweep {
+        env: "HIVEFS_SIM_BUDDY",
+        start: DEFAULT_SEED_START,
+        count: DEFAULT_SEEDS,
+        run: &run_one,
+        stats: |o| &o.stats,
+        replay: replay_command,
     }
-    eprintln!(
-        "{ran} buddy seeds from {start} in {:.1} s ({} failed); passing ones: {} client operations, {} messages, {} crashes ({} at a protocol step), {} partitions, {} failovers",
-        t0.elapsed().as_secs_f64(),
-        failures.len(),
-        totals.client_ops,
-        totals.messages,
-        totals.crashes,
-        totals.step_crashes,
-        totals.partitions,
-        totals.failovers
-    );
-    if !failures.is_empty() {
-        let cmds: Vec<String> =
-            failures.iter().map(|&s| format!("  {}", hivefs_sim::buddy::replay_command(s))).collect();
-        panic!("buddy simulation seeds {failures:?} failed (see above); replay with:\n{}", cmds.join("\n"));
-    }
+    .check();
 }
 
 #[test]

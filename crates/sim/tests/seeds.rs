@@ -6,11 +6,7 @@
 //! `HIVEFS_SIM_OPS` sets the operations per client (default
 //! `Config::default().ops_per_client`; a replay needs the same value).
 
-use hivefs_sim::{env_u64, replay_command, run, Config, DEFAULT_SEEDS, DEFAULT_SEED_START};
-use std::time::Instant;
-
-/// Failures reported before the run stops (a broken protocol fails many seeds).
-const MAX_FAILURES: usize = 3;
+use hivefs_sim::{env_u64, replay_command, run, Config, Sweep, DEFAULT_SEEDS, DEFAULT_SEED_START};
 
 fn config() -> Config {
     let mut cfg = Config::default();
@@ -22,55 +18,20 @@ fn config() -> Config {
 
 #[test]
 fn seeds() {
-    if let Some(seed) = env_u64("HIVEFS_SIM_SEED") {
-        let cfg = Config { echo: true, trace_tail: 0, ..config() };
-        match run(seed, &cfg) {
-            Ok(o) => eprintln!("seed {seed} passed: {o:?}"),
-            Err(f) => panic!("{f}"),
-        }
-        return;
-    }
-    let start = env_u64("HIVEFS_SIM_SEED_START").unwrap_or(DEFAULT_SEED_START);
-    let count = env_u64("HIVEFS_SIM_SEEDS").unwrap_or(DEFAULT_SEEDS);
     let cfg = config();
-    let t0 = Instant::now();
-    let mut failures = Vec::new();
-    let mut totals = hivefs_sim::Stats::default();
-    let mut ran = 0;
-    for seed in start..start + count {
-        ran += 1;
-        match run(seed, &cfg) {
-            Ok(o) => {
-                let s = &o.stats;
-                totals.messages += s.messages;
-                totals.crashes += s.crashes;
-                totals.step_crashes += s.step_crashes;
-                totals.partitions += s.partitions;
-                totals.client_ops += s.client_ops;
-            }
-            Err(f) => {
-                eprintln!("{f}\n");
-                failures.push(f.seed);
-                if failures.len() >= MAX_FAILURES {
-                    break;
-                }
-            }
-        }
+    let run_one = |seed, replay| match replay {
+        true => run(seed, &Config { echo: true, trace_tail: 0, ..cfg.clone() }),
+        false => run(seed, &cfg),
+    };
+    Sweep {
+        env: "HIVEFS_SIM",
+        start: DEFAULT_SEED_START,
+        count: DEFAULT_SEEDS,
+        run: &run_one,
+        stats: |o| &o.stats,
+        replay: replay_command,
     }
-    eprintln!(
-        "{ran} seeds from {start} in {:.1} s ({} failed); passing ones: {} client operations, {} messages, {} crashes ({} at a protocol step), {} partitions",
-        t0.elapsed().as_secs_f64(),
-        failures.len(),
-        totals.client_ops,
-        totals.messages,
-        totals.crashes,
-        totals.step_crashes,
-        totals.partitions
-    );
-    if !failures.is_empty() {
-        let cmds: Vec<String> = failures.iter().map(|&s| format!("  {}", replay_command(s))).collect();
-        panic!("simulation seeds {failures:?} failed (see above); replay with:\n{}", cmds.join("\n"));
-    }
+    .check();
 }
 
 #[test]

@@ -107,16 +107,9 @@ impl Default for Config {
     }
 }
 
-/// How a storage service meets its peers.
-pub enum Net {
-    /// Listens on `Config::listen` (and offers short-circuit access when
-    /// configured); reaches mgmtd and other nodes over TCP.
-    Tcp,
-    /// Listens nowhere: requests arrive through [`StorageService::handle`],
-    /// and mgmtd and other nodes are reached through `pools` (a simulated
-    /// network, `hivefs-sim`). `Config::advertise` names the node there.
-    Pools(hivefs_net::Pools),
-}
+/// How a storage service meets its peers (with `Net::Tcp` it also offers
+/// short-circuit access when configured).
+pub use hivefs_net::Net;
 
 thread_local! {
     /// Chunk-file I/O runs where it is asked for instead of on tokio's

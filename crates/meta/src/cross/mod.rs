@@ -74,6 +74,9 @@ use tracing::{error, warn};
 /// nothing committed) or `commit` (committed, the client not answered).
 pub use crate::store::CRASH_ENV;
 
+/// See `Multi::gate`.
+pub type Gate = Arc<dyn Fn() -> FsResult<()> + Send + Sync>;
+
 #[derive(Clone, Debug, Default)]
 pub enum CrashHook {
     #[default]
@@ -194,6 +197,10 @@ impl Peers for ClusterPeers {
 pub struct Multi {
     pub(crate) peers: RwLock<Option<Arc<dyn Peers>>>,
     pub(crate) crash: RwLock<CrashHook>,
+    /// Whether this node may act for the namespace now (a mirrored
+    /// namespace's primary: its lease holds and mgmtd's view shows no newer
+    /// epoch of its group); checked before every step sent to a peer.
+    pub(crate) gate: RwLock<Option<Gate>>,
     pub(crate) intent_seq: AtomicU64,
     /// Directories owned per metadata node (last report plus our choices since).
     pub(crate) counts: Mutex<HashMap<NodeId, u64>>,
@@ -223,6 +230,7 @@ impl Multi {
         Multi {
             peers: RwLock::default(),
             crash: RwLock::default(),
+            gate: RwLock::default(),
             intent_seq: AtomicU64::default(),
             counts: Mutex::default(),
             rr: AtomicU64::default(),

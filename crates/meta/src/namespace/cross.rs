@@ -110,7 +110,26 @@ impl Namespace {
 
     async fn crash(&self, op: &str, step: &str) -> FsResult<()> {
         let hook = self.multi.crash.read().expect("crash lock").clone();
-        hook.reached(op, step).await
+        let r = hook.reached(op, step).await;
+        if r.is_err() {
+            // As after a crash, nothing this node started goes on: the
+            // operation is left to the restart's recovery.
+            self.stopping.store(true, Ordering::Release);
+        }
+        r
+    }
+
+    /// Makes every step sent to a peer wait for `gate` (see `Multi::gate`):
+    /// a former primary that has not yet seen its demotion must not drive a
+    /// cross-node operation its successor may have finished already (the
+    /// peer, told to forget the step, would apply it again).
+    pub fn set_gate(&self, gate: crate::cross::Gate) {
+        *self.multi.gate.write().expect("gate lock") = Some(gate);
+    }
+
+    fn may_act(&self) -> FsResult<()> {
+        let gate = self.multi.gate.read().expect("gate lock").clone();
+        gate.map_or(Ok(()), |g| g())
     }
 
     fn peers(&self) -> Option<Arc<dyn Peers>> {
@@ -123,24 +142,36 @@ impl Namespace {
     }
 
     /// Sends a step to metadata node `node` (this node: answered here),
-    /// again and again while the peer is unreachable.
+    /// again and again while the peer is unreachable or its commit failed
+    /// for now (a mirrored namespace's secondary or mgmtd out of reach):
+    /// every step is idempotent, and what comes back is the peer's answer.
     fn peer_call<'a>(
         &'a self,
         node: NodeId,
         op: PeerOp,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = FsResult<Reply>> + Send + 'a>> {
         Box::pin(async move {
-            if node == self.node() {
-                return self.peer(op).await;
-            }
-            let peers = self
-                .peers()
-                .ok_or_else(|| fs_err!(Unavailable, "metadata node {node} is not reachable: no peers configured"))?;
+            let peers = match node == self.node() {
+                true => None,
+                false => Some(self.peers().ok_or_else(|| {
+                    fs_err!(Unavailable, "metadata node {node} is not reachable: no peers configured")
+                })?),
+            };
             let mut backoff = Duration::from_millis(100);
             loop {
-                match peers.call(node, Request::MetaPeer { op: op.clone() }).await {
-                    Err(e) if transient(&e) => {
-                        warn!("metadata node {node} did not answer a cross-node step (trying again): {e}");
+                // Not while this node may not act for the namespace: wait
+                // (its lease may return). Once it gives the namespace up,
+                // the error left is not the peer's refusal, but it is read
+                // as one: the undo it leads to is refused by the same check
+                // on the commit, and the intent stays.
+                let r = match (self.may_act(), &peers) {
+                    (Err(e), _) => Err(e),
+                    (Ok(()), None) => self.peer(op.clone()).await,
+                    (Ok(()), Some(p)) => p.call(node, Request::MetaPeer { op: op.clone() }).await,
+                };
+                match r {
+                    Err(e) if transient(&e) && !self.stopping() => {
+                        warn!("metadata node {node} did not take a cross-node step (trying again): {e}");
                         tokio::time::sleep(backoff).await;
                         backoff = (backoff * 2).min(Duration::from_secs(2));
                     }
@@ -197,6 +228,13 @@ impl Namespace {
         let (set, released) = (&self.multi.pending, &self.multi.finished);
         let Some(op) = op else { return Ok((Claim { set, released, key: None }, None)) };
         let claim = hold(set, released, op_key(&op)).await;
+        // The wait may have outlasted this node's right to the namespace
+        // (a switch-over): the client asks the new primary, whose copy has
+        // the attempt's intent or answer.
+        if self.stopping() {
+            return Err(fs_err!(Unavailable, "metadata node {} no longer serves this namespace", self.node()));
+        }
+        self.may_act()?;
         Ok((claim, self.recorded_reply(&op)?))
     }
 
@@ -527,7 +565,30 @@ impl Namespace {
     /// ([`Namespace::remote`]) says how it went; then the crash points, the
     /// commit (or the undo of a refused step) with the client's answer, and
     /// the clean-up on the peer follow, the same for every operation.
+    ///
+    /// A transient failure leaves the intent in place (a peer's step that
+    /// kept failing, or a commit this node could not make now: on a
+    /// mirrored namespace, when the secondary and mgmtd are out of reach).
+    /// The intent is then driven again, from its remote step, until it ends,
+    /// while this node serves the namespace: left to the next start, it
+    /// would hold its names locked, and a repeat of the client's request
+    /// (which waits for this attempt) would run the operation again.
     pub(crate) async fn drive(&self, intent: EntryId) -> Response {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let r = self.drive_once(intent).await;
+            match &r {
+                Err(e) if transient(e) && !self.stopping() => {
+                    warn!("cross-node operation {intent} did not finish (trying again in {backoff:?}): {e}");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+                _ => return r,
+            }
+        }
+    }
+
+    async fn drive_once(&self, intent: EntryId) -> Response {
         let Some(rec) = self.read(|t| load_intent(&t.intents, intent))? else {
             return Err(fs_err!(Busy, "cross-node operation {intent} already finished"));
         };
@@ -541,7 +602,10 @@ impl Namespace {
                 if let (Ok(_), Some((id, to))) = (&r, hand_over) {
                     self.hand_over_opens(id, to).await;
                 }
-                if let Some(peer) = forget {
+                // Only after the commit: while the intent stands, driving it
+                // again repeats the peer's step, which its record keeps
+                // from acting twice.
+                if let (Ok(_), Some(peer)) = (&r, forget) {
                     let _ = self.peer_call(peer, PeerOp::Forget { intent }).await;
                 }
                 r

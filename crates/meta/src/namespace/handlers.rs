@@ -347,7 +347,7 @@ pub fn spawn_lease_recorder(ns: Arc<Namespace>) -> JoinHandle<()> {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let ns = ns.clone();
             // A small file write and a walk of the tables: off the async workers.
-            let _ = tokio::task::spawn_blocking(move || {
+            let _ = crate::store::off_workers(move || {
                 ns.leases.record();
                 ns.leases.sweep();
             })

@@ -203,6 +203,9 @@ pub struct Namespace {
     pub leases: crate::leases::Leases,
     /// Background tasks serving this namespace (stopped before it closes).
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Set when this node stops serving the namespace (`stop_tasks`):
+    /// requests still running give up what they retry.
+    pub(crate) stopping: std::sync::atomic::AtomicBool,
     /// Quota limits fetched from mgmtd (see `quota`).
     pub quota: Arc<crate::quota::QuotaGate>,
 }
@@ -290,6 +293,7 @@ impl Namespace {
             multi,
             leases: Default::default(),
             tasks: Mutex::default(),
+            stopping: Default::default(),
             quota,
         })
     }
@@ -327,9 +331,15 @@ impl Namespace {
 
     /// Stops the background tasks (they hold the namespace).
     pub fn stop_tasks(&self) {
+        self.stopping.store(true, std::sync::atomic::Ordering::Release);
         for t in self.tasks.lock().expect("tasks lock").drain(..) {
             t.abort();
         }
+    }
+
+    /// Whether this node is giving up the namespace (see `stop_tasks`).
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Stops the writer after its current batch and closes the store.

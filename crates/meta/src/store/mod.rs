@@ -59,6 +59,37 @@ pub use multi::{DirExtra, Intent, IntentStep, Xattrs};
 pub use tables::{LeaseKey, OpError, OpResult};
 
 use hivefs_types::attr::{FileKind, Timespec};
+
+thread_local! {
+    /// Blocking work runs where it is asked for instead of on tokio's
+    /// blocking pool (see [`run_blocking_in_place_on_this_thread`]).
+    static IN_PLACE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes every metadata service task polled by this thread do its blocking
+/// work (store opening and closing, journal reads, dumps, copies' steps) in
+/// place instead of on tokio's blocking pool, and a copy's checkpoints in
+/// its commits instead of on a thread of their own: for a deterministic
+/// simulation, which runs all nodes on one current-thread runtime and must
+/// not let another thread's timing decide the order of events.
+pub fn run_blocking_in_place_on_this_thread(on: bool) {
+    IN_PLACE.with(|c| c.set(on));
+}
+
+/// Whether blocking work runs in place on this thread.
+pub fn blocking_in_place() -> bool {
+    IN_PLACE.with(|c| c.get())
+}
+
+/// Runs disk or CPU-heavy work (a journal read, a dump of the namespace,
+/// opening a store) on the blocking pool, not on a runtime worker (in place
+/// under [`run_blocking_in_place_on_this_thread`]); `Err` when it panicked.
+pub async fn off_workers<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+    if blocking_in_place() {
+        return Ok(f());
+    }
+    tokio::task::spawn_blocking(f).await.map_err(|e| e.to_string())
+}
 use hivefs_types::ids::{BuddyGroupId, EntryId, NodeId, TargetId};
 use hivefs_types::pattern::{DirPattern, Pattern, StripeUnit};
 use redb::backends::FileBackend;
@@ -361,6 +392,11 @@ impl Store {
     /// if one is set), so EntryIds minted from now on cannot collide with
     /// any earlier boot's.
     pub fn bump_epoch(&mut self) -> Result<(), StoreError> {
+        log::run_to_end(self.bump_epoch_async())
+    }
+
+    /// [`Store::bump_epoch`], waiting asynchronously for a mirror's secondary.
+    pub async fn bump_epoch_async(&mut self) -> Result<(), StoreError> {
         let p = self.path.clone();
         let db_err = |e: &dyn std::fmt::Display| StoreError::Db { path: p.clone(), message: e.to_string() };
         let old = self.log.mem.read(|t| sys_get(&t.system, sys::EPOCH)).map_err(|e| db_err(&format!("{e:?}")))?;
@@ -371,7 +407,7 @@ impl Store {
         let ((), changes) =
             self.log.mem.batch(|t| sys_put(&mut t.system, sys::EPOCH, epoch)).map_err(|e| db_err(&format!("{e:?}")))?;
         let jdir = self.log.journal_dir().to_path_buf();
-        self.log.commit(changes).map_err(|e| db_err(&format!("journal {}: {e:?}", jdir.display())))?;
+        self.log.commit_async(changes).await.map_err(|e| db_err(&format!("journal {}: {e:?}", jdir.display())))?;
         self.epoch = epoch as u32;
         self.counter = 0;
         Ok(())

@@ -15,7 +15,7 @@
 //! is sent again, unchanged, until one is acknowledged (all of them are
 //! idempotent).
 
-use crate::buddy::world::{self, Ep, World, MGMTD};
+use crate::buddy::world::{self, Ep, StorageWorld as World, MGMTD};
 use bytes::Bytes;
 use hivefs_cluster::Cluster;
 use hivefs_proto::Reply;

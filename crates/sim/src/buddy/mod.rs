@@ -23,7 +23,7 @@
 mod client;
 mod node;
 mod run;
-mod world;
+pub(crate) mod world;
 
 pub use world::Stats;
 
@@ -52,6 +52,10 @@ pub struct BuddyFaults {
     pub nothing: u32,
     pub restart_ms: (u64, u64),
     pub partition_ms: (u64, u64),
+    /// A node's request whose connection breaks runs later, after its
+    /// sender gave up on it (false: it runs at once, and only its answer
+    /// is lost).
+    pub late_requests: bool,
 }
 
 impl Default for BuddyFaults {
@@ -66,6 +70,7 @@ impl Default for BuddyFaults {
             nothing: 22,
             restart_ms: (10, 4000),
             partition_ms: (200, 5000),
+            late_requests: true,
         }
     }
 }

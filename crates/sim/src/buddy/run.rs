@@ -7,7 +7,7 @@
 
 use crate::buddy::client::{Client, File};
 use crate::buddy::node;
-use crate::buddy::world::{Ep, World};
+use crate::buddy::world::StorageWorld as World;
 use crate::buddy::{BuddyConfig, BuddyOutcome};
 use crate::net::panic_message;
 use crate::Failure;
@@ -64,7 +64,21 @@ async fn run_async(seed: u64, cfg: &BuddyConfig) -> Result<BuddyOutcome, Failure
         let clients = r.gen_range(cfg.clients.0..=cfg.clients.1);
         (targets, groups, clients)
     };
-    let world = World::new(seed, cfg.faults.clone(), &targets, crate::run::temp_dir(), cfg.trace_tail, cfg.echo);
+    let root = crate::run::temp_dir();
+    let dirs = targets
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| {
+            let dir = root.path().join(format!("n{}", k + 1));
+            let ts: Vec<PathBuf> = (0..n).map(|t| dir.join(format!("target{t}"))).collect();
+            for t in &ts {
+                std::fs::create_dir_all(t).expect("a target dir");
+                hivefs_storage::init_target(t, "sim").expect("formatting a simulated target");
+            }
+            (dir.join("service"), ts)
+        })
+        .collect();
+    let world = World::new(seed, cfg.faults.clone(), dirs, root, cfg.trace_tail, cfg.echo);
     world.trace(format_args!("seed {seed}: storage nodes with {targets:?} targets, {clients} clients"));
     let fail = |world: &Arc<World>, mut v: Vec<String>| {
         v.extend(world.violations());
@@ -126,17 +140,16 @@ async fn run_async(seed: u64, cfg: &BuddyConfig) -> Result<BuddyOutcome, Failure
     }
     world.set_calm(false);
     let stop = Arc::new(AtomicBool::new(false));
-    let chaos = tokio::spawn(chaos(world.clone(), stop.clone()));
-    let mut files = Vec::new();
-    let joined = tokio::time::timeout(CLIENTS_DEADLINE, async {
-        for t in tasks {
-            files.extend(t.await.expect("a client task panicked").files);
-        }
-    })
-    .await;
-    if joined.is_err() {
+    let arm = |w: &World, k| {
+        let step = *hivefs_storage::MIRROR_STEPS.choose(&mut *w.rng()).expect("steps");
+        node::arm(w, k, step);
+    };
+    let restart = |w, k, delay| node::crash_and_restart(w, k, None, "chaos", delay);
+    let chaos = tokio::spawn(crate::buddy::world::chaos(world.clone(), stop.clone(), restart, arm));
+    let Some(done) = crate::net::join_clients(tasks, CLIENTS_DEADLINE).await else {
         return Err(fail(&world, vec![format!("the clients did not finish within {CLIENTS_DEADLINE:?}")]));
-    }
+    };
+    let files: Vec<File> = done.into_iter().flat_map(|c| c.files).collect();
     stop.store(true, Ordering::SeqCst);
     chaos.await.expect("the chaos task panicked");
 
@@ -176,7 +189,7 @@ async fn run_async(seed: u64, cfg: &BuddyConfig) -> Result<BuddyOutcome, Failure
     let sim_ms = world.elapsed_ms();
     failover.abort();
     for k in world.node_ids() {
-        node::crash(&world, k, None, "run over").await;
+        world.crash(k, None, "run over").await;
     }
     if !problems.is_empty() || !world.violations().is_empty() {
         for p in &problems {
@@ -271,58 +284,4 @@ fn check(world: &World, files: &[File]) -> Vec<String> {
         }
     }
     problems
-}
-
-/// Until `stop`: every so often, crash a storage node or mgmtd now, or cut
-/// the servers (mgmtd and the storage nodes) in two for a while.
-async fn chaos(world: Arc<World>, stop: Arc<AtomicBool>) {
-    let f = world.faults.clone();
-    loop {
-        let wait = world.ms(f.chaos_every_ms);
-        tokio::time::sleep(wait).await;
-        if stop.load(Ordering::SeqCst) {
-            return;
-        }
-        let total = f.crash_now + f.crash_at_step + f.partition + f.mgmt_crash + f.nothing;
-        let mut roll = world.rng().gen_range(0..total.max(1));
-        if roll >= f.crash_now && roll < f.crash_now + f.crash_at_step {
-            let up = world.up_nodes();
-            let (k, step) = {
-                let mut r = world.rng();
-                let Some(&k) = up.choose(&mut *r) else { continue };
-                (k, *hivefs_storage::MIRROR_STEPS.choose(&mut *r).expect("steps"))
-            };
-            node::arm(&world, k, step);
-            continue;
-        }
-        if roll >= f.crash_now {
-            roll -= f.crash_at_step;
-        }
-        if roll < f.crash_now {
-            let up = world.up_nodes();
-            let Some(&k) = up.choose(&mut *world.rng()) else { continue };
-            let delay = world.ms(f.restart_ms);
-            let h = tokio::spawn(node::crash_and_restart(world.clone(), k, None, "chaos", delay));
-            world.restarts.lock().expect("restarts lock").push(h);
-        } else if roll < f.crash_now + f.partition {
-            let mut servers = vec![Ep::Mgmt];
-            servers.extend(world.node_ids().into_iter().map(Ep::Node));
-            let side: Vec<Ep> = {
-                let mut r = world.rng();
-                let n = r.gen_range(1..servers.len());
-                servers.choose_multiple(&mut *r, n).copied().collect()
-            };
-            let dur = world.ms(f.partition_ms);
-            world.partition(side, dur);
-        } else if roll < f.crash_now + f.partition + f.mgmt_crash && world.mgmt_is_up() {
-            world.crash_mgmt();
-            let delay = world.ms(f.restart_ms);
-            let w = world.clone();
-            let h = tokio::spawn(async move {
-                tokio::time::sleep(delay).await;
-                w.restart_mgmt();
-            });
-            world.restarts.lock().expect("restarts lock").push(h);
-        }
-    }
 }

@@ -1,11 +1,13 @@
-//! The buddy-mirroring world: mgmtd's state, the storage nodes' slots, the
-//! one seeded RNG, the network between them and the clients, the trace.
+//! The buddy-mirroring world: mgmtd's state, the nodes' slots (storage
+//! nodes here, metadata nodes in `metabuddy`: the world is generic over
+//! the [`Service`] a node runs), the one seeded RNG, the network between
+//! them and the clients, the trace.
 //!
 //! mgmtd is `hivefs_mgmtd::Mgmt` answered in place (its clock is tokio's
 //! paused one), and a task runs its failover check as the service does; a
 //! restart of mgmtd loads its registry from disk again and forgets what it
-//! had heard from the nodes (as the process would). A storage node is the real
-//! `hivefs_storage` service started with `Net::Pools`: it listens nowhere,
+//! had heard from the nodes (as the process would). A node is the real
+//! service started with `Net::Pools`: it listens nowhere,
 //! its requests arrive as tasks of the node, and everything it sends goes
 //! through [`call`]. A crash stops every task of the node (requests it
 //! serves, its start, its heartbeats, resyncs) and drops the service.
@@ -17,8 +19,9 @@ use bytes::Bytes;
 use hivefs_mgmtd::{CapacityLimits, Mgmt, Timeouts};
 use hivefs_net::{Call, CallFuture, ClientConfig, Connector, Pools};
 use hivefs_proto::{Envelope, Reply, Request, Response};
-use hivefs_storage::StorageService;
 use hivefs_types::error::FsResult;
+use rand::seq::SliceRandom;
+use rand::Rng;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,7 +33,7 @@ use tokio::time::Instant;
 
 /// mgmtd's address.
 pub const MGMTD: &str = "mgmtd";
-/// Storage nodes' heartbeat interval.
+/// Nodes' heartbeat interval.
 pub const HEARTBEAT_MS: u64 = 250;
 /// mgmtd's timeouts: a primary silent for 2 s is replaced (leases of 1 s).
 pub const TIMEOUTS: Timeouts =
@@ -38,11 +41,63 @@ pub const TIMEOUTS: Timeouts =
 /// How often mgmtd looks for groups to switch over (as the service does).
 const FAILOVER_CHECK: Duration = Duration::from_millis(500);
 
+/// What a node runs: a service that answers requests delivered to it.
+pub trait Service: Send + Sync + 'static {
+    fn handle(
+        &self,
+        env: Envelope,
+        req: Request,
+        payload: Vec<u8>,
+    ) -> impl std::future::Future<Output = (Response, Vec<u8>)> + Send;
+}
+
+impl Service for hivefs_storage::StorageService {
+    fn handle(
+        &self,
+        env: Envelope,
+        req: Request,
+        payload: Vec<u8>,
+    ) -> impl std::future::Future<Output = (Response, Vec<u8>)> + Send {
+        hivefs_storage::StorageService::handle(self, env, req, payload)
+    }
+}
+
+impl Service for hivefs_meta::MetaService {
+    fn handle(
+        &self,
+        env: Envelope,
+        req: Request,
+        payload: Vec<u8>,
+    ) -> impl std::future::Future<Output = (Response, Vec<u8>)> + Send {
+        hivefs_meta::MetaService::handle(self, env, req, payload)
+    }
+}
+
+/// The id mgmtd gave a running service.
+pub trait NodeId {
+    fn node_id(&self) -> hivefs_types::ids::NodeId;
+}
+
+impl NodeId for hivefs_storage::StorageService {
+    fn node_id(&self) -> hivefs_types::ids::NodeId {
+        self.node_id
+    }
+}
+
+impl NodeId for hivefs_meta::MetaService {
+    fn node_id(&self) -> hivefs_types::ids::NodeId {
+        self.node_id
+    }
+}
+
+/// The storage buddy-mirroring world.
+pub type StorageWorld = World<hivefs_storage::StorageService>;
+
 /// Who sends a message, or receives one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ep {
     Mgmt,
-    /// Storage node `k` (1-based), at address `s<k>`.
+    /// Node `k` (1-based), at address `n<k>`.
     Node(usize),
     Client(usize),
 }
@@ -52,7 +107,7 @@ impl Ep {
         if addr == MGMTD {
             return Some(Ep::Mgmt);
         }
-        addr.strip_prefix('s').and_then(|k| k.parse().ok()).map(Ep::Node)
+        addr.strip_prefix('n').and_then(|k| k.parse().ok()).map(Ep::Node)
     }
 }
 
@@ -60,18 +115,19 @@ impl fmt::Display for Ep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Ep::Mgmt => write!(f, "mgmtd"),
-            Ep::Node(k) => write!(f, "s{k}"),
+            Ep::Node(k) => write!(f, "n{k}"),
             Ep::Client(k) => write!(f, "c{k}"),
         }
     }
 }
 
-/// One storage node: its directories and, while it runs, its service and
-/// the tasks running its code.
-pub struct Slot {
+/// One node: its directories and, while it runs, its service and the
+/// tasks running its code.
+pub struct Slot<S> {
     pub dir: PathBuf,
+    /// A storage node's targets.
     pub targets: Vec<PathBuf>,
-    pub svc: Option<Arc<StorageService>>,
+    pub svc: Option<Arc<S>>,
     pub boot: u32,
     /// Its start (registration with mgmtd) and the requests it serves.
     pub tasks: Vec<JoinHandle<()>>,
@@ -88,14 +144,14 @@ struct Cut {
     until: Instant,
 }
 
-pub struct World {
+pub struct World<S> {
     core: Core,
     pub faults: BuddyFaults,
     pub mgmt: Mutex<Mgmt>,
     mgmt_dir: PathBuf,
     /// mgmtd runs (it is down between a crash and its restart).
     mgmt_up: AtomicBool,
-    pub nodes: Vec<Mutex<Slot>>,
+    pub nodes: Vec<Mutex<Slot<S>>>,
     cuts: Mutex<Vec<Cut>>,
     calm: AtomicBool,
     pub stats: Mutex<Stats>,
@@ -106,7 +162,7 @@ pub struct World {
     _root: tempfile::TempDir,
 }
 
-impl std::ops::Deref for World {
+impl<S> std::ops::Deref for World<S> {
     type Target = Core;
 
     fn deref(&self) -> &Core {
@@ -114,32 +170,26 @@ impl std::ops::Deref for World {
     }
 }
 
-impl World {
-    /// `targets[k]`: how many targets storage node `k + 1` has.
+impl<S: Service> World<S> {
+    /// `nodes[k]`: the service directory and the targets (a storage
+    /// node's, formatted) of node `k + 1`.
     pub fn new(
         seed: u64,
         faults: BuddyFaults,
-        targets: &[usize],
+        nodes: Vec<(PathBuf, Vec<PathBuf>)>,
         root: tempfile::TempDir,
         keep: usize,
         echo: bool,
-    ) -> Arc<World> {
+    ) -> Arc<World<S>> {
         let mgmt_dir = root.path().join("mgmtd");
         let mgmt = Mgmt::open(&mgmt_dir, TIMEOUTS, CapacityLimits::default(), Instant::now().into_std())
             .expect("opening the simulated mgmtd");
-        let nodes = targets
-            .iter()
-            .enumerate()
-            .map(|(k, &n)| {
-                let dir = root.path().join(format!("s{}", k + 1));
-                let ts: Vec<PathBuf> = (0..n).map(|t| dir.join(format!("target{t}"))).collect();
-                for t in &ts {
-                    std::fs::create_dir_all(t).expect("a target dir");
-                    hivefs_storage::init_target(t, "sim").expect("formatting a simulated target");
-                }
+        let nodes = nodes
+            .into_iter()
+            .map(|(dir, targets)| {
                 Mutex::new(Slot {
-                    dir: dir.join("service"),
-                    targets: ts,
+                    dir,
+                    targets,
                     svc: None,
                     boot: 0,
                     tasks: Vec::new(),
@@ -171,11 +221,15 @@ impl World {
         }
     }
 
+    pub fn is_calm(&self) -> bool {
+        self.calm.load(Ordering::SeqCst)
+    }
+
     pub fn stat(&self, f: impl FnOnce(&mut Stats)) {
         f(&mut self.stats.lock().expect("stats lock"))
     }
 
-    pub fn slot(&self, k: usize) -> MutexGuard<'_, Slot> {
+    pub fn slot(&self, k: usize) -> MutexGuard<'_, Slot<S>> {
         self.nodes[k - 1].lock().expect("slot lock")
     }
 
@@ -252,13 +306,108 @@ impl World {
         let h = tokio::spawn(async move {
             if let Err(panic) = fut.await {
                 if let Some(w) = world.upgrade() {
-                    w.violation(format!("code of storage node s{k} panicked: {}", panic_message(&*panic)));
+                    w.violation(format!("code of node n{k} panicked: {}", panic_message(&*panic)));
                 }
             }
         });
         let mut slot = self.slot(k);
         slot.tasks.retain(|t| !t.is_finished());
         slot.tasks.push(h);
+    }
+
+    /// Begins boot `n + 1` of node `k`: a halt at a crash step of this boot
+    /// crashes the node and starts it again after a drawn delay, through
+    /// `restart(world, k, boot, delay)`. Returns the node's directory and
+    /// the boot.
+    pub fn next_boot<Fut>(
+        self: &Arc<Self>,
+        k: usize,
+        restart: impl FnOnce(Arc<World<S>>, usize, u32, Duration) -> Fut + Send + 'static,
+    ) -> (PathBuf, u32)
+    where
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let mut slot = self.slot(k);
+        assert!(slot.svc.is_none(), "node n{k} is already running");
+        slot.boot += 1;
+        slot.halt = Arc::default();
+        let (halt, boot, w) = (slot.halt.clone(), slot.boot, self.clone());
+        slot.watcher = Some(tokio::spawn(async move {
+            halt.notified().await;
+            w.trace(format_args!("n{k} halted at its crash step"));
+            w.stat(|s| s.step_crashes += 1);
+            let delay = w.ms(w.faults.restart_ms);
+            let again = tokio::spawn(restart(w.clone(), k, boot, delay));
+            w.restarts.lock().expect("restarts lock").push(again);
+        }));
+        (slot.dir.clone(), slot.boot)
+    }
+
+    /// Starts boot `boot` of node `k` as a task of the node, with `start`
+    /// tried again every second until it returns a service (as a service
+    /// manager would); the node is up (takes requests) from then on.
+    pub fn start_node<Fut, E>(self: &Arc<Self>, k: usize, boot: u32, start: impl Fn() -> Fut + Send + 'static)
+    where
+        Fut: std::future::Future<Output = Result<S, E>> + Send,
+        E: fmt::Display + Send,
+        S: NodeId,
+    {
+        let w = Arc::downgrade(self);
+        self.spawn_on(k, async move {
+            loop {
+                let r = start().await;
+                let Some(w) = w.upgrade() else { return };
+                match r {
+                    Ok(svc) => {
+                        w.trace(format_args!("n{k} up, boot {boot}, node {}", svc.node_id()));
+                        w.slot(k).svc = Some(Arc::new(svc));
+                        return;
+                    }
+                    Err(e) => {
+                        w.trace(format_args!("n{k} start failed ({e}); again in 1 s"));
+                        drop(w);
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Whether node `k` runs or starts (of boot `boot`, if given).
+    pub fn alive(&self, k: usize, boot: Option<u32>) -> bool {
+        let slot = self.slot(k);
+        let starting = slot.tasks.iter().any(|t| !t.is_finished());
+        (slot.svc.is_some() || starting) && boot.is_none_or(|b| b == slot.boot)
+    }
+
+    /// Crashes node `k` (of boot `boot`, if given): every task running its
+    /// code stops, then the service is dropped. False if it was not running.
+    pub async fn crash(self: &Arc<Self>, k: usize, boot: Option<u32>, why: &str) -> bool {
+        if !self.alive(k, boot) {
+            return false;
+        }
+        let (svc, tasks, watcher) = {
+            let mut slot = self.slot(k);
+            (slot.svc.take(), std::mem::take(&mut slot.tasks), slot.watcher.take())
+        };
+        self.trace(format_args!("n{k} crashes ({why})"));
+        self.stat(|s| s.crashes += 1);
+        if let Some(w) = watcher {
+            w.abort();
+        }
+        for t in &tasks {
+            t.abort();
+        }
+        for t in tasks {
+            if let Err(e) = t.await {
+                if e.is_panic() {
+                    self.violation(format!("a task of node n{k} panicked: {e}"));
+                }
+            }
+        }
+        // Dropping the service stops its heartbeats and mirroring tasks.
+        drop(svc);
+        true
     }
 
     fn fate(&self) -> (Fate, Duration, Duration) {
@@ -274,8 +423,8 @@ impl World {
 /// node (a client never overlaps two attempts of one change; see
 /// `docs/simulation.md`); a node's request whose answer is lost arrives
 /// late, after the sender has given up on it.
-pub async fn call(
-    world: Arc<World>,
+pub async fn call<S: Service>(
+    world: Arc<World<S>>,
     from: Ep,
     to_addr: String,
     env: Envelope,
@@ -289,7 +438,13 @@ pub async fn call(
     let (fate, d1, d2) = world.fate();
     world.stat(|s| s.messages += 1);
     let role = env.mirror.map(|h| format!(" {:?}@{}", h.role, h.epoch)).unwrap_or_default();
-    world.trace(format_args!("m{m} {from}->{to} {}{role} {fate:?} +{}ms", req.name(), d1.as_millis()));
+    let what = match &req {
+        Request::SetMemberState { group, epoch, member, state } => {
+            format!("SetMemberState(group {group} at {epoch:?}: {member} {state:?})")
+        }
+        r => r.name().to_string(),
+    };
+    world.trace(format_args!("m{m} {from}->{to} {what}{role} {fate:?} +{}ms", d1.as_millis()));
     tokio::time::sleep(d1).await;
     if !world.up(to) || world.cut(from, to) {
         world.trace(format_args!("m{m} refused"));
@@ -312,7 +467,7 @@ pub async fn call(
             let Some(svc) = world.slot(k).svc.clone() else {
                 return Err(lost("node down"));
             };
-            if fate == Fate::LoseReply && !matches!(from, Ep::Client(_)) {
+            if fate == Fate::LoseReply && !matches!(from, Ep::Client(_)) && world.faults.late_requests {
                 // The sender gives up on the connection; the request, still
                 // on its way (or queued at the receiver), runs later.
                 let late = world.ms(world.faults.net.slow_ms);
@@ -363,14 +518,68 @@ pub async fn call(
     r.0.map(|reply| (reply, r.1))
 }
 
+/// Until `stop`: every so often, crash a node (`restart` brings it back
+/// after a drawn delay) or mgmtd now, arm a node to stop at a step of its
+/// protocol (`arm`, which draws the step), or cut the servers (mgmtd and
+/// the nodes) in two for a while.
+pub async fn chaos<S: Service, Fut>(
+    world: Arc<World<S>>,
+    stop: Arc<AtomicBool>,
+    restart: impl Fn(Arc<World<S>>, usize, Duration) -> Fut,
+    arm: impl Fn(&World<S>, usize),
+) where
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let f = world.faults.clone();
+    loop {
+        let wait = world.ms(f.chaos_every_ms);
+        tokio::time::sleep(wait).await;
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let total = f.crash_now + f.crash_at_step + f.partition + f.mgmt_crash + f.nothing;
+        let roll = world.rng().gen_range(0..total.max(1));
+        if roll < f.crash_now {
+            let up = world.up_nodes();
+            let Some(&k) = up.choose(&mut *world.rng()) else { continue };
+            let delay = world.ms(f.restart_ms);
+            let h = tokio::spawn(restart(world.clone(), k, delay));
+            world.restarts.lock().expect("restarts lock").push(h);
+        } else if roll < f.crash_now + f.crash_at_step {
+            let up = world.up_nodes();
+            let Some(&k) = up.choose(&mut *world.rng()) else { continue };
+            arm(&world, k);
+        } else if roll < f.crash_now + f.crash_at_step + f.partition {
+            let mut servers = vec![Ep::Mgmt];
+            servers.extend(world.node_ids().into_iter().map(Ep::Node));
+            let side: Vec<Ep> = {
+                let mut r = world.rng();
+                let n = r.gen_range(1..servers.len());
+                servers.choose_multiple(&mut *r, n).copied().collect()
+            };
+            let dur = world.ms(f.partition_ms);
+            world.partition(side, dur);
+        } else if roll < f.crash_now + f.crash_at_step + f.partition + f.mgmt_crash && world.mgmt_is_up() {
+            world.crash_mgmt();
+            let delay = world.ms(f.restart_ms);
+            let w = world.clone();
+            let h = tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                w.restart_mgmt();
+            });
+            world.restarts.lock().expect("restarts lock").push(h);
+        }
+    }
+}
+
 /// The way from `from` to one address: [`call`].
-struct SimCall {
-    world: Weak<World>,
+struct SimCall<S> {
+    world: Weak<World<S>>,
     from: Ep,
     addr: String,
 }
 
-impl Call for SimCall {
+impl<S: Service> Call for SimCall<S> {
     fn addr(&self) -> &str {
         &self.addr
     }
@@ -387,7 +596,7 @@ impl Call for SimCall {
 }
 
 /// Pools whose every call is [`call`] from `from`.
-pub fn pools(world: &Arc<World>, from: Ep) -> Pools {
+pub fn pools<S: Service>(world: &Arc<World<S>>, from: Ep) -> Pools {
     let w = Arc::downgrade(world);
     let connect: Connector = Arc::new(move |addr: &str| {
         Arc::new(SimCall { world: w.clone(), from, addr: addr.to_string() }) as Arc<dyn Call>
@@ -396,7 +605,7 @@ pub fn pools(world: &Arc<World>, from: Ep) -> Pools {
 }
 
 /// mgmtd's failover check, every [`FAILOVER_CHECK`], for the whole run.
-pub async fn failover_loop(world: Weak<World>) {
+pub async fn failover_loop<S: Service>(world: Weak<World<S>>) {
     loop {
         tokio::time::sleep(FAILOVER_CHECK).await;
         let Some(w) = world.upgrade() else { return };
