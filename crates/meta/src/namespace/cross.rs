@@ -87,13 +87,19 @@ impl<K: Eq + Hash + Copy> Drop for Claim<'_, K> {
     }
 }
 
-/// Takes `key` in `set`, waiting while someone else holds it.
-async fn hold<'a, K: Eq + Hash + Copy>(set: &'a Mutex<HashSet<K>>, released: &'a Notify, key: K) -> Claim<'a, K> {
+/// Takes `key` in `set`, waiting while someone else holds it; whether it waited.
+async fn hold<'a, K: Eq + Hash + Copy>(
+    set: &'a Mutex<HashSet<K>>,
+    released: &'a Notify,
+    key: K,
+) -> (Claim<'a, K>, bool) {
+    let mut waited = false;
     loop {
         let notified = released.notified();
         if set.lock().expect("claims lock").insert(key) {
-            return Claim { set, released, key: Some(key) };
+            return (Claim { set, released, key: Some(key) }, waited);
         }
+        waited = true;
         let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
     }
 }
@@ -114,7 +120,7 @@ impl Namespace {
         if r.is_err() {
             // As after a crash, nothing this node started goes on: the
             // operation is left to the restart's recovery.
-            self.stopping.store(true, Ordering::Release);
+            self.halt();
         }
         r
     }
@@ -128,8 +134,7 @@ impl Namespace {
     }
 
     fn may_act(&self) -> FsResult<()> {
-        let gate = self.multi.gate.read().expect("gate lock").clone();
-        gate.map_or(Ok(()), |g| g())
+        self.multi.gate.read().expect("gate lock").as_ref().map_or(Ok(()), |g| g())
     }
 
     fn peers(&self) -> Option<Arc<dyn Peers>> {
@@ -227,14 +232,17 @@ impl Namespace {
     async fn claim(&self, op: Option<OpId>) -> FsResult<(Claim<'_, (u64, u64)>, Option<Response>)> {
         let (set, released) = (&self.multi.pending, &self.multi.finished);
         let Some(op) = op else { return Ok((Claim { set, released, key: None }, None)) };
-        let claim = hold(set, released, op_key(&op)).await;
-        // The wait may have outlasted this node's right to the namespace
-        // (a switch-over): the client asks the new primary, whose copy has
-        // the attempt's intent or answer.
-        if self.stopping() {
-            return Err(fs_err!(Unavailable, "metadata node {} no longer serves this namespace", self.node()));
+        let (claim, waited) = hold(set, released, op_key(&op)).await;
+        // A wait may have outlasted this node's right to the namespace (a
+        // switch-over): the client asks the new primary, whose copy has the
+        // attempt's intent or answer. (Without a wait, the request's own
+        // check on arrival stands.)
+        if waited {
+            if self.stopping() {
+                return Err(fs_err!(Unavailable, "metadata node {} no longer serves this namespace", self.node()));
+            }
+            self.may_act()?;
         }
-        self.may_act()?;
         Ok((claim, self.recorded_reply(&op)?))
     }
 
@@ -246,7 +254,7 @@ impl Namespace {
     /// drop the record while a delivery that would act again without it
     /// (a rename's step on the replaced entry's owner) still runs.
     async fn step_lock(&self, intent: EntryId) -> Claim<'_, EntryId> {
-        hold(&self.multi.steps, &self.multi.finished, intent).await
+        hold(&self.multi.steps, &self.multi.finished, intent).await.0
     }
 
     fn set_pending(&self, op: Option<OpId>, on: bool) {

@@ -205,7 +205,7 @@ pub struct Namespace {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Set when this node stops serving the namespace (`stop_tasks`):
     /// requests still running give up what they retry.
-    pub(crate) stopping: std::sync::atomic::AtomicBool,
+    stopping: std::sync::atomic::AtomicBool,
     /// Quota limits fetched from mgmtd (see `quota`).
     pub quota: Arc<crate::quota::QuotaGate>,
 }
@@ -331,10 +331,16 @@ impl Namespace {
 
     /// Stops the background tasks (they hold the namespace).
     pub fn stop_tasks(&self) {
-        self.stopping.store(true, std::sync::atomic::Ordering::Release);
+        self.halt();
         for t in self.tasks.lock().expect("tasks lock").drain(..) {
             t.abort();
         }
+    }
+
+    /// Stops what this node retries for the namespace (requests running
+    /// give up; see `stopping`).
+    pub(crate) fn halt(&self) {
+        self.stopping.store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Whether this node is giving up the namespace (see `stop_tasks`).
