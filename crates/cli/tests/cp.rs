@@ -241,6 +241,10 @@ fn times_set_before_close_survive_it_as_cp_a_needs() {
     let f = std::fs::File::create(fs.path("f")).unwrap();
     std::io::Write::write_all(&mut &f, b"written before the times are set").unwrap();
     f.set_modified(when).unwrap();
+    // Before the close too (the close's release reaches the mount after `close` returns,
+    // so a stat right after it may still find the file open there).
+    let m = f.metadata().unwrap();
+    assert_eq!((m.mtime(), m.mtime_nsec()), (1_500_000_000, 123_456_789));
     drop(f);
     let m = std::fs::metadata(fs.path("f")).unwrap();
     assert_eq!((m.mtime(), m.mtime_nsec()), (1_500_000_000, 123_456_789));

@@ -509,6 +509,9 @@ impl Filesystem for HiveFs {
             if let Some(s) = size {
                 inner.set_local_size(a.id, s);
             }
+            if set.mtime.is_some() {
+                inner.times_set(a.id);
+            }
             Ok(move |reply: ReplyAttr| inner.send_attr(reply, ino, &a))
         })
     }

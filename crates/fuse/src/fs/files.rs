@@ -114,6 +114,15 @@ impl Inner {
         }
     }
 
+    /// A setattr set `id`'s mtime: the writes before it were published
+    /// (`publish_before_times`), so their time no longer shows over the one
+    /// set (until the next write).
+    pub(super) fn times_set(&self, id: EntryId) {
+        if let Some(l) = self.local_sizes.lock().expect("sizes").get_mut(&id) {
+            l.mtime = None;
+        }
+    }
+
     pub(super) fn set_local_size(&self, id: EntryId, size: u64) {
         if let Some(l) = self.local_sizes.lock().expect("sizes").get_mut(&id) {
             l.size = size;
