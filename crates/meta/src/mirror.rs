@@ -102,6 +102,9 @@ pub struct Primary {
     /// A copy of `st.epoch` for the request path.
     epoch_now: AtomicU64,
     resyncing: AtomicBool,
+    /// The session of the next resync (`MirrorHdr::session`): random at
+    /// start, then counted, so no two attempts share one.
+    sessions: AtomicU64,
 }
 
 fn unavailable(m: String) -> AppendError {
@@ -109,8 +112,8 @@ fn unavailable(m: String) -> AppendError {
 }
 
 impl Primary {
-    fn hdr(&self, epoch: u64, role: MirrorRole) -> Envelope {
-        Envelope { mirror: Some(MirrorHdr { group: self.group, epoch, role, session: 0 }), ..Default::default() }
+    fn hdr(&self, epoch: u64, role: MirrorRole, session: u64) -> Envelope {
+        Envelope { mirror: Some(MirrorHdr { group: self.group, epoch, role, session }), ..Default::default() }
     }
 
     pub fn epoch(&self) -> u64 {
@@ -194,8 +197,21 @@ impl Primary {
     }
 
     async fn step(&self, epoch: u64, node: NodeId, role: MirrorRole, step: MetaStep, body: Bytes) -> FsResult<Reply> {
+        self.step_in(0, epoch, node, role, step, body).await
+    }
+
+    /// A step of resync session `session` (0: none).
+    async fn step_in(
+        &self,
+        session: u64,
+        epoch: u64,
+        node: NodeId,
+        role: MirrorRole,
+        step: MetaStep,
+        body: Bytes,
+    ) -> FsResult<Reply> {
         let call = self.secondary_call(node).await?;
-        let env = self.hdr(epoch, role);
+        let env = self.hdr(epoch, role, session);
         let req = Request::MetaMirror { step };
         match tokio::time::timeout(FORWARD_TIMEOUT, call.call_with(&env, &req, body)).await {
             Ok(r) => r.map(|(r, _)| r),
@@ -239,7 +255,13 @@ impl Primary {
             st.forwarding = false;
         })
         .await?;
-        let (seq, crc) = match self.step(epoch, sec, MirrorRole::Resync, MetaStep::Hello, Bytes::new()).await {
+        // The `Hello` and the full copy that may follow it share a session:
+        // the secondary takes a copy's steps only from the session of its
+        // last `Hello`, so those of an attempt given up on, should they
+        // arrive late, cannot mix into a later copy or reset a finished one.
+        let session = self.sessions.fetch_add(1, Ordering::Relaxed).max(1);
+        let step = |step: MetaStep, body: Bytes| self.step_in(session, epoch, sec, MirrorRole::Resync, step, body);
+        let (seq, crc) = match step(MetaStep::Hello, Bytes::new()).await {
             Ok(Reply::ReplicaAt { seq, crc }) => (seq, crc),
             Ok(r) => return Err(e(&format!("odd answer {r:?}"))),
             Err(x) => return Err(e(&x)),
@@ -269,14 +291,14 @@ impl Primary {
             };
             info!(group = %self.group, ns = %self.ns, secondary = %sec, batch = s, pieces = pieces.len(), "full copy of a mirrored namespace to its secondary");
             let begin = MetaStep::Begin { seq: s, crc: s_crc };
-            self.step(epoch, sec, MirrorRole::Resync, begin, Bytes::new()).await.map_err(|x| e(&x))?;
+            step(begin, Bytes::new()).await.map_err(|x| e(&x))?;
             let total = pieces.len() as u64;
             for (i, p) in pieces.into_iter().enumerate() {
-                self.step(epoch, sec, MirrorRole::Resync, MetaStep::Piece, Bytes::from(p)).await.map_err(|x| e(&x))?;
+                step(MetaStep::Piece, Bytes::from(p)).await.map_err(|x| e(&x))?;
                 let req = Request::ResyncProgress { group: self.group, done: i as u64 + 1, total };
                 let _ = self.cluster.mgmt().rpc(&req).await;
             }
-            match self.step(epoch, sec, MirrorRole::Resync, MetaStep::Finish, Bytes::new()).await {
+            match step(MetaStep::Finish, Bytes::new()).await {
                 Ok(Reply::ReplicaAt { seq, .. }) if seq == s => {}
                 Ok(r) => return Err(e(&format!("odd answer to the end of the full copy: {r:?}"))),
                 Err(x) => return Err(e(&x)),
@@ -440,7 +462,8 @@ impl Primary {
 /// The secondary's copy of a namespace.
 enum RState {
     Open(Store),
-    Incoming(Incoming),
+    /// A full copy arriving, of the resync session it began in.
+    Incoming(Incoming, u64),
     /// Between a failed step and the next `Hello`/`Begin`.
     Closed,
 }
@@ -452,6 +475,9 @@ pub struct Replica {
     cache_bytes: u64,
     checkpoint_bytes: u64,
     st: Mutex<RState>,
+    /// The resync session of the last `Hello` whose full copy has not
+    /// begun (locked after `st`).
+    hello: Mutex<Option<u64>>,
 }
 
 impl Replica {
@@ -479,8 +505,11 @@ impl Replica {
     }
 
     /// Applies one step from the primary (blocking: file writes).
-    fn step(&self, step: MetaStep, body: &[u8]) -> FsResult<Reply> {
+    /// `session`: the resync session the step belongs to (0 from a primary
+    /// that has none: nothing is checked).
+    fn step(&self, step: MetaStep, session: u64, body: &[u8]) -> FsResult<Reply> {
         let mut st = self.st.lock().expect("replica state");
+        let mut hello = self.hello.lock().expect("replica hello");
         let ns = self.ns;
         let err = |m: String| fs_err!(Io, "copy of namespace {ns}: {m}");
         match step {
@@ -519,6 +548,7 @@ impl Replica {
             }
             MetaStep::Compare => Err(fs_err!(Invalid, "a comparison is asked of the group's primary")),
             MetaStep::Hello => {
+                *hello = Some(session).filter(|s| *s != 0);
                 if !matches!(*st, RState::Open(_)) {
                     *st = RState::Closed;
                     *st = RState::Open(self.open_store().map_err(err)?);
@@ -528,20 +558,41 @@ impl Replica {
                 Ok(Reply::ReplicaAt { seq, crc })
             }
             MetaStep::Begin { seq, crc } => {
+                if session != 0 && *hello != Some(session) {
+                    return Err(fs_err!(
+                        Invalid,
+                        "copy of namespace {ns}: a full copy of resync session {session}, not the session of the last \
+                         Hello (a late delivery): refused"
+                    ));
+                }
+                *hello = None;
                 *st = RState::Closed;
-                *st = RState::Incoming(Incoming::begin(&self.path, seq, crc).map_err(|e| err(e.to_string()))?);
+                let inc = Incoming::begin(&self.path, seq, crc).map_err(|e| err(e.to_string()))?;
+                *st = RState::Incoming(inc, session);
                 Ok(Reply::Ok)
             }
             MetaStep::Piece => {
-                let RState::Incoming(inc) = &mut *st else {
+                let RState::Incoming(inc, s) = &mut *st else {
                     return Err(fs_err!(Invalid, "copy of namespace {ns}: a piece outside a full copy"));
                 };
+                if *s != session {
+                    return Err(fs_err!(
+                        Invalid,
+                        "copy of namespace {ns}: a piece of resync session {session} in the full copy of session {s}"
+                    ));
+                }
                 inc.add(body).map_err(err)?;
                 Ok(Reply::Ok)
             }
             MetaStep::Finish => {
-                let RState::Incoming(inc) = std::mem::replace(&mut *st, RState::Closed) else {
-                    return Err(fs_err!(Invalid, "copy of namespace {ns}: the end of a full copy that did not begin"));
+                if !matches!(&*st, RState::Incoming(_, s) if *s == session) {
+                    return Err(fs_err!(
+                        Invalid,
+                        "copy of namespace {ns}: the end of a full copy (resync session {session}) that did not begin"
+                    ));
+                }
+                let RState::Incoming(inc, _) = std::mem::replace(&mut *st, RState::Closed) else {
+                    unreachable!("matched above")
                 };
                 inc.finish(&self.path).map_err(|e| err(e.to_string()))?;
                 let store = self.open_store().map_err(err)?;
@@ -710,7 +761,10 @@ impl Mirrors {
             Some(Slot::Replica(r)) => r.clone(),
             _ => return Err(fs_err!(Unavailable, "no copy of namespace {ns} is open here yet")),
         };
-        off_workers(move || replica.step(step, &body)).await.map_err(|e| fs_err!(Internal, "mirroring step: {e}"))?
+        let session = h.session;
+        off_workers(move || replica.step(step, session, &body))
+            .await
+            .map_err(|e| fs_err!(Internal, "mirroring step: {e}"))?
     }
 
     fn replica(&self, ns: NodeId, store: Option<Store>) -> Arc<Replica> {
@@ -725,6 +779,7 @@ impl Mirrors {
                 Some(s) => RState::Open(s),
                 None => RState::Closed,
             }),
+            hello: Mutex::new(None),
         })
     }
 
@@ -761,6 +816,7 @@ impl Mirrors {
                     }),
                     epoch_now: AtomicU64::new(g.epoch),
                     resyncing: AtomicBool::new(false),
+                    sessions: AtomicU64::new(rand::random::<u64>() >> 1),
                 });
                 made = Some(p.clone());
                 p
@@ -1023,6 +1079,51 @@ mod tests {
         edit(&mut s, 40);
         assert!(s.log.checkpoint_now());
         assert!(journal::read_after(s.log.journal_dir(), at).unwrap().is_none());
+    }
+
+    /// Steps of a resync attempt the primary gave up on, delivered late,
+    /// are refused: a piece into the next attempt's full copy (it would
+    /// put stale records into it), and a `Begin` after that copy finished
+    /// (it would close the copy a promotion needs).
+    #[test]
+    fn a_replica_takes_a_full_copy_only_from_the_session_of_its_last_hello() {
+        let d = tempfile::tempdir().unwrap();
+        let mut primary = Store::open(&d.path().join("p.redb"), false).unwrap();
+        for i in 1..20 {
+            edit(&mut primary, i);
+        }
+        let (seq, crc) = primary.log.last();
+        let pieces = primary.log.mem.dump(256).unwrap();
+        let replica = Replica {
+            ns: NodeId(1),
+            path: d.path().join("s").join(crate::DB_FILE),
+            sync: false,
+            cache_bytes: DEFAULT_CACHE_BYTES,
+            checkpoint_bytes: u64::MAX,
+            st: Mutex::new(RState::Closed),
+            hello: Mutex::new(None),
+        };
+        let step = |step: MetaStep, session: u64, body: &[u8]| replica.step(step, session, body);
+        let begin = MetaStep::Begin { seq, crc };
+        let refused = |r: FsResult<Reply>| assert_eq!(r.unwrap_err().code, ErrorCode::Invalid);
+        // Attempt 7 begins and is given up on; attempt 8 copies everything.
+        step(MetaStep::Hello, 7, &[]).unwrap();
+        step(begin, 7, &[]).unwrap();
+        step(MetaStep::Piece, 7, &pieces[0]).unwrap();
+        step(MetaStep::Hello, 8, &[]).unwrap();
+        refused(step(begin, 7, &[]));
+        step(begin, 8, &[]).unwrap();
+        for p in &pieces {
+            step(MetaStep::Piece, 8, p).unwrap();
+        }
+        refused(step(MetaStep::Piece, 7, b"stale"));
+        refused(step(MetaStep::Finish, 7, &[]));
+        assert!(matches!(step(MetaStep::Finish, 8, &[]).unwrap(), Reply::ReplicaAt { seq: s, .. } if s == seq));
+        // Late, after the copy finished: the copy stays open and equal.
+        refused(step(begin, 8, &[]));
+        refused(step(begin, 7, &[]));
+        let RState::Open(copy) = &*replica.st.lock().unwrap() else { panic!("the copy was closed") };
+        assert_eq!(dump(copy), dump(&primary));
     }
 
     #[tokio::test]

@@ -264,7 +264,10 @@ fn encode_value(now_ms: u64, answer: &Answer) -> Vec<u8> {
 /// The answer in a recorded value (module doc: a record of another version
 /// reads as an `Io` error answer; `Err` only for a corrupt record).
 fn decode_value(op: &OpId, v: &[u8]) -> Result<Response, String> {
-    let who = format!("client {:x} op {}", op.client, op.seq);
+    decode_value_of(&format!("client {:x} op {}", op.client, op.seq), v)
+}
+
+fn decode_value_of(who: &str, v: &[u8]) -> Result<Response, String> {
     match v.first() {
         Some(&RECORD_VERSION) if v.len() >= HEAD_LEN => {
             let (answer, rest) = postcard::take_from_bytes::<Answer>(&v[HEAD_LEN..])
@@ -291,6 +294,24 @@ fn decode_value(op: &OpId, v: &[u8]) -> Result<Response, String> {
     }
 }
 
+/// `r` as a record of this module's format, applied at `now_ms`: for
+/// answers kept under other keys (a peer's steps, `cross::step`).
+pub(crate) fn record(now_ms: u64, r: &Response, who: &str) -> Vec<u8> {
+    let answer = answer_of(r).unwrap_or_else(|why| {
+        warn!("{who}: {why}; a repeat of it will be answered with an internal error");
+        Answer::Error {
+            code: code_number(ErrorCode::Internal).expect("Internal has a number"),
+            message: format!("the first answer to this operation could not be recorded: {why}"),
+        }
+    });
+    encode_value(now_ms, &answer)
+}
+
+/// The answer in a value [`record`] wrote (`who`: what it answered, for errors).
+pub(crate) fn recorded(v: &[u8], who: &str) -> Result<Response, String> {
+    decode_value_of(who, v)
+}
+
 /// The recorded answer of `op`, if it was applied before.
 pub(crate) fn get(t: &impl Kv, op: &OpId) -> Result<Option<Response>, String> {
     let Some(v) = t.get(key(op.client, op.seq).as_slice()).map_err(|e| e.to_string())? else {
@@ -313,14 +334,8 @@ pub(crate) fn put(
     r: &Response,
     floors: &mut std::collections::HashMap<u64, u64>,
 ) -> Result<(), String> {
-    let answer = answer_of(r).unwrap_or_else(|why| {
-        warn!("client {:x} op {}: {why}; a retry of it will be answered with an internal error", op.client, op.seq);
-        Answer::Error {
-            code: code_number(ErrorCode::Internal).expect("Internal has a number"),
-            message: format!("the first answer to this operation could not be recorded: {why}"),
-        }
-    });
-    t.insert(key(op.client, op.seq).as_slice(), encode_value(now_ms, &answer).as_slice()).map_err(|e| e.to_string())?;
+    let value = record(now_ms, r, &format!("client {:x} op {}", op.client, op.seq));
+    t.insert(key(op.client, op.seq).as_slice(), value.as_slice()).map_err(|e| e.to_string())?;
     let done = op.done_below.min(op.seq);
     let floor = floors.get(&op.client).copied().unwrap_or(0);
     if done > floor {

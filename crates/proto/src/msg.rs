@@ -179,7 +179,10 @@ pub struct MirrorHdr {
     pub role: MirrorRole,
     /// A storage primary's forwards and resync requests: the secondary
     /// target's mirroring session they belong to (`MirrorFence`); the
-    /// secondary applies only those of its current session. 0 elsewhere.
+    /// secondary applies only those of its current session. A metadata
+    /// primary's resync steps: the attempt (its `Hello` and the full copy
+    /// that follows), so that steps of an attempt given up on are refused.
+    /// 0 elsewhere.
     pub session: u64,
 }
 
@@ -811,6 +814,20 @@ pub enum Request {
     LeaseDirNames {
         dir: EntryId,
     },
+    /// `MetaPeer` for a step of intent `intent` (a cross-node operation of
+    /// the namespace `intent.node`), applied at most once ever: the peer
+    /// records the answer under the intent and the step, and answers a
+    /// repeat with it. `floor` is the coordinator's lowest unfinished
+    /// intent (at most `intent`): every intent below it has finished, so
+    /// the peer drops its records of them and refuses their steps, which
+    /// can then only be late deliveries (a request the coordinator gave up
+    /// on). A peer that does not know this request answers `Protocol`, and
+    /// the coordinator sends `MetaPeer` instead.
+    PeerStep {
+        intent: EntryId,
+        floor: EntryId,
+        op: PeerOp,
+    },
 }
 
 /// Most users and groups one `QuotaUsage` request names.
@@ -1178,6 +1195,7 @@ impl Request {
                 // client falls back to `UpdateSize`.
                 | Request::UpdateSizeIf { .. }
                 | Request::LeaseDirNames { .. }
+                | Request::PeerStep { .. }
                 | Request::WriteChunk { .. }
                 | Request::ReadChunk { .. }
                 | Request::TruncateChunk { .. }
@@ -1575,7 +1593,7 @@ mod tests {
             let (m, _): (T, _) = postcard::take_from_bytes(&body).unwrap_or_else(|e| panic!("id {id}: {e}"));
             name_of(&m)
         }
-        const REQUESTS: [&str; 85] = [
+        const REQUESTS: [&str; 86] = [
             "Ping",
             "RegisterNode",
             "RegisterTarget",
@@ -1661,6 +1679,7 @@ mod tests {
             "MirrorFence",
             "UpdateSizeIf",
             "LeaseDirNames",
+            "PeerStep",
         ];
         const REPLIES: [&str; 48] = [
             "Ok",

@@ -17,7 +17,8 @@
 //!    the new dentry (naming the remote owner) and the parent's link count.
 //! 2. *remote step* on the peer, idempotent: keyed by the new directory's id
 //!    (create, remove) or by the intent id (a rename's destination half is
-//!    recorded in `peer_done`).
+//!    recorded in `peer_done`); sent as `Request::PeerStep`, applied at most
+//!    once ever, even when delivered after the operation finished (`step`).
 //! 3. *commit*: one transaction finishes the local part, removes the intent
 //!    and records the client's answer under its operation id, so a client
 //!    retry gets that answer. A refusal of the remote step undoes the intent
@@ -32,6 +33,7 @@ mod link;
 mod mkdir;
 mod rename;
 mod rmdir;
+mod step;
 mod unlink;
 
 pub use exchange::{ExchangeCommit, ExchangeIntent, PeerExchangeIn};
@@ -39,6 +41,8 @@ pub use link::{LinkAbort, LinkCommit, LinkIntent, PeerLinkIn};
 pub use mkdir::{MkdirAbort, MkdirCommit, MkdirIntent, PeerCreateDir};
 pub use rename::{PeerRenameIn, PeerSetParent, RenameCommit, RenameIntent};
 pub use rmdir::{PeerRemoveDir, RmdirCommit, RmdirIntent};
+pub(crate) use step::settled;
+pub use step::{PeerStep, StepId};
 pub use unlink::{PeerDropLink, UnlinkCommit, UnlinkIntent};
 
 use crate::ops::{
@@ -212,6 +216,15 @@ pub struct Multi {
     pub(crate) pending: Mutex<HashSet<(u64, u64)>>,
     /// Intents whose peer step runs here: a repeat of the step waits.
     pub(crate) steps: Mutex<HashSet<EntryId>>,
+    /// Intents minted here and not yet recorded: with the recorded ones,
+    /// they keep the floor sent with each step (`cross::step`) at or below
+    /// every unfinished intent. One whose recording was abandoned stays
+    /// (the floor stops there until the next start, as it would at an
+    /// intent recorded and never driven).
+    pub(crate) minting: Mutex<std::collections::BTreeSet<EntryId>>,
+    /// Metadata nodes that answered `PeerStep` as unknown (older builds):
+    /// they get `MetaPeer`, and `Forget` after a commit.
+    pub(crate) old_peers: Mutex<HashSet<NodeId>>,
     pub(crate) finished: tokio::sync::Notify,
     /// Files whose inode a rename moved to another node while handles
     /// opened here were open: their requests are forwarded there (node, and
@@ -237,6 +250,8 @@ impl Multi {
             rng: Mutex::new(rng),
             pending: Mutex::default(),
             steps: Mutex::default(),
+            minting: Mutex::default(),
+            old_peers: Mutex::default(),
             finished: tokio::sync::Notify::new(),
             moved: Mutex::default(),
         }
@@ -317,6 +332,7 @@ pub enum MultiMut {
     ExchangeIntent(exchange::ExchangeIntent),
     ExchangeCommit(exchange::ExchangeCommit),
     PeerExchangeIn(exchange::PeerExchangeIn),
+    PeerStep(step::PeerStep),
 }
 
 impl MultiMut {
@@ -328,7 +344,7 @@ impl MultiMut {
                 | MultiMut::PeerRenameIn(_)
                 | MultiMut::LinkIntent(_)
                 | MultiMut::PeerLinkIn(_)
-        )
+        ) || matches!(self, MultiMut::PeerStep(s) if s.inner.adds_to_namespace())
     }
 }
 
@@ -358,6 +374,7 @@ pub(crate) fn apply(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, m: MultiMut) -> OpRes
         MultiMut::ExchangeIntent(m) => m.apply(t, ctx),
         MultiMut::ExchangeCommit(m) => m.apply(t, ctx),
         MultiMut::PeerExchangeIn(m) => m.apply(t, ctx),
+        MultiMut::PeerStep(m) => m.apply(t, ctx),
     }
 }
 

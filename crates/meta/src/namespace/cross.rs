@@ -5,11 +5,12 @@
 //! a rename moved away.
 
 use super::Namespace;
+use crate::cross::settled;
 use crate::cross::{choose_owner, op_key, CrashHook, MultiMut, Peers};
 use crate::cross::{
     Abort, ExchangeCommit, ExchangeIntent, LinkAbort, LinkCommit, LinkIntent, MkdirAbort, MkdirCommit, MkdirIntent,
     PeerCreateDir, PeerDropLink, PeerExchangeIn, PeerForget, PeerLinkIn, PeerRemoveDir, PeerRenameIn, PeerSetParent,
-    RenameCommit, RenameIntent, RmdirCommit, RmdirIntent, SetChooser, UnlinkCommit, UnlinkIntent,
+    PeerStep, RenameCommit, RenameIntent, RmdirCommit, RmdirIntent, SetChooser, StepId, UnlinkCommit, UnlinkIntent,
 };
 use crate::ops::{check_name, dir_inode, is_needs_protocol, load_dentry, load_inode, Mutation};
 use crate::store::Kv;
@@ -142,8 +143,46 @@ impl Namespace {
     }
 
     fn next_intent(&self) -> EntryId {
+        // Minted and noted under one lock: ids enter `minting` in order.
+        let mut minting = self.multi.minting.lock().expect("minting lock");
         let c = self.multi.intent_seq.fetch_add(1, Ordering::Relaxed) + 1;
-        EntryId { node: self.node().0, epoch: self.epoch(), counter: c }
+        let id = EntryId { node: self.node().0, epoch: self.epoch(), counter: c };
+        minting.insert(id);
+        id
+    }
+
+    /// The floor sent with a step of `intent` (`crate::cross::step`): the
+    /// lowest of the namespace's unfinished intents, minted or recorded.
+    /// (A step of another namespace's intent that this node passes on
+    /// without that namespace's floor gets the lowest floor, which tells
+    /// nothing.)
+    fn floor(&self, intent: EntryId) -> FsResult<EntryId> {
+        let lo = EntryId { node: intent.node, epoch: 0, counter: 0 };
+        if intent.node != self.node().0 {
+            return Ok(lo);
+        }
+        // `minting` first: an intent leaves it only once it is recorded.
+        let minting = self.multi.minting.lock().expect("minting lock").first().copied();
+        let recorded =
+            self.read(|t| match t.intents.range_from(std::ops::Bound::Included(lo.to_bytes().as_slice()))?.next() {
+                Some(r) => Ok(EntryId::from_bytes(r?.0.as_slice()).filter(|i| i.node == intent.node)),
+                None => Ok(None),
+            })?;
+        Ok([Some(intent), minting, recorded].into_iter().flatten().min().expect("intent is one"))
+    }
+
+    /// Sends step `op` of `intent` to metadata node `node` ([`Namespace::peer_call`]),
+    /// applied there at most once ever (`Request::PeerStep`). `floor`: the
+    /// coordinator's, when this node passes a step on for it (else this
+    /// node's own).
+    fn step_call<'a>(
+        &'a self,
+        node: NodeId,
+        intent: EntryId,
+        floor: Option<EntryId>,
+        op: PeerOp,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = FsResult<Reply>> + Send + 'a>> {
+        self.send_peer(node, Some((intent, floor)), op)
     }
 
     /// Sends a step to metadata node `node` (this node: answered here),
@@ -153,6 +192,15 @@ impl Namespace {
     fn peer_call<'a>(
         &'a self,
         node: NodeId,
+        op: PeerOp,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = FsResult<Reply>> + Send + 'a>> {
+        self.send_peer(node, None, op)
+    }
+
+    fn send_peer<'a>(
+        &'a self,
+        node: NodeId,
+        step: Option<(EntryId, Option<EntryId>)>,
         op: PeerOp,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = FsResult<Reply>> + Send + 'a>> {
         Box::pin(async move {
@@ -169,10 +217,28 @@ impl Namespace {
                 // the error left is not the peer's refusal, but it is read
                 // as one: the undo it leads to is refused by the same check
                 // on the commit, and the intent stays.
-                let r = match (self.may_act(), &peers) {
-                    (Err(e), _) => Err(e),
-                    (Ok(()), None) => self.peer(op.clone()).await,
-                    (Ok(()), Some(p)) => p.call(node, Request::MetaPeer { op: op.clone() }).await,
+                let step = match step {
+                    Some((intent, Some(floor))) => Some((intent, floor)),
+                    Some((intent, None)) => Some((intent, self.floor(intent)?)),
+                    None => None,
+                };
+                let old = self.multi.old_peers.lock().expect("old peers lock").contains(&node);
+                let r = match (self.may_act(), &peers, step) {
+                    (Err(e), _, _) => Err(e),
+                    (Ok(()), None, Some((intent, floor))) => self.peer_step(intent, floor, op.clone()).await,
+                    (Ok(()), None, None) => self.peer(op.clone(), None).await,
+                    (Ok(()), Some(p), Some((intent, floor))) if !old => {
+                        let req = Request::PeerStep { intent, floor, op: op.clone() };
+                        match p.call(node, req).await {
+                            Err(e) if matches!(e.code, ErrorCode::Protocol | ErrorCode::NotSupported) => {
+                                warn!("metadata node {node} does not take PeerStep ({e}); its steps go as MetaPeer");
+                                self.multi.old_peers.lock().expect("old peers lock").insert(node);
+                                continue;
+                            }
+                            r => r,
+                        }
+                    }
+                    (Ok(()), Some(p), _) => p.call(node, Request::MetaPeer { op: op.clone() }).await,
                 };
                 match r {
                     Err(e) if transient(&e) && !self.stopping() => {
@@ -563,7 +629,9 @@ impl Namespace {
     /// caller has claimed): records its intent, then drives it. `what`
     /// names the operation for the crash hook.
     async fn start_protocol(&self, what: &str, intent: EntryId, m: MultiMut) -> Response {
-        self.submit_multi(None, m).await?;
+        let recorded = self.submit_multi(None, m).await;
+        self.multi.minting.lock().expect("minting lock").remove(&intent);
+        recorded?;
         self.crash(what, "intent").await?;
         self.drive(intent).await
     }
@@ -614,7 +682,7 @@ impl Namespace {
                 // again repeats the peer's step, which its record keeps
                 // from acting twice.
                 if let (Ok(_), Some(peer)) = (&r, forget) {
-                    let _ = self.peer_call(peer, PeerOp::Forget { intent }).await;
+                    self.forget(peer, intent).await;
                 }
                 r
             }
@@ -638,16 +706,18 @@ impl Namespace {
                     _ => unreachable!("matched above"),
                 };
                 let req = PeerOp::CreateDir { id, inode: encode(&inode), parent_owner: me, chooser, xattrs };
-                match self.peer_call(owner, req).await {
+                match self.step_call(owner, intent, None, req).await {
                     Ok(Reply::Entry(attr)) => Remote::done(MultiMut::MkdirCommit(MkdirCommit { intent, attr })),
                     Ok(r) => return Err(unexpected(r)),
                     Err(err) => Remote::Refused(err),
                 }
             }
-            IntentStep::Rmdir { id, owner, .. } => match self.peer_call(owner, PeerOp::RemoveDir { id }).await {
-                Ok(_) => Remote::done(MultiMut::RmdirCommit(RmdirCommit { intent })),
-                Err(err) => Remote::Refused(err),
-            },
+            IntentStep::Rmdir { id, owner, .. } => {
+                match self.step_call(owner, intent, None, PeerOp::RemoveDir { id }).await {
+                    Ok(_) => Remote::done(MultiMut::RmdirCommit(RmdirCommit { intent })),
+                    Err(err) => Remote::Refused(err),
+                }
+            }
             IntentStep::Rename { parent, new_parent, new_owner, new_name, flags, id, kind, owner, moved, .. } => {
                 let moved_file = moved.is_some();
                 let (inode, xattrs) = match moved {
@@ -666,12 +736,12 @@ impl Namespace {
                     inode,
                     xattrs,
                 };
-                if let Some(r) = refused(self.peer_call(new_owner, req).await) {
+                if let Some(r) = refused(self.step_call(new_owner, intent, None, req).await) {
                     return Ok(r);
                 }
                 if kind == FileKind::Dir && parent != new_parent {
                     let set = PeerOp::SetParent { id, parent: new_parent, parent_owner: new_owner };
-                    if let Err(e) = self.peer_call(owner, set).await {
+                    if let Err(e) = self.step_call(owner, intent, None, set).await {
                         warn!("rename of directory {id}: its parent pointer on metadata node {owner}: {e}");
                     }
                 } else if kind != FileKind::Dir && !moved_file {
@@ -689,7 +759,7 @@ impl Namespace {
             }
             IntentStep::Link { new_parent, new_owner, new_name, id, kind } => {
                 let req = PeerOp::LinkIn { intent, new_parent, new_name, id, kind, owner: me };
-                if let Some(r) = refused(self.peer_call(new_owner, req).await) {
+                if let Some(r) = refused(self.step_call(new_owner, intent, None, req).await) {
                     return Ok(r);
                 }
                 Remote::Done {
@@ -708,14 +778,13 @@ impl Namespace {
                     kind: a.kind,
                     owner: a.owner,
                 };
-                if let Some(r) = refused(self.peer_call(new_owner, req).await) {
+                if let Some(r) = refused(self.step_call(new_owner, intent, None, req).await) {
                     return Ok(r);
                 }
                 for (d, to, to_owner) in [(&a, new_parent, new_owner), (&b, parent, me)] {
                     let r = if d.kind == FileKind::Dir && parent != new_parent {
-                        self.peer_call(d.owner, PeerOp::SetParent { id: d.id, parent: to, parent_owner: to_owner })
-                            .await
-                            .map(|_| ())
+                        let set = PeerOp::SetParent { id: d.id, parent: to, parent_owner: to_owner };
+                        self.step_call(d.owner, intent, None, set).await.map(|_| ())
                     } else if d.kind == FileKind::Dir {
                         Ok(())
                     } else {
@@ -733,7 +802,7 @@ impl Namespace {
                 }
             }
             IntentStep::Unlink { id, owner, .. } => {
-                if let Some(r) = refused(self.peer_call(owner, PeerOp::DropLink { intent, id }).await) {
+                if let Some(r) = refused(self.step_call(owner, intent, None, PeerOp::DropLink { intent, id }).await) {
                     return Ok(r);
                 }
                 Remote::Done {
@@ -821,31 +890,80 @@ impl Namespace {
         }
     }
 
-    /// Answers a step sent by the coordinating node.
-    pub(crate) async fn peer(&self, op: PeerOp) -> Response {
-        let _step = match &op {
-            PeerOp::RenameIn { intent, .. }
-            | PeerOp::Forget { intent }
-            | PeerOp::LinkIn { intent, .. }
-            | PeerOp::DropLink { intent, .. }
-            | PeerOp::ExchangeIn { intent, .. } => Some(self.step_lock(*intent).await),
+    /// After the commit of `intent`: a peer that took its step as
+    /// `MetaPeer` (an older build) may drop its record of it. (A peer that
+    /// took `PeerStep` drops it once the floor passes the intent.)
+    async fn forget(&self, peer: NodeId, intent: EntryId) {
+        if self.multi.old_peers.lock().expect("old peers lock").contains(&peer) {
+            let _ = self.peer_call(peer, PeerOp::Forget { intent }).await;
+        }
+    }
+
+    /// Answers step `op` of `intent` sent with `Request::PeerStep`: at most
+    /// once ever (`crate::cross::step`).
+    pub(crate) async fn peer_step(&self, intent: EntryId, floor: EntryId, op: PeerOp) -> Response {
+        let (tag, subject) = match &op {
+            PeerOp::CreateDir { id, .. } => (1, *id),
+            PeerOp::RemoveDir { id } => (2, *id),
+            PeerOp::SetParent { id, .. } => (3, *id),
+            PeerOp::RenameIn { id, .. } => (4, *id),
+            PeerOp::LinkIn { id, .. } => (5, *id),
+            PeerOp::DropLink { id, .. } => (6, *id),
+            PeerOp::ExchangeIn { id, .. } => (7, *id),
+            PeerOp::GetParent { .. } | PeerOp::Forget { .. } | PeerOp::Opened { .. } => {
+                return Err(fs_err!(
+                    Protocol,
+                    "PeerStep of intent {intent}: GetParent, Forget and Opened are not steps"
+                ));
+            }
+        };
+        self.peer(op, Some(StepId { intent, floor, tag, subject })).await
+    }
+
+    /// Answers a step sent by the coordinating node: with `Request::MetaPeer`
+    /// (`step` is `None`), or `Request::PeerStep` (applied once per `step`).
+    pub(crate) async fn peer(&self, op: PeerOp, step: Option<StepId>) -> Response {
+        let _step = match (&step, &op) {
+            (Some(s), _) => Some(self.step_lock(s.intent).await),
+            (
+                None,
+                PeerOp::RenameIn { intent, .. }
+                | PeerOp::Forget { intent }
+                | PeerOp::LinkIn { intent, .. }
+                | PeerOp::DropLink { intent, .. }
+                | PeerOp::ExchangeIn { intent, .. },
+            ) => Some(self.step_lock(*intent).await),
             _ => None,
+        };
+        // Settled already (a late delivery, or a repeat of one applied):
+        // nothing of it runs again, not even a step it passes on.
+        if let Some(s) = &step {
+            if let Some(r) = self.read(|t| settled(&t.peer_done, s))? {
+                return r;
+            }
+        }
+        let submit = |m: MultiMut| {
+            let m = match step {
+                Some(step) => MultiMut::PeerStep(PeerStep { step, inner: Box::new(m) }),
+                None => m,
+            };
+            self.submit_multi(None, m)
         };
         match op {
             PeerOp::CreateDir { id, inode, parent_owner, chooser, xattrs } => {
                 let inode: Inode = decode("inode", id, &inode).map_err(|m| fs_err!(Protocol, "{m}"))?;
                 let m = PeerCreateDir { id, inode, parent_owner, chooser, xattrs };
-                let r = self.submit_multi(None, MultiMut::PeerCreateDir(m)).await;
+                let r = submit(MultiMut::PeerCreateDir(m)).await;
                 self.crash("mkdir", "peer").await?;
                 r
             }
             PeerOp::RemoveDir { id } => {
-                let r = self.submit_multi(None, MultiMut::PeerRemoveDir(PeerRemoveDir { id })).await;
+                let r = submit(MultiMut::PeerRemoveDir(PeerRemoveDir { id })).await;
                 self.crash("rmdir", "peer").await?;
                 r
             }
             PeerOp::SetParent { id, parent, parent_owner } => {
-                self.submit_multi(None, MultiMut::PeerSetParent(PeerSetParent { id, parent, parent_owner })).await
+                submit(MultiMut::PeerSetParent(PeerSetParent { id, parent, parent_owner })).await
             }
             PeerOp::GetParent { id } => {
                 let node = self.node();
@@ -869,10 +987,11 @@ impl Namespace {
                 if let Some(d) = victim {
                     let is_dir = d.kind == FileKind::Dir;
                     if flags & RENAME_NOREPLACE == 0 && is_dir == (kind == FileKind::Dir) {
+                        let floor = step.map(|s| s.floor);
                         if is_dir {
-                            self.peer_call(d.owner, PeerOp::RemoveDir { id: d.id }).await?;
+                            self.step_call(d.owner, intent, floor, PeerOp::RemoveDir { id: d.id }).await?;
                         } else {
-                            self.peer_call(d.owner, PeerOp::DropLink { intent, id: d.id }).await?;
+                            self.step_call(d.owner, intent, floor, PeerOp::DropLink { intent, id: d.id }).await?;
                             dropped = Some(d.owner);
                         }
                     }
@@ -891,9 +1010,9 @@ impl Namespace {
                     inode,
                     xattrs,
                 });
-                let r = self.submit_multi(None, m).await;
+                let r = submit(m).await;
                 if let (Ok(_), Some(o)) = (&r, dropped) {
-                    let _ = self.peer_call(o, PeerOp::Forget { intent }).await;
+                    self.forget(o, intent).await;
                 }
                 self.crash("rename", "peer").await?;
                 r
@@ -901,21 +1020,19 @@ impl Namespace {
             PeerOp::Forget { intent } => self.submit_multi(None, MultiMut::PeerForget(PeerForget { intent })).await,
             PeerOp::LinkIn { intent, new_parent, new_name, id, kind, owner } => {
                 let dentry = Dentry { id, kind, owner };
-                let r = self
-                    .submit_multi(None, MultiMut::PeerLinkIn(PeerLinkIn { intent, new_parent, new_name, dentry }))
-                    .await;
+                let r = submit(MultiMut::PeerLinkIn(PeerLinkIn { intent, new_parent, new_name, dentry })).await;
                 self.crash("link", "peer").await?;
                 r
             }
             PeerOp::DropLink { intent, id } => {
-                let r = self.submit_multi(None, MultiMut::PeerDropLink(PeerDropLink { intent, id })).await;
+                let r = submit(MultiMut::PeerDropLink(PeerDropLink { intent, id })).await;
                 self.crash("unlink", "peer").await?;
                 r
             }
             PeerOp::ExchangeIn { intent, new_parent, new_name, expect, id, kind, owner } => {
                 let put = Dentry { id, kind, owner };
                 let m = MultiMut::PeerExchangeIn(PeerExchangeIn { intent, new_parent, new_name, expect, put });
-                let r = self.submit_multi(None, m).await;
+                let r = submit(m).await;
                 self.crash("exchange", "peer").await?;
                 r
             }
@@ -1077,6 +1194,44 @@ mod tests {
         // Node 2 owns fewer directories: balanced puts new ones there.
         c.ns(0).set_dir_count(NodeId(1), 100);
         c
+    }
+
+    /// A step delivered again after its operation finished (a request the
+    /// coordinator gave up on, read late) changes nothing: while the floor
+    /// is below its intent, the recorded answer; once the coordinator's
+    /// floor passed it, a refusal, and the records below the floor are gone.
+    /// The same delivery as `MetaPeer` (no record, no floor) makes the
+    /// removed directory come back.
+    #[tokio::test]
+    async fn a_step_delivered_after_its_operation_finished_is_not_applied_again() {
+        let c = setup().await;
+        let (n1, n2) = (c.ns(0), c.ns(1));
+        let id = EntryId { node: 1, epoch: 9, counter: 1 };
+        let mut inode = crate::ops::new_inode(FileKind::Dir, 0o755, 0, 0, Default::default());
+        inode.parent = Some(EntryId::ROOT);
+        let create =
+            PeerOp::CreateDir { id, inode: encode(&inode), parent_owner: NodeId(1), chooser: None, xattrs: Vec::new() };
+        let step = |intent, floor, op: &PeerOp| Request::PeerStep { intent, floor, op: op.clone() };
+        let remove = PeerOp::RemoveDir { id };
+        let (i1, i2, i3) = (n1.next_intent(), n1.next_intent(), n1.next_intent());
+        assert_eq!(attr(n2.handle(step(i1, i1, &create)).await).id, id);
+        assert_eq!(attr(n2.handle(step(i1, i1, &create)).await).id, id, "a repeat: the first answer");
+        n2.handle(step(i2, i1, &remove)).await.unwrap();
+        assert!(n2.getattr(id).is_err());
+        // Late, with the floor still at i1: the first answer, and nothing is made.
+        assert_eq!(attr(n2.handle(step(i1, i1, &create)).await).id, id);
+        assert!(n2.getattr(id).is_err(), "the removed directory came back");
+        // A step of i3 tells that i1 and i2 finished.
+        let other = PeerOp::RemoveDir { id: EntryId { node: 1, epoch: 9, counter: 2 } };
+        n2.handle(step(i3, i3, &other)).await.unwrap();
+        let records = n2.read(|t| Ok(t.peer_done.iter()?.count())).unwrap();
+        assert_eq!(records, 2, "the floor and i3's step");
+        let late = n2.handle(step(i1, i1, &create)).await.unwrap_err();
+        assert_eq!(late.code, ErrorCode::Invalid, "{late}");
+        assert!(n2.getattr(id).is_err(), "the removed directory came back");
+        // Without the records: it does.
+        attr(n2.handle(Request::MetaPeer { op: create }).await);
+        assert!(n2.getattr(id).is_ok());
     }
 
     #[tokio::test]

@@ -14,8 +14,9 @@ use hivefs_types::error::FsResult;
 use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, NodeType};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
 impl Namespace {
@@ -201,7 +202,8 @@ impl Namespace {
             Request::RenameTo { parent, name, new_parent, new_parent_owner, new_name, flags } => {
                 self.rename_any(parent, name, new_parent, Some(new_parent_owner), new_name, flags, op).await
             }
-            Request::MetaPeer { op: step } => self.peer(step).await,
+            Request::MetaPeer { op: step } => self.peer(step, None).await,
+            Request::PeerStep { intent, floor, op } => self.peer_step(intent, floor, op).await,
             Request::SetMetaChooser { id, chooser } => self.set_meta_chooser(id, chooser, op).await,
             Request::GetMetaChooser { id } => self.meta_chooser(id).map(Reply::MetaChooser),
             Request::FsckIntents => self.intents_text().map(Reply::FsckIntents),

@@ -21,6 +21,8 @@
 //! | `locked_dentries` | parent ++ name                 | intent id (16 B)                 |
 //! | `dir_extra`| directory `EntryId` (16 B)            | [`DirExtra`]                     |
 //! | `peer_done`| intent id (16 B)                      | empty                            |
+//! |            | intent id ++ tag ++ entry id (33 B)   | the step's answer (`cross::step`)|
+//! |            | namespace node id (u32 BE, 4 B)       | its floor: an intent id (16 B)   |
 //! | `replies`  | client id ++ seq (u64 BE each)        | version ++ time ++ answer (see `replies`) |
 //! | `quota_usage` | kind (0 user, 1 group) ++ id (u32 BE) | inodes ++ bytes (u64 LE each), see `usage` |
 //!
