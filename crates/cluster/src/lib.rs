@@ -157,8 +157,10 @@ pub struct ClusterView {
     /// Buddy groups of both kinds.
     pub groups: BTreeMap<BuddyGroupId, GroupInfo>,
     pub root_owner: Option<NodeId>,
-    /// When this view was loaded (None for the empty initial view).
-    pub loaded_at: Option<std::time::Instant>,
+    /// When this view was loaded (None for the empty initial view), on the
+    /// runtime's clock (a simulation's paused time decides when a
+    /// view is stale, not the real one).
+    pub loaded_at: Option<tokio::time::Instant>,
 }
 
 impl ClusterView {
@@ -237,7 +239,7 @@ impl Cluster {
             pools: pools.into_iter().map(|p| (p.id, p)).collect(),
             groups: groups.into_iter().map(|g| (g.id, g)).collect(),
             root_owner,
-            loaded_at: Some(std::time::Instant::now()),
+            loaded_at: Some(tokio::time::Instant::now()),
         });
         *self.view.write().expect("view lock") = v.clone();
         Ok(v)

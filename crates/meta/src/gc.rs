@@ -201,7 +201,9 @@ pub fn spawn_disposal(ns: Arc<Namespace>) -> tokio::task::JoinHandle<()> {
                 tokio::task::yield_now().await;
                 continue;
             }
+            // `biased`: polled in order, not in a random one (a simulation replays).
             tokio::select! {
+                biased;
                 _ = ns.disposal_wakeup.notified() => tokio::time::sleep(GATHER).await,
                 _ = tokio::time::sleep(wait) => {}
             }

@@ -45,8 +45,10 @@ use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+// The runtime's clock: a simulation's paused time runs these waits too.
 use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
 use tracing::{info, warn};
 
 /// File in the metadata data dir: Unix time (ms) by which every lease this
@@ -170,8 +172,17 @@ impl Default for Leases {
     }
 }
 
+/// Wall-clock milliseconds (what [`UNTIL_FILE`] holds across restarts):
+/// read once per process, then moved on by the runtime's clock, so a
+/// simulation's paused time moves it too (a restart's wait for the leases
+/// of its previous run is then the same in every run of a seed) and a
+/// step of the wall clock during a run changes no wait.
 pub(crate) fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    static BASE: std::sync::OnceLock<(u64, Instant)> = std::sync::OnceLock::new();
+    let (ms, at) = *BASE.get_or_init(|| {
+        (SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64), Instant::now())
+    });
+    ms + Instant::now().saturating_duration_since(at).as_millis() as u64
 }
 
 /// Where a request stood when it began, for [`Leases::grant`].
@@ -366,7 +377,7 @@ impl Leases {
         if self.in_grace.load(Ordering::Acquire) {
             let grace = *self.grace_until.lock().expect("lease grace");
             match grace {
-                Some(until) if Instant::now() < until => tokio::time::sleep_until(until.into()).await,
+                Some(until) if Instant::now() < until => tokio::time::sleep_until(until).await,
                 _ => self.in_grace.store(false, Ordering::Release),
             }
         }
@@ -419,7 +430,7 @@ impl Leases {
             }
         }
         for (ack, end) in waits {
-            let deadline = tokio::time::Instant::from(end + EXPIRY_SLACK);
+            let deadline = end + EXPIRY_SLACK;
             match ack {
                 Some((mut rx, seq)) => {
                     let _ = tokio::time::timeout_at(deadline, rx.wait_for(|&a| a >= seq)).await;

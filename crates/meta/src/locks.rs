@@ -38,8 +38,9 @@ use hivefs_types::fs_err;
 use hivefs_types::ids::EntryId;
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 /// Default of `lock_lease_ms`.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -267,7 +268,9 @@ impl LockTable {
                 LockKind::Append if self.appends_from > tokio::time::Instant::now() => deadline.min(self.appends_from),
                 _ => deadline,
             };
+            // `biased`: polled in order, not in a random one (a simulation replays).
             tokio::select! {
+                biased;
                 _ = notified => {}
                 _ = tokio::time::sleep_until(wake) => {}
             }

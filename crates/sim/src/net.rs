@@ -402,10 +402,10 @@ pub(crate) fn lost(what: &str) -> FsError {
 /// A request's name; a peer step's with its kind (`MetaPeer:RenameIn`).
 fn request_name(req: &Request) -> String {
     match req {
-        Request::MetaPeer { op } => {
+        Request::MetaPeer { op } | Request::PeerStep { op, .. } => {
             let s = format!("{op:?}");
             let end = s.find([' ', '{', '(']).unwrap_or(s.len());
-            format!("MetaPeer:{}", &s[..end])
+            format!("{}:{}", req.name(), &s[..end])
         }
         r => r.name(),
     }

@@ -159,7 +159,7 @@ pub struct World<S> {
     /// Crash-and-restart tasks in flight.
     pub restarts: Mutex<Vec<JoinHandle<()>>>,
     /// The directories of the run (mgmtd's, the nodes').
-    _root: tempfile::TempDir,
+    root: tempfile::TempDir,
 }
 
 impl<S> std::ops::Deref for World<S> {
@@ -210,7 +210,7 @@ impl<S: Service> World<S> {
             stats: Mutex::default(),
             next_msg: AtomicU64::new(0),
             restarts: Mutex::default(),
-            _root: root,
+            root,
         })
     }
 
@@ -364,6 +364,8 @@ impl<S: Service> World<S> {
                         return;
                     }
                     Err(e) => {
+                        // Without the run's temporary directory, which differs between runs of a seed.
+                        let e = e.to_string().replace(&*w.root.path().to_string_lossy(), "<dir>");
                         w.trace(format_args!("n{k} start failed ({e}); again in 1 s"));
                         drop(w);
                         tokio::time::sleep(Duration::from_secs(1)).await;

@@ -57,11 +57,10 @@ impl Default for MetaBuddyConfig {
             nodes: (2, 3),
             clients: (1, 3),
             ops_per_client: 40,
-            // See `docs/simulation.md`: a peer's step delivered after its
-            // coordinator finished the operation and told the peer to forget
-            // it is applied again (a known gap of the cross-node protocol);
-            // `HIVEFS_SIM_META_BUDDY_LATE=1` turns such deliveries on.
-            faults: BuddyFaults { late_requests: false, ..BuddyFaults::default() },
+            // Nodes' abandoned requests are delivered late, too (peer steps,
+            // mirroring and resync steps); `HIVEFS_SIM_META_BUDDY_LATE=0`
+            // turns that off.
+            faults: BuddyFaults::default(),
             trace_tail: 200,
             echo: false,
         }
