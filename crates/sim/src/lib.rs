@@ -81,6 +81,12 @@ pub struct Faults {
     pub nothing: u32,
     pub restart_ms: (u64, u64),
     pub partition_ms: (u64, u64),
+    /// A request between servers whose connection breaks (`lose_reply`)
+    /// runs later, `slow_ms` after its sender gave up on it (false: it runs
+    /// at once, and only its answer is lost): as TCP can deliver a request
+    /// on a connection its sender abandoned, or one held up behind a lock
+    /// runs after its sender stopped waiting.
+    pub late_requests: bool,
 }
 
 impl Default for Faults {
@@ -100,6 +106,7 @@ impl Default for Faults {
             nothing: 15,
             restart_ms: (10, 1500),
             partition_ms: (100, 3000),
+            late_requests: true,
         }
     }
 }

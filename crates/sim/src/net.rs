@@ -438,6 +438,20 @@ pub async fn call(world: Arc<World>, from: Endpoint, to: NodeId, env: Envelope, 
         world.stat(|s| s.dropped += 1);
         return Err(lost("request lost"));
     }
+    if let (Fate::LoseReply, Endpoint::Node(_), true) = (fate, from, world.faults.late_requests) {
+        let late = world.ms(world.faults.slow_ms);
+        let w = world.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(late).await;
+            let ran =
+                w.reaches(from, to) && w.spawn_on(to, move |ns| async move { ns.handle_env(env, req).await }).is_some();
+            w.trace(format_args!("m{m} {}", if ran { "delivered late" } else { "lost late" }));
+        });
+        tokio::time::sleep(d2).await;
+        world.trace(format_args!("m{m} connection lost"));
+        world.stat(|s| s.replies_lost += 1);
+        return Err(lost("connection lost, the request may still arrive"));
+    }
     let Some(rx) = world.spawn_on(to, move |ns| async move { ns.handle_env(env, req).await }) else {
         return Err(lost("node down"));
     };

@@ -19,7 +19,7 @@ fn config() -> MetaBuddyConfig {
         cfg.ops_per_client = ops as usize;
     }
     if env_u64("HIVEFS_SIM_META_BUDDY_LATE") == Some(0) {
-        cfg.faults.late_requests = false;
+        cfg.faults.net.late_requests = false;
     }
     cfg
 }

@@ -52,10 +52,6 @@ pub struct BuddyFaults {
     pub nothing: u32,
     pub restart_ms: (u64, u64),
     pub partition_ms: (u64, u64),
-    /// A node's request whose connection breaks runs later, after its
-    /// sender gave up on it (false: it runs at once, and only its answer
-    /// is lost).
-    pub late_requests: bool,
 }
 
 impl Default for BuddyFaults {
@@ -70,7 +66,6 @@ impl Default for BuddyFaults {
             nothing: 22,
             restart_ms: (10, 4000),
             partition_ms: (200, 5000),
-            late_requests: true,
         }
     }
 }

@@ -469,7 +469,7 @@ pub async fn call<S: Service>(
             let Some(svc) = world.slot(k).svc.clone() else {
                 return Err(lost("node down"));
             };
-            if fate == Fate::LoseReply && !matches!(from, Ep::Client(_)) && world.faults.late_requests {
+            if fate == Fate::LoseReply && !matches!(from, Ep::Client(_)) && world.faults.net.late_requests {
                 // The sender gives up on the connection; the request, still
                 // on its way (or queued at the receiver), runs later.
                 let late = world.ms(world.faults.net.slow_ms);
