@@ -1,6 +1,7 @@
 //! Metadata requests per operation through the mount (`MetaOpCount`):
 //! create, stat, open+read+close and unlink of one file must not regress
-//! to more round trips than the kernel asks for; and what the mount lets the
+//! to more round trips than the kernel asks for, nor a rename across metadata
+//! nodes to more steps between them; and what the mount lets the
 //! kernel cache (directory attributes, for a bounded time) stays bounded.
 
 mod common;
@@ -117,11 +118,9 @@ fn hot_paths_send_one_request_per_kernel_call() {
     assert!(unlink <= 1, "unlink: {unlink} requests");
 }
 
-/// A directory made through another metadata node (its parent's) gets the
-/// lease on its names from its own node: creates in it need no lookup of
-/// their new names, as in a directory its parent's node made itself.
-#[test]
-fn creates_in_a_directory_made_on_another_node_need_no_lookup() {
+/// A file system with two metadata nodes, its request counts, and directory
+/// `d`, which the balanced chooser puts on the node that does not own the root.
+fn two_nodes() -> (TestFs, MetaCounts, std::path::PathBuf) {
     let fs = TestFs::up(&["--storage", "1", "--meta", "2"]);
     let secret = hivefs_net::load_secret(&fs.secret()).expect("secret");
     let m = MetaCounts::connect(&FsConn { mgmtd: fs.mgmtd_addr(), secret: Some(secret) }).expect("connect");
@@ -129,6 +128,15 @@ fn creates_in_a_directory_made_on_another_node_need_no_lookup() {
     std::fs::create_dir(&dir).unwrap();
     let (root, d) = (fs.entry_info(""), fs.entry_info("d"));
     assert_ne!(root["owner_meta_node"], d["owner_meta_node"], "the balanced chooser puts d on the other node");
+    (fs, m, dir)
+}
+
+/// A directory made through another metadata node (its parent's) gets the
+/// lease on its names from its own node: creates in it need no lookup of
+/// their new names, as in a directory its parent's node made itself.
+#[test]
+fn creates_in_a_directory_made_on_another_node_need_no_lookup() {
+    let (_fs, m, dir) = two_nodes();
     let file = |round: u32| dir.join(format!("f{round}"));
     let warm = |_| {
         std::fs::metadata(&dir).unwrap();
@@ -138,6 +146,26 @@ fn creates_in_a_directory_made_on_another_node_need_no_lookup() {
     });
     // create-and-open, and the release: no lookup of the new name.
     assert!(create <= 2, "create + close in a directory made elsewhere: {create} requests");
+}
+
+/// A rename of a file into a directory of another metadata node sends no
+/// `Forget` after its commit: the step's record on the other node goes when
+/// a later step's floor passes it. 3 requests in all through the mount
+/// (4 with the `Forget`).
+#[test]
+fn a_rename_to_another_node_sends_no_forget() {
+    let (fs, m, dir) = two_nodes();
+    let name = |round: u32| format!("f{round}");
+    // Until the counts stop moving: the file's release goes in the background.
+    let warm = |round| {
+        requests(&m, || {
+            std::fs::write(fs.path(&name(round)), b"x").unwrap();
+            std::fs::metadata(fs.path(&name(round))).unwrap();
+            std::fs::metadata(&dir).unwrap();
+        });
+    };
+    let rename = fewest_requests(&m, warm, |r| std::fs::rename(fs.path(&name(r)), dir.join(name(r))).unwrap());
+    assert!(rename <= 3, "rename across nodes: {rename} requests");
 }
 
 /// Directory attributes are cached for the mount's --dir-attr-ttl-ms (1 s by
