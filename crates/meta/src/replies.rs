@@ -264,10 +264,10 @@ fn encode_value(now_ms: u64, answer: &Answer) -> Vec<u8> {
 /// The answer in a recorded value (module doc: a record of another version
 /// reads as an `Io` error answer; `Err` only for a corrupt record).
 fn decode_value(op: &OpId, v: &[u8]) -> Result<Response, String> {
-    decode_value_of(&format!("client {:x} op {}", op.client, op.seq), v)
+    decode_value_of(format_args!("client {:x} op {}", op.client, op.seq), v)
 }
 
-fn decode_value_of(who: &str, v: &[u8]) -> Result<Response, String> {
+fn decode_value_of(who: impl std::fmt::Display, v: &[u8]) -> Result<Response, String> {
     match v.first() {
         Some(&RECORD_VERSION) if v.len() >= HEAD_LEN => {
             let (answer, rest) = postcard::take_from_bytes::<Answer>(&v[HEAD_LEN..])
@@ -295,8 +295,9 @@ fn decode_value_of(who: &str, v: &[u8]) -> Result<Response, String> {
 }
 
 /// `r` as a record of this module's format, applied at `now_ms`: for
-/// answers kept under other keys (a peer's steps, `cross::step`).
-pub(crate) fn record(now_ms: u64, r: &Response, who: &str) -> Vec<u8> {
+/// answers kept under other keys (a peer's steps, `cross::step`). `who`
+/// names what it answered, in a warning (formatted only then).
+pub(crate) fn record(now_ms: u64, r: &Response, who: impl std::fmt::Display) -> Vec<u8> {
     let answer = answer_of(r).unwrap_or_else(|why| {
         warn!("{who}: {why}; a repeat of it will be answered with an internal error");
         Answer::Error {
@@ -308,7 +309,7 @@ pub(crate) fn record(now_ms: u64, r: &Response, who: &str) -> Vec<u8> {
 }
 
 /// The answer in a value [`record`] wrote (`who`: what it answered, for errors).
-pub(crate) fn recorded(v: &[u8], who: &str) -> Result<Response, String> {
+pub(crate) fn recorded(v: &[u8], who: impl std::fmt::Display) -> Result<Response, String> {
     decode_value_of(who, v)
 }
 
@@ -334,7 +335,7 @@ pub(crate) fn put(
     r: &Response,
     floors: &mut std::collections::HashMap<u64, u64>,
 ) -> Result<(), String> {
-    let value = record(now_ms, r, &format!("client {:x} op {}", op.client, op.seq));
+    let value = record(now_ms, r, format_args!("client {:x} op {}", op.client, op.seq));
     t.insert(key(op.client, op.seq).as_slice(), value.as_slice()).map_err(|e| e.to_string())?;
     let done = op.done_below.min(op.seq);
     let floor = floors.get(&op.client).copied().unwrap_or(0);

@@ -62,8 +62,13 @@ fn stored_floor(t: &impl Kv, node: u32) -> OpResult<Option<EntryId>> {
     }
 }
 
-fn who(s: &StepId) -> String {
-    format!("step {} of cross-node operation {}", s.tag, s.intent)
+/// Names a step in messages (formatted only when one is written).
+struct Who<'a>(&'a StepId);
+
+impl std::fmt::Display for Who<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "step {} of cross-node operation {}", self.0.tag, self.0.intent)
+    }
 }
 
 /// What a delivery of `s` is answered without being applied: a refusal
@@ -76,12 +81,12 @@ pub(crate) fn settled(t: &impl Kv, s: &StepId) -> OpResult<Option<Response>> {
             Invalid,
             "{} arrived after the operation finished (its coordinator's unfinished operations begin at {floor}): \
              not applied",
-            who(s)
+            Who(s)
         ))));
     }
     match t.get(&step_key(s))? {
         None => Ok(None),
-        Some(v) => replies::recorded(&v, &who(s)).map(Some).map_err(OpError::Fatal),
+        Some(v) => replies::recorded(&v, Who(s)).map(Some).map_err(OpError::Fatal),
     }
 }
 
@@ -101,7 +106,7 @@ impl PeerStep {
     pub(super) fn apply(self, t: &mut Tables<'_>, ctx: &mut Ctx<'_>) -> OpResult<Reply> {
         let PeerStep { step, inner } = self;
         if step.floor.node != step.intent.node || step.floor > step.intent {
-            return Err(fs_err!(Protocol, "{}: floor {} is not at or below it", who(&step), step.floor).into());
+            return Err(fs_err!(Protocol, "{}: floor {} is not at or below it", Who(&step), step.floor).into());
         }
         raise_floor(&mut t.peer_done, step.floor)?;
         if let Some(r) = settled(&t.peer_done, &step)? {
@@ -112,8 +117,8 @@ impl PeerStep {
             Err(OpError::Fs(e)) => Err(e),
             Err(fatal) => return Err(fatal),
         };
-        let now_ms = ctx.now.sec.max(0) as u64 * 1000 + u64::from(ctx.now.nsec) / 1_000_000;
-        t.peer_done.insert(&step_key(&step), &replies::record(now_ms, &r, &who(&step)))?;
+        let now_ms = (ctx.now.sec.max(0) as u64).saturating_mul(1000) + u64::from(ctx.now.nsec / 1_000_000);
+        t.peer_done.insert(&step_key(&step), &replies::record(now_ms, &r, Who(&step)))?;
         r.map_err(OpError::Fs)
     }
 }

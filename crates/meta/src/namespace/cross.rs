@@ -935,9 +935,10 @@ impl Namespace {
             ) => Some(self.step_lock(*intent).await),
             _ => None,
         };
-        // Settled already (a late delivery, or a repeat of one applied):
-        // nothing of it runs again, not even a step it passes on.
-        if let Some(s) = &step {
+        // A rename's step passes a step on before its own commit: settled
+        // already (a late delivery, or a repeat of one applied), nothing of
+        // it runs again. (Every other step is checked in its commit only.)
+        if let (Some(s), PeerOp::RenameIn { .. }) = (&step, &op) {
             if let Some(r) = self.read(|t| settled(&t.peer_done, s))? {
                 return r;
             }
