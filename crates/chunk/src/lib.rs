@@ -1,6 +1,7 @@
 //! HiveFS chunk files, below the storage service and the client.
 //!
-//! Owns the chunk files of a target ([`store`]: their paths below
+//! Owns the chunk files of a target ([`files`]: the trait the storage
+//! service uses them through; [`store`]: the files on disk, their paths below
 //! `chunks/`, create/read/write/truncate/fallocate/seek/copy/unlink), the
 //! positional I/O on an open chunk file ([`io`]: full reads, reads from the
 //! page cache only), the mapping of a failed chunk-file operation's
@@ -15,9 +16,11 @@
 
 #![forbid(unsafe_code)]
 
+pub mod files;
 pub mod io;
 pub mod local;
 pub mod store;
 
+pub use files::{ChunkFiles, Wrap};
 pub use io::chunk_io_code;
 pub use store::{chunk_rel_path, ChunkStore, CHUNKS_DIR};

@@ -9,7 +9,7 @@
 //!
 //! Files are created lazily on the first write (or a truncate to a non-zero
 //! length), with mode 0600. The 256 sub-directories are made (mode 0700) by
-//! [`ChunkStore::make_subdirs`] when the service starts, with one fsync of
+//! [`ChunkFiles::make_subdirs`] when the service starts, with one fsync of
 //! `chunks/`; one still missing is made on demand and `chunks/` fsynced then,
 //! so a sub-directory survives a crash before a file appears in it. (Made on
 //! demand only, they cost a fresh file system about 2 ms per sub-directory,
@@ -26,6 +26,7 @@
 //! write streams with and without a cache showed no difference beyond
 //! run-to-run noise. A cache would also add invalidation races with unlink.
 
+use crate::files::ChunkFiles;
 use hivefs_proto::{FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE, FALLOC_ZERO_RANGE, UNLINK_CHUNKS_MAX};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::fs_err;
@@ -62,64 +63,12 @@ impl ChunkStore {
         ChunkStore { target, dir: dir.to_path_buf() }
     }
 
-    pub fn target(&self) -> TargetId {
-        self.target
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     pub fn chunk_path(&self, entry: EntryId) -> PathBuf {
         self.dir.join(chunk_rel_path(entry))
     }
 
     fn err(&self, entry: EntryId, e: &std::io::Error) -> FsError {
         FsError::new(crate::io::chunk_io_code(e), format!("target {}, chunk {entry}: {e}", self.target))
-    }
-
-    /// Opens the chunk file for reading and writing; `None` if it does not
-    /// exist and `create` is false.
-    pub fn open(&self, entry: EntryId, create: bool) -> FsResult<Option<File>> {
-        let path = self.chunk_path(entry);
-        let open = || OpenOptions::new().read(true).write(true).create(create).mode(0o600).open(&path);
-        match open() {
-            Ok(f) => Ok(Some(f)),
-            Err(e) if e.kind() == ErrorKind::NotFound && !create => Ok(None),
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                // First chunk file in this sub-directory: create it, then retry.
-                self.make_subdir(entry)?;
-                open().map(Some).map_err(|e| self.err(entry, &e))
-            }
-            Err(e) => Err(self.err(entry, &e)),
-        }
-    }
-
-    /// Opens the chunk file for reading only; `None` if it does not exist.
-    pub fn open_readonly(&self, entry: EntryId) -> FsResult<Option<File>> {
-        match File::open(self.chunk_path(entry)) {
-            Ok(f) => Ok(Some(f)),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(self.err(entry, &e)),
-        }
-    }
-
-    /// Makes every missing sub-directory of `chunks/` (which must exist)
-    /// and, if it made any, fsyncs `chunks/` once. Returns how many it made.
-    pub fn make_subdirs(&self) -> std::io::Result<usize> {
-        let chunks = self.dir.join(CHUNKS_DIR);
-        let mut made = 0;
-        for hh in 0..=u8::MAX {
-            match std::fs::DirBuilder::new().mode(0o700).create(chunks.join(format!("{hh:02x}"))) {
-                Ok(()) => made += 1,
-                Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(e),
-            }
-        }
-        if made > 0 {
-            File::open(&chunks)?.sync_all()?;
-        }
-        Ok(made)
     }
 
     fn make_subdir(&self, entry: EntryId) -> FsResult<()> {
@@ -136,9 +85,110 @@ impl ChunkStore {
         }
     }
 
+    /// Allocates `[offset, end)`, then (unless `keep`) grows the file to
+    /// `end`; out of space, frees what lies beyond `old_len` again.
+    fn allocate(&self, entry: EntryId, f: &File, keep: bool, offset: u64, end: u64, old_len: u64) -> FsResult<()> {
+        if let Err(e) = self.falloc(entry, f, FALLOC_KEEP_SIZE, offset, end - offset) {
+            let from = offset.max(old_len);
+            if end > from {
+                let _ = self.falloc(entry, f, FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE, from, end - from);
+            }
+            return Err(e);
+        }
+        if !keep && end > old_len {
+            f.set_len(end).map_err(|e| self.err(entry, &e))?;
+        }
+        Ok(())
+    }
+
+    fn falloc(&self, entry: EntryId, f: &File, mode: u32, offset: u64, len: u64) -> FsResult<()> {
+        rustix::fs::fallocate(f, rustix::fs::FallocateFlags::from_bits_retain(mode), offset, len)
+            .map_err(|e| self.err(entry, &e.into()))
+    }
+
+    /// copy_file_range(2) until `len` bytes are copied, the source ends, or
+    /// the kernel cannot copy between these files; returns the bytes copied.
+    fn copy_in_kernel(
+        &self,
+        entry: EntryId,
+        from: &File,
+        src_off: u64,
+        to: &File,
+        off: u64,
+        len: u64,
+    ) -> FsResult<u64> {
+        use rustix::io::Errno;
+        let mut done = 0u64;
+        while done < len {
+            let (mut i, mut o) = (src_off + done, off + done);
+            match rustix::fs::copy_file_range(from, Some(&mut i), to, Some(&mut o), (len - done) as usize) {
+                Ok(0) => break,
+                Ok(n) => done += n as u64,
+                Err(Errno::XDEV | Errno::OPNOTSUPP | Errno::NOSYS | Errno::INVAL) => break,
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(self.err(entry, &e.into())),
+            }
+        }
+        Ok(done)
+    }
+}
+
+impl ChunkFiles for ChunkStore {
+    fn target(&self) -> TargetId {
+        self.target
+    }
+
+    fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Opens the chunk file for reading and writing; `None` if it does not
+    /// exist and `create` is false.
+    fn open(&self, entry: EntryId, create: bool) -> FsResult<Option<File>> {
+        let path = self.chunk_path(entry);
+        let open = || OpenOptions::new().read(true).write(true).create(create).mode(0o600).open(&path);
+        match open() {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if e.kind() == ErrorKind::NotFound && !create => Ok(None),
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                // First chunk file in this sub-directory: create it, then retry.
+                self.make_subdir(entry)?;
+                open().map(Some).map_err(|e| self.err(entry, &e))
+            }
+            Err(e) => Err(self.err(entry, &e)),
+        }
+    }
+
+    /// Opens the chunk file for reading only; `None` if it does not exist.
+    fn open_readonly(&self, entry: EntryId) -> FsResult<Option<File>> {
+        match File::open(self.chunk_path(entry)) {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.err(entry, &e)),
+        }
+    }
+
+    /// Makes every missing sub-directory of `chunks/` (which must exist)
+    /// and, if it made any, fsyncs `chunks/` once. Returns how many it made.
+    fn make_subdirs(&self) -> std::io::Result<usize> {
+        let chunks = self.dir.join(CHUNKS_DIR);
+        let mut made = 0;
+        for hh in 0..=u8::MAX {
+            match std::fs::DirBuilder::new().mode(0o700).create(chunks.join(format!("{hh:02x}"))) {
+                Ok(()) => made += 1,
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if made > 0 {
+            File::open(&chunks)?.sync_all()?;
+        }
+        Ok(made)
+    }
+
     /// Writes `data` at `offset`, creating the chunk file if needed. Returns
     /// the number of bytes written (all of them).
-    pub fn write(&self, entry: EntryId, offset: u64, data: &[u8]) -> FsResult<u32> {
+    fn write(&self, entry: EntryId, offset: u64, data: &[u8]) -> FsResult<u32> {
         let len = u32::try_from(data.len()).map_err(|_| {
             fs_err!(Invalid, "target {}, chunk {entry}: write of {} bytes is too large", self.target, data.len())
         })?;
@@ -163,7 +213,7 @@ impl ChunkStore {
 
     /// CRC-32 of the chunk file's whole contents (`None`: no file), read in
     /// 1 MiB pieces: what `hivefs fsck` compares between buddies.
-    pub fn digest(&self, entry: EntryId) -> FsResult<Option<u32>> {
+    fn digest(&self, entry: EntryId) -> FsResult<Option<u32>> {
         let Some(f) = self.open(entry, false)? else { return Ok(None) };
         let mut h = crc32fast::Hasher::new();
         let mut buf = vec![0u8; 1 << 20];
@@ -180,7 +230,7 @@ impl ChunkStore {
 
     /// Reads up to `len` bytes at `offset`: fewer at the end of the chunk
     /// file, none past it or if the file does not exist.
-    pub fn read(&self, entry: EntryId, offset: u64, len: u32) -> FsResult<Vec<u8>> {
+    fn read(&self, entry: EntryId, offset: u64, len: u32) -> FsResult<Vec<u8>> {
         match self.open_read(entry, offset, len)? {
             Some((f, want)) => self.read_open(entry, &f, offset, want),
             None => Ok(Vec::new()),
@@ -192,7 +242,7 @@ impl ChunkStore {
     /// none (no file, at or past its end, or `len` 0). The buffer is bounded
     /// by the file's length: a read at the end of a short chunk file does not
     /// allocate the full request.
-    pub fn open_read(&self, entry: EntryId, offset: u64, len: u32) -> FsResult<Option<(File, usize)>> {
+    fn open_read(&self, entry: EntryId, offset: u64, len: u32) -> FsResult<Option<(File, usize)>> {
         let Some(f) = self.open(entry, false)? else {
             return Ok(None);
         };
@@ -204,23 +254,23 @@ impl ChunkStore {
         Ok(Some((f, want)))
     }
 
-    /// Reads `want` bytes at `offset` of a file from [`ChunkStore::open_read`]
+    /// Reads `want` bytes at `offset` of a file from [`ChunkFiles::open_read`]
     /// (fewer if it was truncated meanwhile); may wait for the disk.
-    pub fn read_open(&self, entry: EntryId, f: &File, offset: u64, want: usize) -> FsResult<Vec<u8>> {
+    fn read_open(&self, entry: EntryId, f: &File, offset: u64, want: usize) -> FsResult<Vec<u8>> {
         crate::io::read_at_full(f, offset, want).map_err(|e| self.err(entry, &e))
     }
 
-    /// Like [`ChunkStore::read_open`], but only if the whole range is in the
+    /// Like [`ChunkFiles::read_open`], but only if the whole range is in the
     /// page cache: `None` when reading it would wait for the disk (`preadv2`
     /// with `RWF_NOWAIT`), when only part of it is cached, or when the kernel
     /// cannot tell. Lets the service answer cached reads on its async workers
     /// and send the rest to blocking threads.
-    pub fn read_cached(&self, entry: EntryId, f: &File, offset: u64, want: usize) -> FsResult<Option<Vec<u8>>> {
+    fn read_cached(&self, entry: EntryId, f: &File, offset: u64, want: usize) -> FsResult<Option<Vec<u8>>> {
         crate::io::read_at_cached(f, offset, want).map_err(|e| self.err(entry, &e))
     }
 
     /// Sets the chunk file's length. A missing file is created unless `len` is 0.
-    pub fn truncate(&self, entry: EntryId, len: u64) -> FsResult<()> {
+    fn truncate(&self, entry: EntryId, len: u64) -> FsResult<()> {
         if len > OFFSET_MAX {
             return Err(fs_err!(Invalid, "target {}, chunk {entry}: length {len} is out of range", self.target));
         }
@@ -233,7 +283,7 @@ impl ChunkStore {
     /// fallocate(2) of `[offset, offset+len)` (see `Request::FallocateChunk`
     /// for the modes). An allocation that runs out of space frees what it
     /// allocated beyond the chunk file's end and leaves the length as it was.
-    pub fn fallocate(&self, entry: EntryId, mode: u32, offset: u64, len: u64) -> FsResult<()> {
+    fn fallocate(&self, entry: EntryId, mode: u32, offset: u64, len: u64) -> FsResult<()> {
         let range_err = || {
             fs_err!(
                 Invalid,
@@ -266,31 +316,10 @@ impl ChunkStore {
         }
     }
 
-    /// Allocates `[offset, end)`, then (unless `keep`) grows the file to
-    /// `end`; out of space, frees what lies beyond `old_len` again.
-    fn allocate(&self, entry: EntryId, f: &File, keep: bool, offset: u64, end: u64, old_len: u64) -> FsResult<()> {
-        if let Err(e) = self.falloc(entry, f, FALLOC_KEEP_SIZE, offset, end - offset) {
-            let from = offset.max(old_len);
-            if end > from {
-                let _ = self.falloc(entry, f, FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE, from, end - from);
-            }
-            return Err(e);
-        }
-        if !keep && end > old_len {
-            f.set_len(end).map_err(|e| self.err(entry, &e))?;
-        }
-        Ok(())
-    }
-
-    fn falloc(&self, entry: EntryId, f: &File, mode: u32, offset: u64, len: u64) -> FsResult<()> {
-        rustix::fs::fallocate(f, rustix::fs::FallocateFlags::from_bits_retain(mode), offset, len)
-            .map_err(|e| self.err(entry, &e.into()))
-    }
-
     /// The next data (`hole: false`) or hole (`hole: true`) of the chunk
     /// file at or after `offset`, as lseek(2) SEEK_DATA / SEEK_HOLE find it;
     /// `None` where lseek says ENXIO, and for a missing chunk file.
-    pub fn seek(&self, entry: EntryId, offset: u64, hole: bool) -> FsResult<Option<u64>> {
+    fn seek(&self, entry: EntryId, offset: u64, hole: bool) -> FsResult<Option<u64>> {
         if offset > OFFSET_MAX {
             return Ok(None);
         }
@@ -303,21 +332,13 @@ impl ChunkStore {
         }
     }
 
-    /// Copies `len` bytes from `src_offset` of `src_entry`'s chunk file in
-    /// `src` (a target of this node, maybe this one) to `offset` of
-    /// `entry`'s: in the kernel (copy_file_range(2), a reflink where the file
-    /// system shares extents), through a buffer where it cannot (targets on
-    /// different file systems). Bytes past the source's end are written as
-    /// zeroes, so exactly `len` bytes land.
-    pub fn copy_from(
-        &self,
-        entry: EntryId,
-        offset: u64,
-        src: &ChunkStore,
-        src_entry: EntryId,
-        src_offset: u64,
-        len: u32,
-    ) -> FsResult<u32> {
+    /// Copies `len` bytes from `from` (entry, offset) of `src` (a target of
+    /// this node, maybe this one) to `to`: in the kernel (copy_file_range(2),
+    /// a reflink where the file system shares extents), through a buffer where
+    /// it cannot (targets on different file systems). Bytes past the source's
+    /// end are written as zeroes, so exactly `len` bytes land.
+    fn copy_from(&self, to: (EntryId, u64), src: &dyn ChunkFiles, from: (EntryId, u64), len: u32) -> FsResult<u32> {
+        let ((entry, offset), (src_entry, src_offset)) = (to, from);
         let end = offset.checked_add(u64::from(len)).filter(|&e| e <= OFFSET_MAX);
         if end.is_none() || src_offset > OFFSET_MAX {
             return Err(fs_err!(
@@ -347,34 +368,8 @@ impl ChunkStore {
         Ok(len)
     }
 
-    /// copy_file_range(2) until `len` bytes are copied, the source ends, or
-    /// the kernel cannot copy between these files; returns the bytes copied.
-    fn copy_in_kernel(
-        &self,
-        entry: EntryId,
-        from: &File,
-        src_off: u64,
-        to: &File,
-        off: u64,
-        len: u64,
-    ) -> FsResult<u64> {
-        use rustix::io::Errno;
-        let mut done = 0u64;
-        while done < len {
-            let (mut i, mut o) = (src_off + done, off + done);
-            match rustix::fs::copy_file_range(from, Some(&mut i), to, Some(&mut o), (len - done) as usize) {
-                Ok(0) => break,
-                Ok(n) => done += n as u64,
-                Err(Errno::XDEV | Errno::OPNOTSUPP | Errno::NOSYS | Errno::INVAL) => break,
-                Err(Errno::INTR) => continue,
-                Err(e) => return Err(self.err(entry, &e.into())),
-            }
-        }
-        Ok(done)
-    }
-
     /// Removes the chunk file; a missing one is not an error (idempotent).
-    pub fn unlink(&self, entry: EntryId) -> FsResult<()> {
+    fn unlink(&self, entry: EntryId) -> FsResult<()> {
         match std::fs::remove_file(self.chunk_path(entry)) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
@@ -386,7 +381,7 @@ impl ChunkStore {
     /// Goes on past a failure and reports the first one, naming its entry,
     /// so a retry of the whole batch has less left to do. More than
     /// [`UNLINK_CHUNKS_MAX`] entries are refused before anything is removed.
-    pub fn unlink_batch(&self, entries: &[EntryId]) -> FsResult<()> {
+    fn unlink_batch(&self, entries: &[EntryId]) -> FsResult<()> {
         if entries.len() > UNLINK_CHUNKS_MAX {
             return Err(fs_err!(
                 Invalid,
@@ -414,7 +409,7 @@ impl ChunkStore {
     }
 
     /// The chunk file's length; 0 if it does not exist.
-    pub fn stat(&self, entry: EntryId) -> FsResult<u64> {
+    fn stat(&self, entry: EntryId) -> FsResult<u64> {
         match std::fs::metadata(self.chunk_path(entry)) {
             Ok(m) => Ok(m.len()),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(0),
@@ -427,7 +422,7 @@ impl ChunkStore {
     /// Names that are not entry ids, or that sit in the wrong hash directory,
     /// are not chunk files of this target and are skipped (with a warning).
     /// Memory: one hash directory's names at a time.
-    pub fn list(&self, after: Option<EntryId>, max: usize) -> FsResult<(Vec<(EntryId, u64)>, bool)> {
+    fn list(&self, after: Option<EntryId>, max: usize) -> FsResult<(Vec<(EntryId, u64)>, bool)> {
         let max = max.max(1);
         let root = self.dir.join(CHUNKS_DIR);
         let first = after.map_or(0, |a| usize::from(a.hash_dir()));
@@ -474,7 +469,7 @@ impl ChunkStore {
 
     /// Makes the chunk file's data, length and directory entry durable.
     /// Nothing to do if it does not exist.
-    pub fn fsync(&self, entry: EntryId) -> FsResult<()> {
+    fn fsync(&self, entry: EntryId) -> FsResult<()> {
         let path = self.chunk_path(entry);
         let f = match File::open(&path) {
             Ok(f) => f,
@@ -627,13 +622,13 @@ mod tests {
         s.write(a, 0, b"0123456789").unwrap();
         s.write(b, 0, &[b'x'; 20]).unwrap();
         // From the middle of a into b, past a's end: zeroes for the rest.
-        assert_eq!(s.copy_from(b, 2, &s, a, 4, 10).unwrap(), 10);
+        assert_eq!(s.copy_from((b, 2), &s, (a, 4), 10).unwrap(), 10);
         assert_eq!(s.read(b, 0, 20).unwrap(), b"xx456789\0\0\0\0xxxxxxxx");
         // From a missing chunk file: all zeroes; into a missing one: created.
         let c = EntryId { node: 1, epoch: 1, counter: 3 };
-        assert_eq!(s.copy_from(c, 4, &s, EntryId { node: 9, epoch: 9, counter: 9 }, 0, 3).unwrap(), 3);
+        assert_eq!(s.copy_from((c, 4), &s, (EntryId { node: 9, epoch: 9, counter: 9 }, 0), 3).unwrap(), 3);
         assert_eq!(s.read(c, 0, 10).unwrap(), vec![0u8; 7]);
-        assert_eq!(s.copy_from(c, OFFSET_MAX, &s, a, 0, 1).unwrap_err().code, ErrorCode::Invalid);
+        assert_eq!(s.copy_from((c, OFFSET_MAX), &s, (a, 0), 1).unwrap_err().code, ErrorCode::Invalid);
     }
 
     #[test]

@@ -220,6 +220,7 @@ impl<O: fmt::Debug> Sweep<'_, O> {
                     t.partitions += s.partitions;
                     t.failovers += s.failovers;
                     t.client_ops += s.client_ops;
+                    t.disk_faults += s.disk_faults;
                 }
                 Err(f) => {
                     eprintln!("{f}\n");
@@ -232,7 +233,7 @@ impl<O: fmt::Debug> Sweep<'_, O> {
         }
         eprintln!(
             "{ran} seeds from {start} in {:.1} s ({} failed); passing ones: {} client operations, {} messages, \
-             {} crashes ({} at a protocol step), {} partitions, {} failovers",
+             {} crashes ({} at a protocol step), {} partitions, {} failovers, {} disk faults",
             t0.elapsed().as_secs_f64(),
             failures.len(),
             t.client_ops,
@@ -240,7 +241,8 @@ impl<O: fmt::Debug> Sweep<'_, O> {
             t.crashes,
             t.step_crashes,
             t.partitions,
-            t.failovers
+            t.failovers,
+            t.disk_faults
         );
         if !failures.is_empty() {
             let cmds: Vec<String> = failures.iter().map(|&s| format!("  {}", (self.replay)(s))).collect();

@@ -115,6 +115,8 @@ pub struct Stats {
     pub failovers: u64,
     pub client_ops: u64,
     pub client_retries: u64,
+    /// Chunk-file operations a failing disk failed (the buddy-mirroring simulation).
+    pub disk_faults: u64,
 }
 
 /// What every simulated world has: the one seeded RNG, the trace, the

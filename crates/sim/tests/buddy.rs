@@ -5,7 +5,9 @@
 //! seeds from `HIVEFS_SIM_BUDDY_SEED_START` (default
 //! `hivefs_sim::buddy::DEFAULT_SEED_START`); `HIVEFS_SIM_BUDDY_SEED=<n>`
 //! replays one seed, printing its trace; `HIVEFS_SIM_BUDDY_OPS` sets the
-//! operations per client (a replay needs the same value).
+//! operations per client and `HIVEFS_SIM_BUDDY_DISK_ERROR_PERMILLE` how
+//! often a chunk-file operation fails on a disk (a replay needs the same
+//! values).
 
 use hivefs_sim::buddy::{replay_command, run, BuddyConfig, DEFAULT_SEEDS, DEFAULT_SEED_START};
 use hivefs_sim::{env_u64, Sweep};
@@ -14,6 +16,9 @@ fn config() -> BuddyConfig {
     let mut cfg = BuddyConfig::default();
     if let Some(ops) = env_u64("HIVEFS_SIM_BUDDY_OPS") {
         cfg.ops_per_client = ops as usize;
+    }
+    if let Some(p) = env_u64("HIVEFS_SIM_BUDDY_DISK_ERROR_PERMILLE") {
+        cfg.faults.disk_error = p as f64 / 1000.0;
     }
     cfg
 }
@@ -44,5 +49,6 @@ fn a_buddy_seed_replays_the_same_trace() {
         let b = run(seed, &cfg).unwrap_or_else(|f| panic!("{f}"));
         assert_eq!((a.trace_hash, a.trace_lines), (b.trace_hash, b.trace_lines), "seed {seed} is not deterministic");
         assert!(a.stats.client_ops > 0 && a.stats.failovers + a.stats.crashes > 0, "seed {seed} did nothing: {a:?}");
+        assert!(a.stats.disk_faults > 0, "seed {seed} met no disk failure: {a:?}");
     }
 }

@@ -17,7 +17,7 @@
 //!
 //! It must never touch `chunks/`.
 
-use hivefs_chunk::ChunkStore;
+use hivefs_chunk::ChunkFiles;
 use hivefs_proto::TargetBench;
 use hivefs_types::error::{FsError, FsResult};
 use hivefs_types::fs_err;
@@ -100,7 +100,7 @@ fn now_ns() -> u64 {
 
 /// Runs the benchmark on all `stores` at once (one blocking thread each, plus
 /// `threads` workers per target) and returns their results in the same order.
-pub async fn run(stores: Vec<Arc<ChunkStore>>, p: Params) -> FsResult<Vec<TargetBench>> {
+pub async fn run(stores: Vec<Arc<dyn ChunkFiles>>, p: Params) -> FsResult<Vec<TargetBench>> {
     p.validate()?;
     let mut tasks = Vec::with_capacity(stores.len());
     for s in stores {

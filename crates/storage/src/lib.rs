@@ -14,6 +14,9 @@
 //!
 //! The service is a library: [`start`] runs it inside the caller's tokio
 //! runtime, so tests run it in-process and the binary stays thin.
+//! [`start_with`] takes the two seams a simulation replaces: the network
+//! ([`Net`]) and the chunk files ([`Disk`]: through the
+//! [`hivefs_chunk::ChunkFiles`] trait, the files on disk by default).
 
 #![forbid(unsafe_code)]
 
@@ -29,7 +32,7 @@ pub use ratelimit::{RateLimit, RateSetting};
 pub use target::{init_target, open_target, TargetFile, CHUNKS_DIR, TARGET_FILE};
 
 use bytes::Bytes;
-use hivefs_chunk::ChunkStore;
+use hivefs_chunk::{ChunkFiles, ChunkStore};
 use hivefs_cluster::NodeIdentity;
 use hivefs_net::{serve, Call, ClientConfig, Handler, Peer, ServerConfig, ServerHandle};
 use hivefs_proto::{ChunkCopy, Reply, Request, Response, TargetCapacity, MAX_PAYLOAD_LEN};
@@ -177,7 +180,7 @@ struct Ready {
     node: NodeId,
     /// Other storage nodes, for copies whose source is elsewhere.
     cluster: Arc<hivefs_cluster::Cluster>,
-    stores: HashMap<TargetId, Arc<ChunkStore>>,
+    stores: HashMap<TargetId, Store>,
     /// Per-target rate limits (`target_rate_limit`); empty when unlimited.
     limits: HashMap<TargetId, Arc<RateLimit>>,
     /// Buddy mirroring of this node's targets (`docs/design-mirror.md`).
@@ -193,7 +196,7 @@ struct StorageHandler {
 /// Hands chunk files to short-circuit clients (`Config::short_circuit`).
 struct LocalOpener {
     node: NodeId,
-    stores: HashMap<TargetId, Arc<ChunkStore>>,
+    stores: HashMap<TargetId, Store>,
     /// Targets with a rate limit: their I/O must pass the service's bucket.
     limited: std::collections::HashSet<TargetId>,
     /// Mirrored chunks, handed out to read while this node is their primary.
@@ -255,12 +258,7 @@ pub const INLINE_IO_MAX: usize = 64 << 10;
 /// A chunk read: answered on this worker when it is small and in the page
 /// cache, else on a blocking thread (a read from the disk must not hold a
 /// worker: reads that miss the cache get the blocking pool's queue depth).
-async fn cached_read(
-    s: Arc<ChunkStore>,
-    entry: hivefs_types::ids::EntryId,
-    offset: u64,
-    len: u32,
-) -> FsResult<Vec<u8>> {
+async fn cached_read(s: Store, entry: hivefs_types::ids::EntryId, offset: u64, len: u32) -> FsResult<Vec<u8>> {
     if len as usize > INLINE_IO_MAX {
         return blocking(move || s.read(entry, offset, len)).await;
     }
@@ -284,7 +282,7 @@ async fn chunk_io<T: Send + 'static>(bytes: usize, f: impl FnOnce() -> FsResult<
 }
 
 impl Ready {
-    fn store(&self, target: TargetId) -> FsResult<Arc<ChunkStore>> {
+    fn store(&self, target: TargetId) -> FsResult<Store> {
         self.stores
             .get(&target)
             .cloned()
@@ -292,7 +290,7 @@ impl Ready {
     }
 
     /// The store of `target` for mirrored chunks (`<target>/mirror/`) or the plain one.
-    fn store_of(&self, target: TargetId, mirrored: bool) -> FsResult<Arc<ChunkStore>> {
+    fn store_of(&self, target: TargetId, mirrored: bool) -> FsResult<Store> {
         if !mirrored {
             return self.store(target);
         }
@@ -328,7 +326,7 @@ impl Ready {
         self.throttle(target, u64::from(len)).await;
         if let Some(src) = self.stores.get(&src_target).cloned() {
             self.throttle(src_target, u64::from(len)).await;
-            return blocking(move || dst.copy_from(entry, offset, &src, src_entry, src_offset, len)).await;
+            return blocking(move || dst.copy_from((entry, offset), &*src, (src_entry, src_offset), len)).await;
         }
         let read = Request::ReadChunk { target: src_target, entry: src_entry, offset: src_offset, len };
         let pool = self.cluster.target_pool(src_target).await?;
@@ -352,7 +350,7 @@ impl Ready {
     }
 
     /// The stores a `StorageBench` names (all of this node's when `targets` is empty), sorted by id then.
-    fn bench_stores(&self, targets: &[TargetId]) -> FsResult<Vec<Arc<ChunkStore>>> {
+    fn bench_stores(&self, targets: &[TargetId]) -> FsResult<Vec<Store>> {
         if targets.is_empty() {
             let mut all: Vec<_> = self.stores.values().cloned().collect();
             all.sort_by_key(|s| s.target());
@@ -406,7 +404,7 @@ impl Ready {
                 Ok(s) => blocking(move || s.unlink(entry)).await.map(|()| Reply::Ok),
                 Err(e) => Err(e),
             },
-            // One blocking task for the whole batch (ChunkStore::unlink_batch bounds its length).
+            // One blocking task for the whole batch (ChunkFiles::unlink_batch bounds its length).
             Request::UnlinkChunks { target, entries } => match self.store_of(target, mirrored) {
                 Ok(s) => blocking(move || s.unlink_batch(&entries)).await.map(|()| Reply::Ok),
                 Err(e) => Err(e),
@@ -540,11 +538,35 @@ async fn register_targets(mgmt: &dyn Call, node: NodeId, opened: &mut [Opened]) 
 
 /// Opens the targets, registers with mgmtd and serves chunk requests over TCP.
 pub async fn start(cfg: Config) -> Result<StorageService, StorageError> {
-    start_with(cfg, Net::Tcp).await
+    start_with(cfg, Net::Tcp, Disk::Files).await
 }
 
-/// [`start`] on the network `net`.
-pub async fn start_with(cfg: Config, net: Net) -> Result<StorageService, StorageError> {
+/// The chunk files of one target, as the service uses them.
+type Store = Arc<dyn ChunkFiles>;
+
+/// How the service reaches its targets' chunk files.
+#[derive(Clone, Default)]
+pub enum Disk {
+    /// The files below the target directories.
+    #[default]
+    Files,
+    /// Those, through a wrapper: a simulation's failing disk (`hivefs-sim`).
+    Wrapped(hivefs_chunk::Wrap),
+}
+
+impl Disk {
+    /// The chunk files below `dir` (a target's, or its `mirror/`) of `target`.
+    fn open(&self, target: TargetId, dir: &std::path::Path) -> Store {
+        let files: Store = Arc::new(ChunkStore::new(target, dir));
+        match self {
+            Disk::Files => files,
+            Disk::Wrapped(wrap) => wrap(files),
+        }
+    }
+}
+
+/// [`start`] on the network `net`, with the chunk files as `disk` has them.
+pub async fn start_with(cfg: Config, net: Net, disk: Disk) -> Result<StorageService, StorageError> {
     if cfg.targets.is_empty() {
         return Err(StorageError::Config("no storage targets configured".into()));
     }
@@ -613,8 +635,8 @@ pub async fn start_with(cfg: Config, net: Net) -> Result<StorageService, Storage
     .map_err(|source| StorageError::Mgmt { mgmtd: cfg.mgmtd.clone(), source })?;
     let ids = register_targets(&*mgmt, node, &mut opened).await?;
 
-    let stores: HashMap<TargetId, Arc<ChunkStore>> =
-        ids.iter().zip(&opened).map(|(&id, o)| (id, Arc::new(ChunkStore::new(id, &o.dir)))).collect();
+    let stores: HashMap<TargetId, Store> =
+        ids.iter().zip(&opened).map(|(&id, o)| (id, disk.open(id, &o.dir))).collect();
     if server.0.is_some() {
         let space: Vec<(TargetId, PathBuf)> = ids.iter().zip(&opened).map(|(&id, o)| (id, o.dir.clone())).collect();
         hivefs_metrics::on_scrape(move || {
@@ -641,7 +663,7 @@ pub async fn start_with(cfg: Config, net: Net) -> Result<StorageService, Storage
         ClientConfig::new(secret.clone()).with_timeout(Duration::from_millis(cfg.mirror_forward_timeout_ms.max(100)));
     let mirror_cluster = hivefs_cluster::Cluster::new(&cfg.mgmtd, pools.with_config(forward_cfg));
     let dirs: Vec<(TargetId, PathBuf)> = ids.iter().zip(&opened).map(|(&id, o)| (id, o.dir.clone())).collect();
-    let mirror = Arc::new(mirror::Mirror::open(node, mgmt.clone(), mirror_cluster, &dirs)?);
+    let mirror = Arc::new(mirror::Mirror::open(node, mgmt.clone(), mirror_cluster, &dirs, &disk)?);
     let local = if cfg.short_circuit && server.0.is_some() {
         let name = hivefs_chunk::local::socket_name(node, local_addr.port());
         let limited = limits.keys().copied().collect();
@@ -831,10 +853,12 @@ mod tests {
         use hivefs_types::ids::EntryId;
         let d = tempfile::tempdir().unwrap();
         init_target(d.path(), "fs").unwrap();
-        let store = Arc::new(ChunkStore::new(TargetId(5), d.path()));
+        let store: Store = Arc::new(ChunkStore::new(TargetId(5), d.path()));
         let cluster = hivefs_cluster::Cluster::new("127.0.0.1:1", hivefs_net::Pools::new(ClientConfig::new(None)));
         let mgmt = cluster.mgmt();
-        let mirror = mirror::Mirror::open(NodeId(2), mgmt, cluster.clone(), &[(TargetId(5), d.path().into())]).unwrap();
+        let mirror =
+            mirror::Mirror::open(NodeId(2), mgmt, cluster.clone(), &[(TargetId(5), d.path().into())], &Disk::Files)
+                .unwrap();
         let ready = Ready {
             node: NodeId(2),
             cluster,
@@ -849,7 +873,7 @@ mod tests {
         // Existing and missing chunk files together: Ok, and all are gone.
         let req = Request::UnlinkChunks { target: TargetId(5), entries: ids.clone() };
         assert_eq!(ready.apply(req.clone(), Bytes::new(), false).await.0, Ok(Reply::Ok));
-        assert!(ids.iter().all(|id| !store.chunk_path(*id).exists()));
+        assert!(ids.iter().all(|id| !d.path().join(hivefs_chunk::chunk_rel_path(*id)).exists()));
         assert_eq!(ready.apply(req, Bytes::new(), false).await.0, Ok(Reply::Ok), "idempotent");
         // Over-long: refused, naming the target; nothing removed.
         store.write(ids[0], 0, b"chunk").unwrap();
@@ -858,7 +882,7 @@ mod tests {
         let e = e.unwrap_err();
         assert_eq!(e.code, ErrorCode::Invalid);
         assert!(e.message.contains("target 5"), "{e}");
-        assert!(store.chunk_path(ids[0]).exists());
+        assert!(d.path().join(hivefs_chunk::chunk_rel_path(ids[0])).exists());
         // A target this node does not serve.
         let e = ready.apply(Request::UnlinkChunks { target: TargetId(6), entries: ids }, Bytes::new(), false).await.0;
         let e = e.unwrap_err();
@@ -871,11 +895,12 @@ mod tests {
         use hivefs_chunk::local::{ChunkOpener, Offer};
         let d = tempfile::tempdir().unwrap();
         init_target(d.path(), "fs").unwrap();
-        let store = Arc::new(ChunkStore::new(TargetId(5), d.path()));
+        let store: Store = Arc::new(ChunkStore::new(TargetId(5), d.path()));
         let stores = HashMap::from([(TargetId(5), store.clone()), (TargetId(7), store.clone())]);
         let cluster = hivefs_cluster::Cluster::new("127.0.0.1:1", hivefs_net::Pools::new(ClientConfig::new(None)));
         let mirror =
-            mirror::Mirror::open(NodeId(2), cluster.mgmt(), cluster, &[(TargetId(5), d.path().into())]).unwrap();
+            mirror::Mirror::open(NodeId(2), cluster.mgmt(), cluster, &[(TargetId(5), d.path().into())], &Disk::Files)
+                .unwrap();
         let o = LocalOpener { node: NodeId(2), stores, limited: [TargetId(7)].into(), mirror: Arc::new(mirror) };
         let e = EntryId { node: 1, epoch: 1, counter: 9 };
         assert!(matches!(o.open(TargetId(5), e, false), Ok(Offer::NoChunk)));

@@ -12,8 +12,8 @@
 //! epoch only. It must not decide roles: mgmtd does, this module reads them.
 
 use crate::Ready;
+use crate::{Disk, Store};
 use bytes::Bytes;
-use hivefs_chunk::ChunkStore;
 use hivefs_cluster::Cluster;
 use hivefs_net::Call;
 use hivefs_proto::{Consistency, Envelope, GroupInfo, MirrorHdr, MirrorRole, Reply, Request, Response};
@@ -86,7 +86,7 @@ struct Recent {
 /// Mirroring state of one target.
 pub(crate) struct TargetMirror {
     target: TargetId,
-    store: Arc<ChunkStore>,
+    store: Store,
     dirty: Mutex<BTreeSet<EntryId>>,
     dirty_path: PathBuf,
     recent: Mutex<Recent>,
@@ -124,7 +124,7 @@ pub(crate) struct TargetMirror {
 }
 
 impl TargetMirror {
-    fn open(target: TargetId, dir: &Path) -> std::io::Result<TargetMirror> {
+    fn open(target: TargetId, dir: &Path, disk: &Disk) -> std::io::Result<TargetMirror> {
         let root = dir.join(MIRROR_DIR);
         std::fs::create_dir_all(root.join(hivefs_chunk::CHUNKS_DIR))?;
         let dirty_path = root.join(DIRTY_FILE);
@@ -164,7 +164,7 @@ impl TargetMirror {
         };
         Ok(TargetMirror {
             target,
-            store: Arc::new(ChunkStore::new(target, &root)),
+            store: disk.open(target, &root),
             dirty: Mutex::new(dirty),
             dirty_path,
             recent: Mutex::new(Recent {
@@ -310,10 +310,11 @@ impl Mirror {
         mgmt: Arc<dyn Call>,
         cluster: Arc<Cluster>,
         targets: &[(TargetId, PathBuf)],
+        disk: &Disk,
     ) -> Result<Mirror, crate::StorageError> {
         let mut m = BTreeMap::new();
         for (t, dir) in targets {
-            let tm = TargetMirror::open(*t, dir).map_err(|e| crate::StorageError::io(dir.join(MIRROR_DIR), e))?;
+            let tm = TargetMirror::open(*t, dir, disk).map_err(|e| crate::StorageError::io(dir.join(MIRROR_DIR), e))?;
             m.insert(*t, Arc::new(tm));
         }
         Ok(Mirror {
@@ -370,7 +371,7 @@ impl Mirror {
         }
     }
 
-    pub fn store(&self, target: TargetId) -> Option<Arc<ChunkStore>> {
+    pub fn store(&self, target: TargetId) -> Option<Store> {
         self.targets.get(&target).map(|t| t.store.clone())
     }
 

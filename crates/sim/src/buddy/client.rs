@@ -13,7 +13,10 @@
 //! that was acknowledged must be what the next read sees, whichever member
 //! serves it after however many failovers. A change whose answer was lost
 //! is sent again, unchanged, until one is acknowledged (all of them are
-//! idempotent).
+//! idempotent). A change that failed on a disk (`Io`, `NoSpace`) may have
+//! landed in part, on one member or both: the client then reads the whole
+//! file, and from then on the model is what that read returned, so a
+//! member left different by the failure shows at a later read through it.
 
 use crate::buddy::world::{self, Ep, StorageWorld as World, MGMTD};
 use bytes::Bytes;
@@ -166,6 +169,14 @@ impl Client {
             (Op::Truncate { len }, Ok((Reply::Ok, _))) => model.resize(len as usize, 0),
             (Op::Unlink, Ok((Reply::Ok, _))) => model.clear(),
             (Op::Fsync, Ok((Reply::Ok, _))) => {}
+            // A disk failed: a change may have landed in part; a read or an
+            // fsync changed nothing.
+            (op, Err(e)) if disk_failure(&self.world, &e) => {
+                self.world.trace(format_args!("c{c} #{i} failed on a disk: {e}"));
+                if matches!(op, Op::Write { .. } | Op::Truncate { .. } | Op::Unlink) {
+                    self.learn(i, mount, f).await;
+                }
+            }
             (_, r) => {
                 let got = match r {
                     Ok((reply, _)) => format!("{reply:?}"),
@@ -176,4 +187,33 @@ impl Client {
         }
         self.world.trace(format_args!("c{c} #{i} done"));
     }
+
+    /// Reads file `f` whole (until a read succeeds) and makes that its model.
+    async fn learn(&mut self, i: usize, mount: usize, f: usize) {
+        let (group, entry, c) = (self.files[f].group, self.files[f].entry, self.k);
+        loop {
+            let req = Request::ReadChunk { target: TargetId(0), entry, offset: 0, len: WHOLE };
+            match self.send(mount, group, req, Bytes::new()).await {
+                Ok((Reply::Data, got)) => {
+                    self.world.trace(format_args!("c{c} #{i} {entry} holds {} bytes now", got.len()));
+                    self.files[f].data = got;
+                    return;
+                }
+                Err(e) if disk_failure(&self.world, &e) => {}
+                r => {
+                    let what = format!("c{c} #{i} reading {entry} (group {group}) whole: unexpected answer {r:?}");
+                    self.world.violation(what);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A read of this many bytes at 0 returns a whole file of a client.
+const WHOLE: u32 = (SPAN + 8192) as u32;
+
+/// `e` is what a failing disk answers (and the run has failing disks).
+fn disk_failure(world: &World, e: &FsError) -> bool {
+    matches!(e.code, ErrorCode::Io | ErrorCode::NoSpace) && world.faults.disk_error > 0.0
 }

@@ -6,21 +6,24 @@
 //! over when its primary is silent; a primary forwards every change to its
 //! secondary before applying it, degrades the group when that fails, and
 //! resyncs a returning secondary. The run loses, delays and reorders
-//! messages, crashes storage nodes and mgmtd, and cuts the servers apart (a
-//! primary from mgmtd, the two members from each other), while clients write,
+//! messages, crashes storage nodes and mgmtd, cuts the servers apart (a
+//! primary from mgmtd, the two members from each other) and fails chunk-file
+//! operations on the targets' disks, while clients write,
 //! truncate, remove and read their own chunk files through the real
 //! client routing. It checks that every read returns what the acknowledged
 //! changes before it wrote, and at the end, once every group is good
 //! again, that both members of each group hold the same chunk files and
 //! that they are the clients' models.
 //!
-//! Layout: `world` (the network, mgmtd, the nodes' slots) → `node` (start,
+//! Layout: `world` (the network, mgmtd, the nodes' slots) → `disk` (a
+//! storage target's failing disk) → `node` (start,
 //! crash, restart of a storage node) → `client` (a client and its model)
 //! → `run` (one seed, set-up to verdict, and the end checks) → this file.
 //! `cargo test -p hivefs-sim --test buddy` runs [`DEFAULT_SEEDS`] seeds;
 //! `HIVEFS_SIM_BUDDY_SEED=<n>` replays one (see `docs/simulation.md`).
 
 mod client;
+mod disk;
 mod node;
 mod run;
 pub(crate) mod world;
@@ -52,6 +55,9 @@ pub struct BuddyFaults {
     pub nothing: u32,
     pub restart_ms: (u64, u64),
     pub partition_ms: (u64, u64),
+    /// A chunk-file operation on a storage target fails as a disk's does
+    /// (see `disk`); not while the run is calm.
+    pub disk_error: f64,
 }
 
 impl Default for BuddyFaults {
@@ -66,6 +72,7 @@ impl Default for BuddyFaults {
             nothing: 22,
             restart_ms: (10, 4000),
             partition_ms: (200, 5000),
+            disk_error: 0.02,
         }
     }
 }

@@ -3,8 +3,9 @@
 //! manager would), crash (every task running its code stops where it is:
 //! what reached its files stays) and restart after a delay.
 
+use crate::buddy::disk::FailingDisk;
 use crate::buddy::world::{self, Ep, StorageWorld as World, HEARTBEAT_MS, MGMTD};
-use hivefs_storage::{Config, Net};
+use hivefs_storage::{Config, Disk, Net};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,7 +26,8 @@ pub fn start(world: &Arc<World>, k: usize) {
         ..Config::default()
     };
     let pools = world::pools(world, Ep::Node(k));
-    world.start_node(k, boot, move || hivefs_storage::start_with(cfg.clone(), Net::Pools(pools.clone())));
+    let disk = Disk::Wrapped(FailingDisk::wrap(world, k));
+    world.start_node(k, boot, move || hivefs_storage::start_with(cfg.clone(), Net::Pools(pools.clone()), disk.clone()));
 }
 
 /// Makes node `k` stop at `step` of the mirroring protocol (this boot).

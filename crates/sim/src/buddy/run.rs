@@ -11,7 +11,7 @@ use crate::buddy::world::StorageWorld as World;
 use crate::buddy::{BuddyConfig, BuddyOutcome};
 use crate::net::panic_message;
 use crate::Failure;
-use hivefs_chunk::ChunkStore;
+use hivefs_chunk::{ChunkFiles, ChunkStore};
 use hivefs_proto::{Consistency, GroupKind, Reply, Request};
 use hivefs_types::ids::{BuddyGroupId, EntryId, TargetId};
 use rand::seq::SliceRandom;
