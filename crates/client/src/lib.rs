@@ -23,7 +23,7 @@ mod releases;
 pub mod writeback;
 
 use hivefs_cluster::Cluster;
-use hivefs_net::{ClientConfig, Pools, Secret};
+use hivefs_net::{ClientConfig, Net, Pools, Secret};
 use hivefs_proto::{Caller, Capacity, DirEntry, Envelope, MetaChooser, OpId, Reachability, Reply, Request};
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, Timespec};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
@@ -168,9 +168,20 @@ fn ok(r: Reply) -> FsResult<()> {
 impl Client {
     /// Connects to mgmtd, loads the cluster view and finds the root's owner.
     pub async fn connect(opts: Options) -> FsResult<Arc<Client>> {
+        Client::connect_with(opts, Net::Tcp).await
+    }
+
+    /// [`Client::connect`] over `net`: TCP, or the calls of a simulated
+    /// network (`hivefs-sim`), where `opts.mgmtd` and the nodes' addresses
+    /// name its endpoints.
+    pub async fn connect_with(opts: Options, net: Net) -> FsResult<Arc<Client>> {
         let mut cc = ClientConfig::new(opts.secret.clone()).with_timeout(opts.io_timeout);
         cc.conns_per_peer = opts.conns_per_peer;
-        let cluster = Cluster::new(&opts.mgmtd, Pools::new(cc));
+        let pools = match net {
+            Net::Tcp => Pools::new(cc),
+            Net::Pools(p) => p.with_config(cc),
+        };
+        let cluster = Cluster::new(&opts.mgmtd, pools);
         let view = cluster.refresh().await?;
         let owner = view.root_owner.ok_or_else(|| {
             FsError::new(ErrorCode::Unavailable, format!("mgmtd {}: no metadata node has registered yet", opts.mgmtd))

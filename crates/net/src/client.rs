@@ -333,51 +333,24 @@ impl Pool {
 
     async fn call_inner(&self, env: &Envelope, req: &Request, payload: Bytes) -> Result<(Reply, Vec<u8>), FsError> {
         let body = encode_request(env, req);
-        let attempts = if env.may_repeat(req) { self.cfg.retries + 1 } else { 1 };
-        let deadline = tokio::time::Instant::now() + self.cfg.deadline;
-        let mut last = None;
-        for attempt in 0..attempts {
-            if attempt > 0 {
-                let backoff = Duration::from_millis(100 << attempt.min(4)).min(Duration::from_secs(1));
-                if tokio::time::Instant::now() + backoff >= deadline {
-                    break;
+        repeat(&self.cfg, &self.addr, env, req, |left| {
+            let (body, payload) = (body.clone(), payload.clone());
+            async move {
+                let end = tokio::time::Instant::now() + left;
+                match tokio::time::timeout(left, self.conn()).await {
+                    Ok(Ok(c)) => {
+                        let left = end.saturating_duration_since(tokio::time::Instant::now());
+                        c.call(&self.addr, body, payload, self.cfg.request_timeout.min(left)).await
+                    }
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => Err(FsError::new(
+                        ErrorCode::TimedOut,
+                        format!("{}: could not connect within {:?}", self.addr, self.cfg.deadline),
+                    )),
                 }
-                tokio::time::sleep(backoff).await;
             }
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            let r = match tokio::time::timeout(left, self.conn()).await {
-                Ok(Ok(c)) => {
-                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                    c.call(&self.addr, body.clone(), payload.clone(), self.cfg.request_timeout.min(left)).await
-                }
-                Ok(Err(e)) => Err(e),
-                Err(_) => Err(FsError::new(
-                    ErrorCode::TimedOut,
-                    format!("{}: could not connect within {:?}", self.addr, self.cfg.deadline),
-                )),
-            };
-            match r {
-                Ok((Ok(reply), data)) => return Ok((reply, data)),
-                // A service that is starting or stopping answers "not now": like a
-                // lost connection, worth another attempt while the deadline allows.
-                Ok((Err(e), _)) if e.code == ErrorCode::Unavailable => {
-                    debug!(peer = %self.addr, attempt, "service not ready: {e}");
-                    last = Some(e)
-                }
-                Ok((Err(e), _)) => return Err(e),
-                Err(e) if matches!(e.code, ErrorCode::Unavailable | ErrorCode::TimedOut) => {
-                    debug!(peer = %self.addr, attempt, "request failed: {e}");
-                    last = Some(e)
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| {
-            FsError::new(ErrorCode::TimedOut, format!("{}: no reply within {:?}", self.addr, self.cfg.deadline))
-        }))
+        })
+        .await
     }
 
     /// Like [`Pool::call`] for requests without payload.
@@ -389,6 +362,58 @@ impl Pool {
     pub async fn rpc_with(&self, env: &Envelope, req: &Request) -> Result<Reply, FsError> {
         self.call_with(env, req, Bytes::new()).await.map(|(r, _)| r)
     }
+}
+
+/// The retry policy of every call to `addr`, over TCP ([`Pool`]) or a
+/// simulated network: `attempt(time left)` sends once and gives the answer
+/// or the transport's error. A request that may be repeated
+/// ([`Envelope::may_repeat`]) is sent again after a lost connection, a
+/// timeout or a "not now" (`Unavailable`) answer, with backoff, at most
+/// `cfg.retries` times; the whole call never takes longer than `cfg.deadline`.
+pub async fn repeat<F, Fut>(
+    cfg: &ClientConfig,
+    addr: &str,
+    env: &Envelope,
+    req: &Request,
+    mut attempt: F,
+) -> Result<(Reply, Vec<u8>), FsError>
+where
+    F: FnMut(Duration) -> Fut,
+    Fut: Future<Output = Result<(Response, Vec<u8>), FsError>>,
+{
+    let attempts = if env.may_repeat(req) { cfg.retries + 1 } else { 1 };
+    let deadline = tokio::time::Instant::now() + cfg.deadline;
+    let mut last = None;
+    for n in 0..attempts {
+        if n > 0 {
+            let backoff = Duration::from_millis(100 << n.min(4)).min(Duration::from_secs(1));
+            if tokio::time::Instant::now() + backoff >= deadline {
+                break;
+            }
+            tokio::time::sleep(backoff).await;
+        }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match attempt(left).await {
+            Ok((Ok(reply), data)) => return Ok((reply, data)),
+            // A service that is starting or stopping answers "not now": like a
+            // lost connection, worth another attempt while the deadline allows.
+            Ok((Err(e), _)) if e.code == ErrorCode::Unavailable => {
+                debug!(peer = %addr, attempt = n, "service not ready: {e}");
+                last = Some(e)
+            }
+            Ok((Err(e), _)) => return Err(e),
+            Err(e) if matches!(e.code, ErrorCode::Unavailable | ErrorCode::TimedOut) => {
+                debug!(peer = %addr, attempt = n, "request failed: {e}");
+                last = Some(e)
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last
+        .unwrap_or_else(|| FsError::new(ErrorCode::TimedOut, format!("{addr}: no reply within {:?}", cfg.deadline))))
 }
 
 /// The answer of a [`Call`]: the reply and its data payload.

@@ -34,16 +34,25 @@ pub(crate) fn temp_dir() -> tempfile::TempDir {
 /// Runs `seed`; a panic (of the simulation or of node code outside a
 /// node's tasks) is a failure of that seed too.
 pub fn run(seed: u64, cfg: &Config) -> Result<Outcome, Failure> {
+    paused(|_| {}, run_async(seed, cfg)).unwrap_or_else(|why| {
+        Err(Failure { seed, violations: vec![why], trace_tail: Vec::new(), replay: crate::replay_command(seed) })
+    })
+}
+
+/// Runs `fut` on a fresh current-thread runtime in paused time, with
+/// `in_place(true)` set meanwhile (a service's switch that keeps its
+/// blocking work on this thread, so no other thread decides an order); a
+/// panic comes back as its message.
+pub(crate) fn paused<T>(in_place: fn(bool), fut: impl std::future::Future<Output = T>) -> Result<T, String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
         .expect("a current-thread runtime");
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(run_async(seed, cfg))));
-    r.unwrap_or_else(|panic| {
-        let why = format!("the simulation panicked: {}", panic_message(&*panic));
-        Err(Failure { seed, violations: vec![why], trace_tail: Vec::new(), replay: crate::replay_command(seed) })
-    })
+    in_place(true);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(fut)));
+    in_place(false);
+    r.map_err(|panic| format!("the simulation panicked: {}", panic_message(&*panic)))
 }
 
 async fn run_async(seed: u64, cfg: &Config) -> Result<Outcome, Failure> {

@@ -65,3 +65,18 @@ fn a_seed_replays_exactly() {
 fn a_long_run_replays_exactly() {
     replays(12189, 100);
 }
+
+#[test]
+fn the_real_client_library_runs_exactly_once_over_a_lossy_network() {
+    let seeds = env_u64("HIVEFS_SIM_MOUNT_SEEDS").unwrap_or(20);
+    let (mut ops, mut lost) = (0, 0);
+    for seed in 1..=seeds {
+        let o = hivefs_sim::metabuddy::mount::run(seed, 6).unwrap_or_else(|e| panic!("{e}"));
+        ops += o.ops;
+        lost += o.dropped + o.replies_lost;
+    }
+    eprintln!("{seeds} seeds: {ops} operations of the real client, {lost} requests or answers lost");
+    assert!(lost > 0, "the network lost nothing: the retries were not exercised");
+    let twice = [1, 2].map(|_| hivefs_sim::metabuddy::mount::run(7, 6).unwrap_or_else(|e| panic!("{e}")).trace_hash);
+    assert_eq!(twice[0], twice[1], "seed 7 of the real client is not deterministic");
+}

@@ -9,7 +9,6 @@ use crate::buddy::client::{Client, File};
 use crate::buddy::node;
 use crate::buddy::world::StorageWorld as World;
 use crate::buddy::{BuddyConfig, BuddyOutcome};
-use crate::net::panic_message;
 use crate::Failure;
 use hivefs_chunk::{ChunkFiles, ChunkStore};
 use hivefs_proto::{Consistency, GroupKind, Reply, Request};
@@ -29,16 +28,8 @@ const SETTLE_DEADLINE: Duration = Duration::from_secs(600);
 
 /// Runs `seed` on a fresh current-thread runtime in paused time.
 pub fn run(seed: u64, cfg: &BuddyConfig) -> Result<BuddyOutcome, Failure> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime");
-    hivefs_storage::run_io_in_place_on_this_thread(true);
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(run_async(seed, cfg))));
-    hivefs_storage::run_io_in_place_on_this_thread(false);
-    r.unwrap_or_else(|panic| {
-        let why = format!("the simulation panicked: {}", panic_message(&*panic));
+    let r = crate::run::paused(hivefs_storage::run_io_in_place_on_this_thread, run_async(seed, cfg));
+    r.unwrap_or_else(|why| {
         Err(Failure { seed, violations: vec![why], trace_tail: Vec::new(), replay: crate::buddy::replay_command(seed) })
     })
 }

@@ -574,11 +574,13 @@ pub async fn chaos<S: Service, Fut>(
     }
 }
 
-/// The way from `from` to one address: [`call`].
+/// The way from `from` to one address: [`call`], once, or under the
+/// retry policy of a TCP pool (`hivefs_net::repeat`) with `repeat`'s settings.
 struct SimCall<S> {
     world: Weak<World<S>>,
     from: Ep,
     addr: String,
+    repeat: Option<ClientConfig>,
 }
 
 impl<S: Service> Call for SimCall<S> {
@@ -588,20 +590,41 @@ impl<S: Service> Call for SimCall<S> {
 
     fn call_with<'a>(&'a self, env: &'a Envelope, req: &'a Request, payload: Bytes) -> CallFuture<'a> {
         let (world, from, addr, env, req) = (self.world.clone(), self.from, self.addr.clone(), *env, req.clone());
-        Box::pin(async move {
+        let once = move |world: Weak<World<S>>, addr: String, req: Request, payload: Bytes| async move {
             match world.upgrade() {
                 Some(w) => call(w, from, addr, env, req, payload).await,
                 None => Err(lost("simulation over")),
             }
+        };
+        let Some(cfg) = self.repeat.clone() else {
+            return Box::pin(once(world, addr, req, payload));
+        };
+        Box::pin(async move {
+            hivefs_net::repeat(&cfg, &addr, &env, &req, |_left| {
+                let answer = once(world.clone(), addr.clone(), req.clone(), payload.clone());
+                async move { answer.await.map(|(reply, data)| (Ok(reply), data)) }
+            })
+            .await
         })
     }
 }
 
-/// Pools whose every call is [`call`] from `from`.
+/// Pools whose every call is one [`call`] from `from`.
 pub fn pools<S: Service>(world: &Arc<World<S>>, from: Ep) -> Pools {
+    sim_pools(world, from, None)
+}
+
+/// Pools whose calls from `from` are repeated as a TCP pool's are
+/// (`hivefs_net::repeat`, with the default client settings): what the
+/// client library expects below it.
+pub fn repeating_pools<S: Service>(world: &Arc<World<S>>, from: Ep) -> Pools {
+    sim_pools(world, from, Some(ClientConfig::new(None)))
+}
+
+fn sim_pools<S: Service>(world: &Arc<World<S>>, from: Ep, repeat: Option<ClientConfig>) -> Pools {
     let w = Arc::downgrade(world);
     let connect: Connector = Arc::new(move |addr: &str| {
-        Arc::new(SimCall { world: w.clone(), from, addr: addr.to_string() }) as Arc<dyn Call>
+        Arc::new(SimCall { world: w.clone(), from, addr: addr.to_string(), repeat: repeat.clone() }) as Arc<dyn Call>
     });
     Pools::with_connector(ClientConfig::new(None), connect)
 }

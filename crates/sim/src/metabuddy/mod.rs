@@ -21,10 +21,12 @@
 //! Layout: `crate::buddy::world` (the network, mgmtd, the nodes' slots;
 //! shared with the storage simulation) → `node` (start, crash, restart of a
 //! metadata node) → `run` (one seed, set-up to verdict, and the end
-//! checks) → this file. `cargo test -p hivefs-sim --test metabuddy` runs
+//! checks) → this file; `mount` runs the real client library
+//! (`hivefs_client::Client`) over the same world. `cargo test -p hivefs-sim --test metabuddy` runs
 //! [`DEFAULT_SEEDS`] seeds; `HIVEFS_SIM_META_BUDDY_SEED=<n>` replays one
 //! (see `docs/simulation.md`).
 
+pub mod mount;
 mod node;
 mod run;
 

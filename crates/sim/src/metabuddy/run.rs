@@ -13,7 +13,7 @@ use crate::invariants;
 use crate::metabuddy::node::{self, MetaWorld};
 use crate::metabuddy::{MetaBuddyConfig, MetaBuddyOutcome};
 use crate::model::Model;
-use crate::net::{panic_message, Core, Stats};
+use crate::net::{Core, Stats};
 use crate::node::{OPS, STEPS};
 use crate::Failure;
 use hivefs_cluster::Cluster;
@@ -37,16 +37,8 @@ const CALL_BUDGET: Duration = Duration::from_secs(3);
 
 /// Runs `seed` on a fresh current-thread runtime in paused time.
 pub fn run(seed: u64, cfg: &MetaBuddyConfig) -> Result<MetaBuddyOutcome, Failure> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime");
-    hivefs_meta::store::run_blocking_in_place_on_this_thread(true);
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(run_async(seed, cfg))));
-    hivefs_meta::store::run_blocking_in_place_on_this_thread(false);
-    r.unwrap_or_else(|panic| {
-        let why = format!("the simulation panicked: {}", panic_message(&*panic));
+    let r = crate::run::paused(hivefs_meta::store::run_blocking_in_place_on_this_thread, run_async(seed, cfg));
+    r.unwrap_or_else(|why| {
         Err(Failure {
             seed,
             violations: vec![why],
