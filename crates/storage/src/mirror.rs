@@ -238,13 +238,15 @@ impl TargetMirror {
     /// Adds entries to the dirty list, appending the new ones to its file
     /// before the change they stand for is applied (not fsynced: it survives
     /// a crash of the process; after a power loss, ask for a full resync).
+    /// An append starts a new line: the torn end of one that failed (a full
+    /// disk) stays a line of its own instead of spoiling the next entry.
     fn mark_dirty(&self, entries: &[EntryId]) -> FsResult<()> {
         let mut d = self.dirty.lock().expect("dirty lock");
         let new: Vec<EntryId> = entries.iter().copied().filter(|e| !d.contains(e)).collect();
         if new.is_empty() {
             return Ok(());
         }
-        let mut text = String::new();
+        let mut text = String::from("\n");
         for e in &new {
             text.push_str(&e.to_string());
             text.push('\n');
@@ -991,4 +993,22 @@ async fn as_secondary(ready: &Ready, h: MirrorHdr, mut req: Request, payload: By
         return Ok(answer);
     }
     Ok(ready.apply(req, payload, true).await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_marked_after_a_torn_append_survives_a_restart() {
+        let d = tempfile::tempdir().unwrap();
+        let (t, e) = (TargetId(5), EntryId { node: 1, epoch: 1, counter: 0xC });
+        let tm = TargetMirror::open(t, d.path(), &Disk::Files).unwrap();
+        // An append that failed part-way (a full disk) left a torn line.
+        std::fs::write(d.path().join(MIRROR_DIR).join(DIRTY_FILE), "1-1-A").unwrap();
+        tm.mark_dirty(&[e]).unwrap();
+        drop(tm);
+        let tm = TargetMirror::open(t, d.path(), &Disk::Files).unwrap();
+        assert!(tm.dirty.lock().unwrap().contains(&e), "the entry marked after the torn line was lost");
+    }
 }

@@ -27,6 +27,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// Directory of the segments inside the data dir.
@@ -144,6 +145,9 @@ pub struct Journal {
     last_crc: Option<u32>,
     sync: bool,
     buf: Vec<u8>,
+    /// Tests: the next append fails after this many of its bytes landed.
+    #[cfg(test)]
+    fail_after: Option<usize>,
 }
 
 impl Journal {
@@ -227,6 +231,8 @@ impl Journal {
             last_crc,
             sync,
             buf: Vec::with_capacity(64 << 10),
+            #[cfg(test)]
+            fail_after: None,
         };
         Ok((j, rep))
     }
@@ -279,18 +285,34 @@ impl Journal {
         self.buf[..4].copy_from_slice(&(len as u32).to_le_bytes());
         self.buf[4..8].copy_from_slice(&sum.to_le_bytes());
         self.buf[8..16].copy_from_slice(&seq.to_le_bytes());
-        let r = self.file.write_all(&self.buf).and_then(|_| if self.sync { self.file.sync_data() } else { Ok(()) });
+        // At the segment's length, not the file's cursor: after a failed
+        // append the cursor is past the cut-back end, and a write there
+        // would leave a gap that replay takes for a torn tail, dropping
+        // every later (acknowledged) record with it.
+        #[cfg(test)]
+        if let Some(part) = self.fail_after.take() {
+            let full = io::Error::new(io::ErrorKind::StorageFull, "no space left (test)");
+            let e = self.file.write_all_at(&self.buf[..part], self.len).err().unwrap_or(full);
+            return Err(self.cut_back(e));
+        }
+        let r = self.file.write_all_at(&self.buf, self.len);
+        let r = r.and_then(|_| if self.sync { self.file.sync_data() } else { Ok(()) });
         if let Err(e) = r {
-            return Err(match self.file.set_len(self.len) {
-                Ok(()) => AppendError::Refused(e),
-                Err(t) => AppendError::Broken(format!("{e}; cutting the segment back failed too: {t}")),
-            });
+            return Err(self.cut_back(e));
         }
         self.len += self.buf.len() as u64;
         self.pending += self.buf.len() as u64;
         self.last_seq = seq;
         self.last_crc = Some(sum);
         Ok(seq)
+    }
+
+    /// After a failed append: the segment cut back to its length before it.
+    fn cut_back(&self, e: io::Error) -> AppendError {
+        match self.file.set_len(self.len) {
+            Ok(()) => AppendError::Refused(e),
+            Err(t) => AppendError::Broken(format!("{e}; cutting the segment back failed too: {t}")),
+        }
     }
 
     /// Closes the current segment (synced) and starts the next one. Every
@@ -509,6 +531,23 @@ mod tests {
         drop(j);
         let (_, _, got) = replay(d.path(), 0);
         assert_eq!(got, vec![(1, body(1)), (2, body(9))]);
+    }
+
+    #[test]
+    fn a_failed_append_leaves_no_gap_before_the_next_record() {
+        let d = tempfile::tempdir().unwrap();
+        let (mut j, _, _) = replay(d.path(), 0);
+        j.append(|b| b.extend(body(1))).unwrap();
+        // A full disk in the middle of the second record, then the disk
+        // has space again.
+        j.fail_after = Some(REC_HEADER + 2);
+        assert!(matches!(j.append(|b| b.extend(body(2))), Err(AppendError::Refused(_))));
+        assert_eq!(j.append(|b| b.extend(body(3))).unwrap(), 2, "the failed batch took no number");
+        j.append(|b| b.extend(body(4))).unwrap();
+        drop(j);
+        let (_, r, got) = replay(d.path(), 0);
+        assert_eq!(got, vec![(1, body(1)), (2, body(3)), (3, body(4))], "acknowledged records lost");
+        assert!(r.torn.is_empty(), "{:?}", r.torn);
     }
 
     #[test]
