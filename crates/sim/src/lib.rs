@@ -18,7 +18,7 @@
 //!
 //! It must not use a real network, threads or the wall clock (time is
 //! tokio's paused clock; the nodes commit with `NamespaceOptions::
-//! inline_writer` instead of their writer thread), nor be used by the
+//! inline_writer` instead of the service's combining writer), nor be used by the
 //! services: it is a test tool. The seams it needs in `hivefs-meta` are
 //! `NamespaceOptions::{inline_writer, seed, clock}` and `CrashHook::Halt`.
 //!

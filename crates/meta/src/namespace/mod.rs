@@ -54,9 +54,9 @@ pub struct NamespaceOptions {
     /// still work, so space can be freed); 0 turns the check off.
     pub min_free_bytes: u64,
     /// `Some`: commit in the submitting task after the latency it draws,
-    /// instead of on the writer thread ([`crate::writer::Writer::inline`]):
-    /// deterministic simulations only (`crates/sim`). The service keeps the
-    /// thread (`None`).
+    /// instead of the service's combining writer ([`crate::writer::Writer::inline`]):
+    /// deterministic simulations only (`crates/sim`). The service combines
+    /// (`None`).
     pub inline_writer: Option<CommitLatency>,
 }
 

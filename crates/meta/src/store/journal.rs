@@ -265,6 +265,11 @@ impl Journal {
         self.pending
     }
 
+    /// Whether each append is made durable (`fdatasync`) before it returns.
+    pub fn syncs(&self) -> bool {
+        self.sync
+    }
+
     pub fn segment(&self) -> u64 {
         self.seg
     }

@@ -52,8 +52,8 @@ pub trait Replicate: Send + Sync {
 
 /// Runs a commit to its end from synchronous code: at once when it needs
 /// nothing but this thread (no mirror hook, or a hook that did not wait),
-/// else on the runtime this thread has entered (the writer thread enters
-/// it; blocking-pool threads are in it). A mirrored commit outside any
+/// else on the runtime this thread is in (the writer's commits under
+/// `block_in_place` with `sync = true`, blocking-pool threads). A mirrored commit outside any
 /// runtime is a bug.
 pub fn run_to_end<F: std::future::Future>(f: F) -> F::Output {
     let mut f = std::pin::pin!(f);
@@ -371,6 +371,11 @@ impl Log {
     /// still holds everything), so the service should stop.
     pub fn failed(&self) -> bool {
         self.shared.failed.load(Ordering::Acquire)
+    }
+
+    /// Whether a commit waits for the disk (`sync = true`: an fdatasync per batch).
+    pub fn syncs(&self) -> bool {
+        self.journal.syncs()
     }
 }
 
