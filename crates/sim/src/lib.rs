@@ -36,6 +36,8 @@
 //! `HIVEFS_SIM_SEEDS=5000 cargo test -p hivefs-sim --release --test seeds -- --nocapture`.
 //! See `docs/simulation.md`.
 
+#![forbid(unsafe_code)]
+
 pub mod buddy;
 mod client;
 mod invariants;
