@@ -301,6 +301,19 @@ struct Pending {
     closed: bool,
 }
 
+impl Pending {
+    /// With nothing left to commit (or the writer closed), the committing
+    /// role is given up; whether it was.
+    fn give_up_if_done(&mut self) -> bool {
+        if !self.jobs.is_empty() && !self.closed {
+            return false;
+        }
+        self.committing = false;
+        self.jobs.clear();
+        true
+    }
+}
+
 /// The committing role of one task: given up when dropped unfinished (the
 /// task was cancelled), with what is queued handed to a new task.
 struct Role<'a> {
@@ -335,13 +348,13 @@ impl Combiner {
     async fn commit_next(&self) -> bool {
         let jobs = {
             let mut p = self.pending.lock().expect("writer queue lock");
-            if p.jobs.is_empty() || p.closed {
-                p.committing = false;
-                p.jobs.clear();
+            if p.give_up_if_done() {
                 return false;
             }
-            let n = p.jobs.len().min(BATCH_MAX);
-            p.jobs.drain(..n).collect::<Vec<_>>()
+            match p.jobs.len() {
+                n if n <= BATCH_MAX => std::mem::take(&mut p.jobs),
+                _ => p.jobs.drain(..BATCH_MAX).collect(),
+            }
         };
         let (muts, replies): (Vec<Queued>, Vec<oneshot::Sender<Done>>) =
             jobs.into_iter().map(|j| (j.m, j.reply)).unzip();
@@ -353,9 +366,11 @@ impl Combiner {
             };
             self.stats.batches.fetch_add(1, Ordering::Relaxed);
             self.stats.mutations.fetch_add(muts.len() as u64, Ordering::Relaxed);
-            let multi_thread = tokio::runtime::Handle::try_current()
-                .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-            let results = if self.blocking && multi_thread {
+            let multi_thread = || {
+                tokio::runtime::Handle::try_current()
+                    .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+            };
+            let results = if self.blocking && multi_thread() {
                 tokio::task::block_in_place(|| crate::store::log::run_to_end(run_batch(log, st, muts)))
             } else {
                 run_batch(log, st, muts).await
@@ -370,27 +385,23 @@ impl Combiner {
         for (r, tx) in results.into_iter().zip(replies) {
             let _ = tx.send(r);
         }
-        let mut p = self.pending.lock().expect("writer queue lock");
-        if p.jobs.is_empty() || p.closed {
-            p.committing = false;
-            p.jobs.clear();
-            return false;
-        }
-        true
+        !self.pending.lock().expect("writer queue lock").give_up_if_done()
+    }
+
+    /// Commits batch after batch in a task of its own until the queue is empty.
+    fn spawn_committer(self: Arc<Self>) {
+        tokio::spawn(async move { while self.commit_next().await {} });
     }
 
     /// The committing role is free again; what is queued gets a task of its own.
     fn hand_over(self: &Arc<Self>) {
         let mut p = self.pending.lock().expect("writer queue lock");
-        p.committing = false;
-        if p.jobs.is_empty() || p.closed {
+        if p.give_up_if_done() || tokio::runtime::Handle::try_current().is_err() {
+            p.committing = false;
             return;
         }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
-        p.committing = true;
         drop(p);
-        let c = self.clone();
-        rt.spawn(async move { while c.commit_next().await {} });
+        self.clone().spawn_committer();
     }
 }
 
@@ -444,8 +455,7 @@ impl Writer {
             if c.commit_next().await {
                 // More came meanwhile: a task of their own commits them.
                 role.done = true;
-                let c = c.clone();
-                tokio::spawn(async move { while c.commit_next().await {} });
+                c.clone().spawn_committer();
             }
             role.done = true;
         }
