@@ -200,7 +200,8 @@ fn an_unmounted_mount_sends_its_last_releases_and_exits_cleanly() {
 /// A file created and closed without a write has no chunk files: removing
 /// it asks no storage target (the metadata node sends no `UnlinkChunks`).
 /// A file written through the short-circuit mount, or over TCP through a
-/// second mount and removed by the first, loses its chunk files.
+/// second mount and removed by the first, loses its chunk files; one
+/// written at a single stripe position loses it with one request.
 #[test]
 fn removing_files_never_written_asks_no_target_and_written_ones_lose_their_chunks() {
     let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "2", "--chunk-size", "4k"]);
@@ -255,6 +256,24 @@ fn removing_files_never_written_asks_no_target_and_written_ones_lose_their_chunk
         }
     }
     assert!(calls_sent(meta_port, "UnlinkChunks") > before);
+    // Written only in its second chunk, so at one stripe position: its
+    // removal asks that target alone (the release said where it wrote).
+    for (name, mnt) in [("part-local", &fs.mnt), ("part-tcp", &tcp.mnt)] {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::create(mnt.join(name)).unwrap();
+        f.write_all_at(&random_bytes(4, 4096), 4096).unwrap();
+        drop(f);
+        let id = fs.entry_info(name)["entry_id"].as_str().unwrap().to_string();
+        assert_eq!(chunk_files(&id), 1, "{name}: one chunk file");
+        let asked = calls_sent(meta_port, "UnlinkChunks");
+        std::fs::remove_file(fs.path(name)).unwrap();
+        let start = std::time::Instant::now();
+        while chunk_files(&id) > 0 {
+            assert!(start.elapsed() < std::time::Duration::from_secs(20), "{name}: chunk file of {id} was kept");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert_eq!(calls_sent(meta_port, "UnlinkChunks"), asked + 1, "{name}: a target it never wrote was asked");
+    }
 }
 
 #[test]

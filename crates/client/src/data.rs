@@ -128,7 +128,7 @@ impl Client {
         if pattern.targets().is_empty() {
             return Err(FsError::new(ErrorCode::Invalid, format!("file {entry} has an empty stripe pattern")));
         }
-        self.note_written(entry);
+        self.note_written(entry, pattern.stripes_in(offset, data.len() as u64));
         let mut set = JoinSet::new();
         for p in split_large(pattern.pieces(offset, data.len())) {
             let target = pattern.targets()[p.stripe_index];
@@ -173,7 +173,7 @@ impl Client {
         if !self.local.held_files(&self.cluster, entry, units, &mut files) {
             return None;
         }
-        self.note_written(entry);
+        self.note_written(entry, pattern.stripes_in(offset, data.len() as u64));
         for (p, f) in pieces.iter().zip(files) {
             let target = pattern.targets()[p.stripe_index];
             if let Err(e) = f.write_all_at(&data[p.buf_offset..p.buf_offset + p.len], p.local_offset) {
@@ -422,7 +422,7 @@ impl Client {
         let end = offset.checked_add(len).filter(|_| len > 0).ok_or_else(|| {
             FsError::new(ErrorCode::Invalid, format!("file {entry}: fallocate of {len} bytes at {offset}"))
         })?;
-        self.note_written(entry);
+        self.note_written(entry, pattern.stripes_in(offset, len));
         let keep = mode & FALLOC_KEEP_SIZE != 0;
         let grows = !keep && mode & FALLOC_PUNCH_HOLE == 0;
         let first = if grows { mode | FALLOC_KEEP_SIZE } else { mode };
@@ -501,7 +501,7 @@ impl Client {
         if src_pat.targets().is_empty() || dst_pat.targets().is_empty() {
             return Err(FsError::new(ErrorCode::Invalid, format!("file {src} or {dst} has an empty stripe pattern")));
         }
-        self.note_written(dst);
+        self.note_written(dst, dst_pat.stripes_in(dst_off, len));
         if src_pat.is_mirrored() || dst_pat.is_mirrored() {
             return self.copy_through(src_pat, src, src_off, dst_pat, dst, dst_off, len).await;
         }

@@ -470,7 +470,7 @@ impl Client {
     /// files; what this client wrote to `e` counts in any case).
     pub async fn release(&self, e: Ent, write: bool) -> FsResult<()> {
         self.local.forget(e.id);
-        let write = self.take_written(e.id) || write;
+        let write = !self.take_written(e.id).is_empty() || write;
         ok(self.meta(e.owner, &Request::Release { id: e.id, write }).await?)
     }
 

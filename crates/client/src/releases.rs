@@ -10,40 +10,42 @@
 //! program exits it calls [`Client::flush_releases`]. This module must not
 //! release anything itself (the program decides what is closed).
 //!
-//! A release also says whether the client changed the file's chunk files
-//! since its previous release of the file ([`Client::note_written`], noted
-//! before each write goes out): a file its metadata node made and no
-//! release reported written has none, and its removal deletes none.
+//! A release also says which stripe positions' chunk files the client
+//! changed since its previous release of the file ([`Client::note_written`],
+//! noted before each write goes out): a file its metadata node made has
+//! chunk files only where a release reported writes, and its removal
+//! deletes only those (none when nothing was written).
 
 use crate::Client;
 use hivefs_proto::{Reply, Request, RELEASE_MANY_MAX};
 use hivefs_types::error::ErrorCode;
 use hivefs_types::ids::{EntryId, NodeId};
-use std::collections::{HashMap, HashSet};
+use hivefs_types::pattern::StripeSet;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use tracing::{debug, warn};
 
-/// Per metadata node, handles to release: the file, and whether this
-/// client changed its chunk files.
-type Batch = HashMap<NodeId, Vec<(EntryId, bool)>>;
+/// Per metadata node, handles to release: the file, and the stripe
+/// positions whose chunk files this client changed.
+type Batch = HashMap<NodeId, Vec<(EntryId, StripeSet)>>;
 
 #[derive(Default)]
 pub(crate) struct Releases {
-    /// Per metadata node, handles to release (and whether each wrote), and
+    /// Per metadata node, handles to release (and where each wrote), and
     /// whether a round is on its way.
     queued: Mutex<(Batch, bool)>,
     /// Files whose chunk files this client changed since it last released
-    /// a handle of theirs.
-    written: Mutex<HashSet<EntryId>>,
+    /// a handle of theirs, and at which stripe positions.
+    written: Mutex<HashMap<EntryId, StripeSet>>,
     wake: Notify,
     /// Rung when a round ends with nothing queued.
     drained: Notify,
     started: AtomicBool,
-    /// Nodes that answered `ReleaseMany` with `Protocol` (older): one
-    /// `Release` per handle.
-    single: Mutex<Vec<NodeId>>,
+    /// Nodes that answered `ReleaseWritten` with `Protocol` (older): a
+    /// `ReleaseMany`, and if that is refused too, one `Release` per handle.
+    older: Mutex<HashMap<NodeId, Older>>,
 }
 
 impl Client {
@@ -60,17 +62,19 @@ impl Client {
         r.wake.notify_one();
     }
 
-    /// This client is about to change the chunk files of `id` (a write, an
-    /// allocation, a copy into it): the next release of a handle of `id`
-    /// says so.
-    pub fn note_written(&self, id: EntryId) {
-        self.releases.written.lock().expect("written").insert(id);
+    /// This client is about to change the chunk files of `id` at stripe
+    /// positions `at` (a write, an allocation, a copy into it): the next
+    /// release of a handle of `id` says so.
+    pub fn note_written(&self, id: EntryId, at: StripeSet) {
+        let mut w = self.releases.written.lock().expect("written");
+        let s = w.entry(id).or_default();
+        *s = s.union(at);
     }
 
-    /// Whether this client changed the chunk files of `id` since the last
-    /// call; forgets it (the release that asks reports it).
-    pub(crate) fn take_written(&self, id: EntryId) -> bool {
-        self.releases.written.lock().expect("written").remove(&id)
+    /// Where this client changed the chunk files of `id` since the last
+    /// call (empty: nowhere); forgets it (the release that asks reports it).
+    pub(crate) fn take_written(&self, id: EntryId) -> StripeSet {
+        self.releases.written.lock().expect("written").remove(&id).unwrap_or_default()
     }
 
     /// Waits until every release queued so far was sent and answered (or failed).
@@ -103,28 +107,44 @@ impl Client {
         while sends.join_next().await.is_some() {}
     }
 
-    async fn release_on(&self, node: NodeId, handles: &[(EntryId, bool)]) {
-        let single = self.releases.single.lock().expect("releases").contains(&node);
-        if !single {
+    async fn release_on(&self, node: NodeId, handles: &[(EntryId, StripeSet)]) {
+        let older = self.releases.older.lock().expect("releases").get(&node).copied();
+        // Each refused with `Protocol` is not asked again: the next is taken.
+        let mut asks = Vec::with_capacity(2);
+        if older.is_none() {
+            asks.push((Request::ReleaseWritten { handles: handles.to_vec() }, Older::Many));
+        }
+        if older != Some(Older::Single) {
             let ids = handles.iter().map(|h| h.0).collect();
-            let wrote = handles.iter().filter(|h| h.1).map(|h| h.0).collect();
-            let r = self.cluster.meta_rpc(node, &Request::ReleaseMany { ids, wrote }).await;
-            match r {
+            let wrote = handles.iter().filter(|h| !h.1.is_empty()).map(|h| h.0).collect();
+            asks.push((Request::ReleaseMany { ids, wrote }, Older::Single));
+        }
+        for (req, refused) in asks {
+            match self.cluster.meta_rpc(node, &req).await {
                 Ok(Reply::Ok) => return,
                 Err(e) if e.code == ErrorCode::Protocol => {
-                    debug!("metadata node {node} takes no ReleaseMany ({e}): one release per handle");
-                    self.releases.single.lock().expect("releases").push(node);
+                    debug!("metadata node {node} takes no {} ({e})", req.name());
+                    self.releases.older.lock().expect("releases").insert(node, refused);
                 }
-                Ok(r) => return warn!("metadata node {node}: odd answer to ReleaseMany: {}", crate::unexpected(r)),
+                Ok(r) => return warn!("metadata node {node}: odd answer to {}: {}", req.name(), crate::unexpected(r)),
                 Err(e) => return warn!("release of {} handles on metadata node {node} failed: {e}", handles.len()),
             }
         }
         for &(id, wrote) in handles {
-            if let Err(e) = self.release_now(id, node, wrote).await {
+            if let Err(e) = self.release_now(id, node, !wrote.is_empty()).await {
                 warn!("release of {id} on metadata node {node} failed: {e}");
             }
         }
     }
+}
+
+/// What an older metadata node takes instead of `ReleaseWritten`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Older {
+    /// `ReleaseMany` (which says only whether each handle wrote).
+    Many,
+    /// One `Release` per handle.
+    Single,
 }
 
 /// How long the first release of a round waits for others to join it,

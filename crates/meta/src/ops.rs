@@ -27,7 +27,7 @@ use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, NodeId, PoolId};
-use hivefs_types::pattern::{DirPattern, Pattern};
+use hivefs_types::pattern::{DirPattern, Pattern, StripeSet};
 use hivefs_types::{NAME_MAX, PATH_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX};
 
 /// Largest page `ReadDir` returns, whatever the client asks for.
@@ -171,12 +171,13 @@ pub trait Handles: Send + Sync {
     fn created(&self, id: EntryId, open: bool);
     /// A create found regular file `id` and its caller holds a handle.
     fn opened(&self, id: EntryId);
-    /// Whether `id` is known to have no chunk files (made since this node
-    /// started, no write reported); forgets it either way.
-    fn take_chunkless(&self, id: EntryId) -> bool;
+    /// The stripe positions where `id` can have chunk files, if known (made
+    /// since this node started, every write reported with its positions;
+    /// empty: none); forgets it either way.
+    fn take_known(&self, id: EntryId) -> Option<StripeSet>;
     /// What the removal of `id`'s last link leaves (one look at both
-    /// counts): it is still open, or it has no chunk files (forgotten as
-    /// such), or it may have some.
+    /// counts): it is still open, or closed with what is known of its
+    /// chunk files (forgotten then, as by [`Handles::take_known`]).
     fn last_link(&self, id: EntryId) -> LastLink;
 }
 
@@ -184,8 +185,8 @@ pub trait Handles: Send + Sync {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LastLink {
     Open,
-    Chunkless,
-    MayHaveChunks,
+    /// Where its chunk files can be, if known.
+    Closed(Option<StripeSet>),
 }
 
 impl Ctx<'_> {
@@ -645,18 +646,24 @@ pub(crate) fn drop_link(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, mut 
         return t.put_inode(id, &i);
     }
     ctx.files_delta -= 1;
-    // Only regular files are counted open or made chunkless.
-    let last = if i.kind == FileKind::File { ctx.handles.last_link(id) } else { LastLink::MayHaveChunks };
-    if last == LastLink::Open {
-        t.put_inode(id, &i)?;
-        // Wake the disposal task too: should the last release come before
-        // this commit, it finds the record and finishes the orphan.
-        ctx.disposal_queued = true;
-        return t.put_disposal(id, &Disposal::of(DisposalState::OpenUnlinked, i.pattern.as_ref()));
-    }
+    // Only regular files are counted open or known by their chunk files.
+    let known = match i.kind {
+        FileKind::File => match ctx.handles.last_link(id) {
+            LastLink::Open => {
+                t.put_inode(id, &i)?;
+                // Wake the disposal task too: should the last release come before
+                // this commit, it finds the record and finishes the orphan.
+                ctx.disposal_queued = true;
+                return t.put_disposal(id, &Disposal::of(DisposalState::OpenUnlinked, i.pattern.as_ref()));
+            }
+            LastLink::Closed(known) => known,
+        },
+        _ => None,
+    };
     t.remove_inode(id)?;
-    if last == LastLink::MayHaveChunks && i.pattern.as_ref().is_some_and(|p| p.stripe_count() > 0) {
-        t.put_disposal(id, &Disposal::of(DisposalState::DeleteChunks, i.pattern.as_ref()))?;
+    let d = Disposal::of(DisposalState::DeleteChunks, i.pattern.as_ref()).only(known);
+    if !d.targets.is_empty() {
+        t.put_disposal(id, &d)?;
         ctx.disposal_queued = true;
     }
     Ok(())
@@ -1109,10 +1116,11 @@ fn set_dir_pattern(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, p: DirPat
 /// or into nothing when it has no chunk files.
 fn finish_orphan(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, d: Disposal) -> OpResult<()> {
     t.remove_inode(id)?;
-    if d.targets.is_empty() || ctx.handles.take_chunkless(id) {
+    let d = Disposal { state: DisposalState::DeleteChunks, ..d }.only(ctx.handles.take_known(id));
+    if d.targets.is_empty() {
         t.disposal.remove(id_key(id).as_slice())?;
     } else {
-        t.put_disposal(id, &Disposal { state: DisposalState::DeleteChunks, ..d })?;
+        t.put_disposal(id, &d)?;
         ctx.disposal_queued = true;
     }
     Ok(())

@@ -15,7 +15,7 @@ use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
 use hivefs_types::error::{ErrorCode, FsResult};
 use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, NodeId, PoolId, TargetId};
-use hivefs_types::pattern::{Chooser, DirPattern};
+use hivefs_types::pattern::{Chooser, DirPattern, StripeSet};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -1276,6 +1276,76 @@ async fn chunkless_files_are_removed_without_asking_their_targets() {
         assert_eq!(h.disposal(id), Some(DisposalState::DeleteChunks), "{name}");
     }
     assert_eq!(h.gc().await.deleted, 6, "five files and the parked one written");
+}
+
+/// Releases that name the stripe positions written narrow a removal to
+/// those targets: each handle's positions add up, a release without
+/// positions or a truncation widens it to the whole stripe, and a file
+/// parked open gets the same at its last release.
+#[tokio::test]
+async fn a_removal_deletes_chunk_files_only_where_releases_said_they_were_written() {
+    let h = H::new().await;
+    let create_open =
+        |name: &str| Request::CreateOpen { parent: ROOT, name: name.into(), mode: 0o644, excl: true, caller: ME };
+    let on = |bits: &[usize]| {
+        let mut s = StripeSet::EMPTY;
+        bits.iter().for_each(|&b| s.insert(b));
+        s
+    };
+    let stripe = |a: &EntryAttr| a.pattern.clone().expect("a file's pattern").targets().to_vec();
+    let removed_from = |name: &str, id| {
+        let h = &h;
+        let name = name.to_string();
+        async move {
+            h.ok(unlink(ROOT, &name)).await;
+            h.gc().await;
+            let mut asked: Vec<TargetId> = h.t.unlinked(id).into_iter().collect();
+            asked.sort();
+            asked
+        }
+    };
+    let sorted = |mut v: Vec<TargetId>| {
+        v.sort();
+        v
+    };
+
+    // One handle wrote position 1, a second one position 3.
+    let a = h.entry(create_open("a")).await;
+    h.ok(Request::Open { id: a.id, write: true }).await;
+    h.ok(Request::ReleaseWritten { handles: vec![(a.id, on(&[1]))] }).await;
+    h.ok(Request::ReleaseWritten { handles: vec![(a.id, on(&[3]))] }).await;
+    let t = stripe(&a);
+    assert_eq!(t.len(), 4);
+    assert_eq!(removed_from("a", a.id).await, sorted(vec![t[1], t[3]]));
+
+    // Nothing written: nothing asked, no record.
+    let b = h.entry(create_open("b")).await;
+    h.ok(Request::ReleaseWritten { handles: vec![(b.id, StripeSet::EMPTY)] }).await;
+    assert_eq!(removed_from("b", b.id).await, vec![]);
+
+    // Parked open at the remove; its last release says where it wrote.
+    let c = h.entry(create_open("c")).await;
+    h.ok(unlink(ROOT, "c")).await;
+    assert_eq!(h.disposal(c.id), Some(DisposalState::OpenUnlinked));
+    h.ok(Request::ReleaseWritten { handles: vec![(c.id, on(&[2]))] }).await;
+    h.gc().await;
+    assert_eq!(h.t.unlinked(c.id).into_iter().collect::<Vec<_>>(), vec![stripe(&c)[2]]);
+
+    // Widened to the whole stripe: a release that only says it wrote, or a truncation.
+    let d = h.entry(create_open("d")).await;
+    h.ok(Request::Open { id: d.id, write: true }).await;
+    h.ok(Request::ReleaseWritten { handles: vec![(d.id, on(&[0]))] }).await;
+    h.ok(Request::Release { id: d.id, write: true }).await;
+    assert_eq!(removed_from("d", d.id).await, sorted(stripe(&d)));
+    let e = h.entry(create_open("e")).await;
+    h.ok(Request::ReleaseWritten { handles: vec![(e.id, on(&[0]))] }).await;
+    let size = SetAttr { size: Some(10 << 20), ..Default::default() };
+    h.ok(Request::SetAttr { id: e.id, attr: size, caller: ME }).await;
+    assert_eq!(removed_from("e", e.id).await, sorted(stripe(&e)));
+
+    // Too many handles in one request are refused before any is released.
+    let many = vec![(a.id, StripeSet::EMPTY); hivefs_proto::RELEASE_MANY_MAX + 1];
+    assert_eq!(h.code(Request::ReleaseWritten { handles: many }).await, ErrorCode::Invalid);
 }
 
 #[tokio::test]

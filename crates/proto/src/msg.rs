@@ -5,7 +5,7 @@
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, Timespec};
 use hivefs_types::error::FsError;
 use hivefs_types::ids::{BuddyGroupId, EntryId, NodeId, NodeType, PoolId, TargetId};
-use hivefs_types::pattern::{DirPattern, StripeUnit};
+use hivefs_types::pattern::{DirPattern, StripeSet, StripeUnit};
 use serde::{Deserialize, Serialize};
 
 /// Handshake messages (frame kind `Hello`). See `hivefs-net` for the exchange.
@@ -828,6 +828,16 @@ pub enum Request {
         floor: EntryId,
         op: PeerOp,
     },
+    /// `ReleaseMany` that says where each handle wrote: per handle the file
+    /// and the stripe positions whose chunk files the client changed
+    /// through it (empty: none). At most [`RELEASE_MANY_MAX`] handles;
+    /// answer `Ok`. A node that made a file and knows every position
+    /// written to it deletes chunk files only on those targets at its
+    /// removal. A node that does not know this request answers `Protocol`,
+    /// and the client sends `ReleaseMany` instead.
+    ReleaseWritten {
+        handles: Vec<(EntryId, StripeSet)>,
+    },
 }
 
 /// Most users and groups one `QuotaUsage` request names.
@@ -1108,6 +1118,7 @@ impl Request {
         let (what, len, max) = match self {
             Request::StatChunks { targets, .. } => ("targets", targets.len(), STAT_CHUNKS_MAX),
             Request::ReleaseMany { ids, wrote } => ("handles", ids.len().max(wrote.len()), RELEASE_MANY_MAX),
+            Request::ReleaseWritten { handles } => ("handles", handles.len(), RELEASE_MANY_MAX),
             Request::DigestChunks { entries, .. } => ("chunk files", entries.len(), DIGEST_CHUNKS_MAX),
             Request::QuotaUsage { ids } => ("users and groups", ids.len(), QUOTA_IDS_MAX),
             Request::QuotaReport { usage, by_unit, .. } => {
@@ -1593,7 +1604,7 @@ mod tests {
             let (m, _): (T, _) = postcard::take_from_bytes(&body).unwrap_or_else(|e| panic!("id {id}: {e}"));
             name_of(&m)
         }
-        const REQUESTS: [&str; 86] = [
+        const REQUESTS: [&str; 87] = [
             "Ping",
             "RegisterNode",
             "RegisterTarget",
@@ -1680,6 +1691,7 @@ mod tests {
             "UpdateSizeIf",
             "LeaseDirNames",
             "PeerStep",
+            "ReleaseWritten",
         ];
         const REPLIES: [&str; 48] = [
             "Ok",
@@ -1776,12 +1788,15 @@ mod tests {
     #[test]
     fn a_full_release_batch_fits_in_one_body_and_is_sent_once() {
         let worst = EntryId { node: u32::MAX, epoch: u32::MAX, counter: u64::MAX };
-        let r = Request::ReleaseMany { ids: vec![worst; RELEASE_MANY_MAX], wrote: vec![worst; RELEASE_MANY_MAX] };
-        let b = encode_body(&r);
-        assert!(b.len() <= crate::MAX_BODY_LEN as usize, "{} bytes", b.len());
-        assert_eq!(decode_body::<Request>(&b).unwrap(), r);
-        // Open counts in memory: a repeat would release twice.
-        assert!(!Envelope::default().may_repeat(&r));
+        let many = Request::ReleaseMany { ids: vec![worst; RELEASE_MANY_MAX], wrote: vec![worst; RELEASE_MANY_MAX] };
+        let written = Request::ReleaseWritten { handles: vec![(worst, StripeSet::ALL); RELEASE_MANY_MAX] };
+        for r in [many, written] {
+            let b = encode_body(&r);
+            assert!(b.len() <= crate::MAX_BODY_LEN as usize, "{} bytes", b.len());
+            assert_eq!(decode_body::<Request>(&b).unwrap(), r);
+            // Open counts in memory: a repeat would release twice.
+            assert!(!Envelope::default().may_repeat(&r));
+        }
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub mod pattern;
 pub use attr::{EntryAttr, FileKind, SetAttr, Timespec};
 pub use error::{ErrorCode, FsError, FsResult};
 pub use ids::{BuddyGroupId, EntryId, NodeId, NodeType, PoolId, TargetId};
-pub use pattern::{Chooser, DirPattern, Pattern, PatternKind, Piece, StripeUnit};
+pub use pattern::{Chooser, DirPattern, Pattern, PatternKind, Piece, StripeSet, StripeUnit};
 
 /// Longest file name component, in bytes (as Linux's NAME_MAX).
 pub const NAME_MAX: usize = 255;

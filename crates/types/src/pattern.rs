@@ -65,6 +65,55 @@ pub struct Piece {
     pub len: usize,
 }
 
+/// A set of a file's stripe positions (indices into [`Pattern::targets`]),
+/// as the bits of one word: position `i` is bit `i`, and positions 63 and
+/// beyond share bit 63 (a file striped wider than that is known less
+/// exactly, never wrongly). What a client reports it wrote through a
+/// handle, so that a file's removal deletes chunk files only where some
+/// can exist.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct StripeSet(pub u64);
+
+impl StripeSet {
+    pub const EMPTY: StripeSet = StripeSet(0);
+    /// Every position of any pattern.
+    pub const ALL: StripeSet = StripeSet(u64::MAX);
+
+    fn bit(idx: usize) -> u64 {
+        1 << idx.min(63)
+    }
+
+    pub fn insert(&mut self, idx: usize) {
+        self.0 |= Self::bit(idx);
+    }
+
+    pub fn contains(self, idx: usize) -> bool {
+        self.0 & Self::bit(idx) != 0
+    }
+
+    pub fn union(self, other: StripeSet) -> StripeSet {
+        StripeSet(self.0 | other.0)
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The set of the first `n` positions (a whole stripe of `n`).
+    pub fn first(n: usize) -> StripeSet {
+        if n >= 64 {
+            StripeSet::ALL
+        } else {
+            StripeSet((1u64 << n) - 1)
+        }
+    }
+
+    /// The targets of `targets` (a stripe, in stripe order) at positions in the set.
+    pub fn pick<T: Copy>(self, targets: &[T]) -> Vec<T> {
+        targets.iter().enumerate().filter(|(i, _)| self.contains(*i)).map(|(_, t)| *t).collect()
+    }
+}
+
 /// Where one stripe of a file lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum StripeUnit {
@@ -315,6 +364,23 @@ impl Pattern {
         (hi > lo).then_some((lo, hi))
     }
 
+    /// The stripe positions holding some byte of `[offset, offset+len)`.
+    pub fn stripes_in(&self, offset: u64, len: u64) -> StripeSet {
+        if len == 0 {
+            return StripeSet::EMPTY;
+        }
+        let n = self.targets.len() as u64;
+        let (first, last) = (offset / self.cs(), offset.saturating_add(len - 1) / self.cs());
+        if last - first + 1 >= n {
+            return StripeSet::first(self.targets.len());
+        }
+        let mut s = StripeSet::EMPTY;
+        for c in first..=last {
+            s.insert((c % n) as usize);
+        }
+        s
+    }
+
     /// Splits `[offset, offset+len)` into per-chunk pieces in file order.
     pub fn pieces(&self, offset: u64, len: usize) -> Vec<Piece> {
         let mut out = Vec::with_capacity(len / self.chunk_size as usize + 2);
@@ -471,6 +537,33 @@ mod tests {
             lens[i] = lens[i].max(l + 1);
         }
         lens
+    }
+
+    proptest! {
+        /// The stripes of a range are exactly those its pieces are on.
+        #[test]
+        fn stripes_in_a_range_are_those_of_its_pieces(
+            cs_shift in 12u32..15, n in 1u32..9, off in 0u64..200_000, len in 0usize..100_000,
+        ) {
+            let p = pat(1 << cs_shift, n);
+            let mut want = StripeSet::EMPTY;
+            for pc in p.pieces(off, len) {
+                want.insert(pc.stripe_index);
+            }
+            prop_assert_eq!(p.stripes_in(off, len as u64), want);
+        }
+    }
+
+    #[test]
+    fn positions_past_63_share_the_last_bit() {
+        let mut s = StripeSet::EMPTY;
+        s.insert(70);
+        assert!(s.contains(63) && s.contains(1000) && !s.contains(62));
+        let targets: Vec<u32> = (0..100).collect();
+        assert_eq!(s.pick(&targets), (63..100).collect::<Vec<_>>());
+        assert_eq!(StripeSet::first(3).pick(&targets), vec![0, 1, 2]);
+        assert_eq!(StripeSet::first(64), StripeSet::ALL);
+        assert_eq!(StripeSet::EMPTY.pick(&targets), Vec::<u32>::new());
     }
 
     proptest! {

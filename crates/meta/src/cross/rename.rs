@@ -108,7 +108,7 @@ impl RenameCommit {
             ctx.files_delta -= 1;
             // Its new owner hears of its writes now; should it come back,
             // this node must not take it for a file without chunk files.
-            ctx.handles.take_chunkless(id);
+            ctx.handles.take_known(id);
         }
         if let Some(mut p) = load_inode(&t.inodes, parent)? {
             if kind == FileKind::Dir && parent != new_parent {

@@ -13,6 +13,7 @@ use hivefs_types::attr::{EntryAttr, FileKind};
 use hivefs_types::error::FsResult;
 use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, NodeType};
+use hivefs_types::pattern::StripeSet;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -42,12 +43,15 @@ impl Namespace {
             Request::ReleaseMany { ids, mut wrote } => {
                 // Looked up per handle: sorted, not scanned (up to 4096 of each).
                 wrote.sort_unstable();
-                // Each as its own `Release` (one of a moved file goes to its new owner).
                 for id in ids {
-                    let write = wrote.binary_search(&id).is_ok();
-                    if let Err(e) = self.handle_unleased(None, Request::Release { id, write }).await {
-                        debug!("release of {id} on metadata node {}: {e}", self.node);
-                    }
+                    let write = if wrote.binary_search(&id).is_ok() { StripeSet::ALL } else { StripeSet::EMPTY };
+                    self.release_one(id, write).await;
+                }
+                Ok(Reply::Ok)
+            }
+            Request::ReleaseWritten { handles } => {
+                for (id, write) in handles {
+                    self.release_one(id, write).await;
                 }
                 Ok(Reply::Ok)
             }
@@ -157,6 +161,20 @@ impl Namespace {
         }
     }
 
+    /// One handle of a batch released: as its own `Release`, forwarded if
+    /// a rename moved the file (its new owner knows nothing of its chunk
+    /// files, so the positions are not needed there).
+    async fn release_one(&self, id: EntryId, wrote: StripeSet) {
+        let req = Request::Release { id, write: !wrote.is_empty() };
+        let r = match self.forward_moved(None, &req).await {
+            Some(r) => r.map(drop),
+            None => self.release(id, wrote).await,
+        };
+        if let Err(e) = r {
+            debug!("release of {id} on metadata node {}: {e}", self.node);
+        }
+    }
+
     async fn handle_unleased(&self, op: Option<OpId>, req: Request) -> Response {
         if let Some(r) = self.forward_moved(op, &req).await {
             return r;
@@ -243,7 +261,10 @@ impl Namespace {
                 self.submit_op(op, Mutation::SetDirPattern { id, pattern }).await
             }
             Request::Open { id, write: _ } => entry(self.open_file(id)),
-            Request::Release { id, write } => self.release(id, write).await.map(|()| Reply::Ok),
+            Request::Release { id, write } => {
+                let wrote = if write { StripeSet::ALL } else { StripeSet::EMPTY };
+                self.release(id, wrote).await.map(|()| Reply::Ok)
+            }
             Request::UpdateSize { id, size, mtime } => {
                 self.submit_op(op, Mutation::UpdateSize { id, size, mtime, if_ctime: None }).await
             }

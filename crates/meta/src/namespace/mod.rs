@@ -25,7 +25,7 @@ use hivefs_types::attr::{EntryAttr, FileKind, SetAttr};
 use hivefs_types::error::{FsError, FsResult};
 use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, NodeId};
-use hivefs_types::pattern::Pattern;
+use hivefs_types::pattern::{Pattern, StripeSet};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use std::collections::HashMap;
@@ -60,11 +60,11 @@ pub struct NamespaceOptions {
     pub inline_writer: Option<CommitLatency>,
 }
 
-/// Open handles per entry, counted from Open/Release requests, and the
-/// files known to have no chunk files. In memory only: after a restart
-/// nothing is open (which is why open-unlinked entries are finished at
-/// start) and no file is known to be without chunk files (a remove then
-/// deletes them on every target, as for any file).
+/// Open handles per entry, counted from Open/Release requests, and what
+/// is known of the chunk files of files this node made. In memory only:
+/// after a restart nothing is open (which is why open-unlinked entries are
+/// finished at start) and nothing is known of any file's chunk files (a
+/// remove then deletes them on every target, as for any file).
 #[derive(Default)]
 pub struct Opens(pub(crate) Mutex<OpenState>);
 
@@ -72,11 +72,25 @@ pub struct Opens(pub(crate) Mutex<OpenState>);
 pub(crate) struct OpenState {
     pub(crate) counts: HashMap<EntryId, u32>,
     /// Regular files this node made since it started whose chunk files no
-    /// client reported changing (`Release { write }`, `ReleaseMany::wrote`)
-    /// and that no truncation touched: none of their chunk files can exist,
-    /// so their removal deletes none.
+    /// client reported changing (`Release { write }`, `ReleaseMany::wrote`,
+    /// `ReleaseWritten`) and that no truncation touched: none of their
+    /// chunk files can exist, so their removal deletes none.
     chunkless: IdBits,
+    /// Files that left `chunkless` by releases that each named the stripe
+    /// positions written, and all of them position 0 only: a file smaller
+    /// than a chunk, written from its start (most small files). A bit
+    /// each, as `chunkless`.
+    first_only: IdBits,
+    /// The other files that left `chunkless` by releases that each named
+    /// the stripe positions written: chunk files can exist only there. At
+    /// most [`WRITTEN_MAX`] files; past that a written file is not kept
+    /// (its removal asks every target). A write or truncation reported
+    /// without positions forgets the file.
+    written: HashMap<EntryId, StripeSet>,
 }
+
+/// Most files [`OpenState::written`] holds (about 50 bytes each: 13 MiB).
+pub const WRITTEN_MAX: usize = 1 << 18;
 
 /// A set of entry ids as bits: a 64-bit word per 64 consecutive counters of
 /// a node's epoch. A node mints ids in sequence, so the files it makes fill
@@ -105,6 +119,11 @@ impl IdBits {
         }
     }
 
+    fn contains(&self, id: EntryId) -> bool {
+        let (k, bit) = Self::key(id);
+        self.words.get(&k).is_some_and(|w| w & bit != 0)
+    }
+
     /// Whether `id` was in the set; it is not any more.
     fn remove(&mut self, id: EntryId) -> bool {
         let (k, bit) = Self::key(id);
@@ -118,6 +137,35 @@ impl IdBits {
     }
 }
 
+impl OpenState {
+    /// A client changed the chunk files of `id` at positions `wrote`
+    /// ([`StripeSet::ALL`]: anywhere).
+    fn wrote(&mut self, id: EntryId, wrote: StripeSet) {
+        const FIRST: StripeSet = StripeSet(1);
+        if wrote.is_empty() || wrote == FIRST && self.first_only.contains(id) {
+            return;
+        }
+        let Some(known) = self.take_known(id) else { return };
+        let now = known.union(wrote);
+        if now == FIRST {
+            self.first_only.insert(id);
+        } else if now != StripeSet::ALL && self.written.len() < WRITTEN_MAX {
+            self.written.insert(id, now);
+        }
+    }
+
+    /// Where `id`'s chunk files can be, if known; forgotten either way.
+    fn take_known(&mut self, id: EntryId) -> Option<StripeSet> {
+        if self.chunkless.remove(id) {
+            Some(StripeSet::EMPTY)
+        } else if self.first_only.remove(id) {
+            Some(StripeSet(1))
+        } else {
+            self.written.remove(&id)
+        }
+    }
+}
+
 impl Opens {
     pub fn is_open(&self, id: EntryId) -> bool {
         self.0.lock().expect("opens lock").counts.contains_key(&id)
@@ -125,15 +173,13 @@ impl Opens {
     fn inc(&self, id: EntryId) {
         *self.0.lock().expect("opens lock").counts.entry(id).or_insert(0) += 1;
     }
-    /// Returns true when the last handle went away. `wrote`: the handle may
-    /// have changed chunk files (see [`OpenState::chunkless`]); forgotten
-    /// before the count drops, so that a remove that sees the file closed
-    /// also sees the write.
-    fn dec(&self, id: EntryId, wrote: bool) -> bool {
+    /// Returns true when the last handle went away. `wrote`: the stripe
+    /// positions whose chunk files the handle may have changed (see
+    /// [`OpenState::chunkless`]); noted before the count drops, so that a
+    /// remove that sees the file closed also sees the write.
+    fn dec(&self, id: EntryId, wrote: StripeSet) -> bool {
         let mut m = self.0.lock().expect("opens lock");
-        if wrote {
-            m.chunkless.remove(id);
-        }
+        m.wrote(id, wrote);
         match m.counts.get_mut(&id) {
             Some(c) if *c > 1 => {
                 *c -= 1;
@@ -146,9 +192,9 @@ impl Opens {
             None => false,
         }
     }
-    /// The file's chunk files may exist now (a truncation).
+    /// The file's chunk files may exist anywhere now (a truncation).
     pub(crate) fn may_have_chunks(&self, id: EntryId) {
-        self.0.lock().expect("opens lock").chunkless.remove(id);
+        self.0.lock().expect("opens lock").take_known(id);
     }
 }
 
@@ -166,20 +212,18 @@ impl crate::ops::Handles for Opens {
     fn opened(&self, id: EntryId) {
         self.inc(id);
     }
-    fn take_chunkless(&self, id: EntryId) -> bool {
-        self.0.lock().expect("opens lock").chunkless.remove(id)
+    fn take_known(&self, id: EntryId) -> Option<StripeSet> {
+        self.0.lock().expect("opens lock").take_known(id)
     }
     fn last_link(&self, id: EntryId) -> crate::ops::LastLink {
         use crate::ops::LastLink;
-        // Under the lock a release that reports a write takes the file out
-        // of `chunkless` before its handle stops counting.
+        // Under the lock a release that reports a write notes it before
+        // its handle stops counting.
         let mut m = self.0.lock().expect("opens lock");
         if m.counts.contains_key(&id) {
             LastLink::Open
-        } else if m.chunkless.remove(id) {
-            LastLink::Chunkless
         } else {
-            LastLink::MayHaveChunks
+            LastLink::Closed(m.take_known(id))
         }
     }
 }
@@ -474,7 +518,7 @@ impl Namespace {
         self.opens.inc(id);
         let r = self.getattr(id);
         if r.is_err() {
-            self.opens.dec(id, false);
+            self.opens.dec(id, StripeSet::EMPTY);
         }
         r
     }
@@ -510,9 +554,9 @@ impl Namespace {
         Ok(r)
     }
 
-    /// A client's handle on `id` is gone; `wrote`: it may have changed the
-    /// file's chunk files.
-    pub async fn release(&self, id: EntryId, wrote: bool) -> FsResult<()> {
+    /// A client's handle on `id` is gone; `wrote`: the stripe positions
+    /// whose chunk files it may have changed.
+    pub async fn release(&self, id: EntryId, wrote: StripeSet) -> FsResult<()> {
         if !self.opens.dec(id, wrote) {
             return Ok(());
         }
@@ -603,5 +647,54 @@ mod id_bits_tests {
         b.insert(id(3, CHUNKLESS_WORDS_MAX as u64 * 64));
         assert!(b.remove(id(3, 1)));
         assert!(!b.remove(id(3, CHUNKLESS_WORDS_MAX as u64 * 64)));
+    }
+}
+
+#[cfg(test)]
+mod known_chunks_tests {
+    use super::*;
+
+    fn at(bits: &[usize]) -> StripeSet {
+        let mut s = StripeSet::EMPTY;
+        bits.iter().for_each(|&b| s.insert(b));
+        s
+    }
+
+    /// Writes add up per file; only files this node made are known, a
+    /// write anywhere (or a truncation) forgets the file, and what is taken
+    /// is gone.
+    #[test]
+    fn written_positions_add_up_until_anything_is_unknown() {
+        let mut m = OpenState::default();
+        let id = |c| EntryId { node: 1, epoch: 1, counter: c };
+        for c in 0..6 {
+            m.chunkless.insert(id(c));
+        }
+        assert_eq!(m.take_known(id(0)), Some(StripeSet::EMPTY));
+        assert_eq!(m.take_known(id(0)), None, "taken once");
+        // A small file: position 0, as a bit.
+        m.wrote(id(1), at(&[0]));
+        m.wrote(id(1), at(&[0]));
+        assert!(m.written.is_empty());
+        assert_eq!(m.take_known(id(1)), Some(at(&[0])));
+        // From position 0 to more: moved to the map.
+        m.wrote(id(2), at(&[0]));
+        m.wrote(id(2), at(&[5]));
+        assert!(!m.first_only.contains(id(2)));
+        assert_eq!(m.take_known(id(2)), Some(at(&[0, 5])));
+        m.wrote(id(3), at(&[2]));
+        m.wrote(id(3), at(&[70]));
+        assert_eq!(m.take_known(id(3)), Some(at(&[2, 63])));
+        // Anywhere: forgotten.
+        m.wrote(id(4), at(&[1]));
+        m.wrote(id(4), StripeSet::ALL);
+        assert_eq!(m.take_known(id(4)), None);
+        assert!(m.written.is_empty());
+        // A file this node did not make (or forgot) stays unknown.
+        m.wrote(id(9), at(&[0]));
+        assert_eq!(m.take_known(id(9)), None);
+        // Nothing written keeps a file chunkless.
+        m.wrote(id(5), StripeSet::EMPTY);
+        assert_eq!(m.take_known(id(5)), Some(StripeSet::EMPTY));
     }
 }

@@ -93,7 +93,7 @@ pub async fn off_workers<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'stat
     tokio::task::spawn_blocking(f).await.map_err(|e| e.to_string())
 }
 use hivefs_types::ids::{BuddyGroupId, EntryId, NodeId, TargetId};
-use hivefs_types::pattern::{DirPattern, Pattern, StripeUnit};
+use hivefs_types::pattern::{DirPattern, Pattern, StripeSet, StripeUnit};
 use redb::backends::FileBackend;
 use redb::{ReadableTable, TableDefinition};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -212,6 +212,15 @@ impl Disposal {
             .iter()
             .map(|t| if self.mirrored { StripeUnit::Group(BuddyGroupId(t.0)) } else { StripeUnit::Target(*t) })
             .collect()
+    }
+
+    /// The record with only the targets at stripe positions in `known`
+    /// (`None`: unknown, every target stays).
+    pub fn only(mut self, known: Option<StripeSet>) -> Disposal {
+        if let Some(s) = known {
+            self.targets = s.pick(&self.targets);
+        }
+        self
     }
 
     /// The disposal record of a file with pattern `p` (none: no chunks).
