@@ -7,8 +7,8 @@ use crate::namespace::{Namespace, NamespaceOptions};
 use crate::store::{scan_children, DisposalState};
 use crate::targets::{BoxFut, DataTargets};
 use hivefs_proto::{
-    Caller, DirEntry, Envelope, Reply, Request, Response, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_ACL_KILL_SGID,
-    XATTR_CREATE, XATTR_REPLACE,
+    Caller, DirEntry, Envelope, PeerOp, Reply, Request, Response, RENAME_EXCHANGE, RENAME_NOREPLACE,
+    XATTR_ACL_KILL_SGID, XATTR_CREATE, XATTR_REPLACE,
 };
 use hivefs_types::acl;
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
@@ -1346,6 +1346,31 @@ async fn a_removal_deletes_chunk_files_only_where_releases_said_they_were_writte
     // Too many handles in one request are refused before any is released.
     let many = vec![(a.id, StripeSet::EMPTY); hivefs_proto::RELEASE_MANY_MAX + 1];
     assert_eq!(h.code(Request::ReleaseWritten { handles: many }).await, ErrorCode::Invalid);
+}
+
+/// Open handles handed over by a rename count once per rename, however
+/// often the hand-over arrives (a repeat after a lost answer, a late
+/// delivery): counted twice, the file would stay open after its last
+/// release and an unlinked one would keep its chunk files.
+#[tokio::test]
+async fn handles_handed_over_by_a_rename_count_once() {
+    let h = H::new().await;
+    let f = h.create(ROOT, "moved-here").await;
+    let rename = |counter| EntryId { node: 2, epoch: 1, counter };
+    for _ in 0..3 {
+        h.ns().peer(PeerOp::HandOver { intent: rename(7), id: f.id, count: 2 }, None).await.unwrap();
+    }
+    h.ok(unlink(ROOT, "moved-here")).await;
+    assert_eq!(h.disposal(f.id), Some(DisposalState::OpenUnlinked));
+    h.ok(Request::Release { id: f.id, write: true }).await;
+    assert!(h.ns().opens.is_open(f.id), "one handle left");
+    h.ok(Request::Release { id: f.id, write: true }).await;
+    assert!(!h.ns().opens.is_open(f.id), "two handles were handed over, not six");
+    assert_eq!(h.disposal(f.id), Some(DisposalState::DeleteChunks));
+    // Another rename's hand-over counts.
+    let g = h.create(ROOT, "g").await;
+    h.ns().peer(PeerOp::HandOver { intent: rename(8), id: g.id, count: 1 }, None).await.unwrap();
+    assert!(h.ns().opens.is_open(g.id));
 }
 
 #[tokio::test]

@@ -1504,6 +1504,8 @@ pub enum PeerOp {
     DropLink { intent: EntryId, id: EntryId },
     /// File `id` moved here by a rename while `count` handles were open on
     /// the node it left: they count here now (their requests are forwarded).
+    /// Counted at each delivery: replaced by `HandOver`, sent only to a
+    /// node that does not know that.
     Opened { id: EntryId, count: u32 },
     /// The other half of a `RENAME_EXCHANGE` coordinated by another node,
     /// applied once per `intent`: `new_parent/new_name`, still naming
@@ -1517,7 +1519,17 @@ pub enum PeerOp {
         kind: FileKind,
         owner: NodeId,
     },
+    /// `Opened`, counted once per `intent` (the rename that moved the
+    /// file): a repeat or a late delivery of the same hand-over is not
+    /// counted again. The receiver keeps the last [`HAND_OVERS_KEPT`]
+    /// intents it counted, in memory (as the counts themselves).
+    HandOver { intent: EntryId, id: EntryId, count: u32 },
 }
+
+/// How many hand-overs of open handles (`PeerOp::HandOver`) a metadata
+/// node remembers to refuse counting again: far more than renames of open
+/// files within the transport's retry window.
+pub const HAND_OVERS_KEPT: usize = 4096;
 
 /// Lock spaces: locks of different kinds never conflict with each other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -29,7 +29,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// Transport failures, after which a step is sent again.
 fn transient(e: &FsError) -> bool {
@@ -521,9 +521,10 @@ impl Namespace {
         self.start_protocol("exchange", intent, m).await
     }
 
-    /// After a rename moved file `id` to `new_owner`: its open handles count
-    /// there, and their requests that reach this node are forwarded.
-    async fn hand_over_opens(&self, id: EntryId, new_owner: NodeId) {
+    /// After rename `intent` moved file `id` to `new_owner`: its open
+    /// handles count there (once, however often the hand-over is
+    /// delivered), and their requests that reach this node are forwarded.
+    async fn hand_over_opens(&self, intent: EntryId, id: EntryId, new_owner: NodeId) {
         let count = {
             let mut opens = self.opens.0.lock().expect("opens lock");
             let count = opens.counts.remove(&id).unwrap_or(0);
@@ -534,7 +535,14 @@ impl Namespace {
         };
         if count > 0 {
             info!("file {id} moved to metadata node {new_owner} with {count} open handles: they count there now");
-            if let Err(e) = self.peer_call(new_owner, PeerOp::Opened { id, count }).await {
+            let r = match self.peer_call(new_owner, PeerOp::HandOver { intent, id, count }).await {
+                Err(e) if matches!(e.code, ErrorCode::Protocol | ErrorCode::NotSupported) => {
+                    debug!("metadata node {new_owner} does not take HandOver ({e}): sent as Opened");
+                    self.peer_call(new_owner, PeerOp::Opened { id, count }).await
+                }
+                r => r,
+            };
+            if let Err(e) = r {
                 warn!("file {id}: handing {count} open handles over to metadata node {new_owner}: {e}");
             }
         }
@@ -676,7 +684,7 @@ impl Namespace {
                 let r = self.submit_multi(rec.op, *commit).await;
                 self.crash(what, "commit").await?;
                 if let (Ok(_), Some((id, to))) = (&r, hand_over) {
-                    self.hand_over_opens(id, to).await;
+                    self.hand_over_opens(intent, id, to).await;
                 }
                 // Only after the commit: while the intent stands, driving it
                 // again repeats the peer's step, which its record keeps
@@ -910,7 +918,7 @@ impl Namespace {
             PeerOp::LinkIn { id, .. } => (5, *id),
             PeerOp::DropLink { id, .. } => (6, *id),
             PeerOp::ExchangeIn { id, .. } => (7, *id),
-            PeerOp::GetParent { .. } | PeerOp::Forget { .. } | PeerOp::Opened { .. } => {
+            PeerOp::GetParent { .. } | PeerOp::Forget { .. } | PeerOp::Opened { .. } | PeerOp::HandOver { .. } => {
                 return Err(fs_err!(
                     Protocol,
                     "PeerStep of intent {intent}: GetParent, Forget and Opened are not steps"
@@ -1040,6 +1048,12 @@ impl Namespace {
             PeerOp::Opened { id, count } => {
                 if count > 0 {
                     *self.opens.0.lock().expect("opens lock").counts.entry(id).or_insert(0) += count;
+                }
+                Ok(Reply::Ok)
+            }
+            PeerOp::HandOver { intent, id, count } => {
+                if !self.opens.handed_over(intent, id, count) {
+                    debug!("open handles of {id} handed over by {intent} again: counted once");
                 }
                 Ok(Reply::Ok)
             }

@@ -20,7 +20,7 @@ use crate::writer::{
 };
 pub use handlers::{spawn_lease_recorder, spawn_lock_expiry};
 use hivefs_cluster::capacity_of;
-use hivefs_proto::{Caller, OpId, QuotaId, QuotaState, QuotaUse, Reply, Response};
+use hivefs_proto::{Caller, OpId, QuotaId, QuotaState, QuotaUse, Reply, Response, HAND_OVERS_KEPT};
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr};
 use hivefs_types::error::{FsError, FsResult};
 use hivefs_types::fs_err;
@@ -28,7 +28,7 @@ use hivefs_types::ids::{EntryId, NodeId};
 use hivefs_types::pattern::{Pattern, StripeSet};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
@@ -87,6 +87,9 @@ pub(crate) struct OpenState {
     /// (its removal asks every target). A write or truncation reported
     /// without positions forgets the file.
     written: HashMap<EntryId, StripeSet>,
+    /// The renames whose hand-over of open handles this node counted
+    /// (`PeerOp::HandOver`), the last [`HAND_OVERS_KEPT`] in order.
+    handed_over: (HashSet<EntryId>, VecDeque<EntryId>),
 }
 
 /// Most files [`OpenState::written`] holds (about 50 bytes each: 13 MiB).
@@ -167,6 +170,25 @@ impl OpenState {
 }
 
 impl Opens {
+    /// `count` handles of file `id` count here now, handed over by rename
+    /// `intent`; once per intent. Whether they were counted now.
+    pub(crate) fn handed_over(&self, intent: EntryId, id: EntryId, count: u32) -> bool {
+        let mut m = self.0.lock().expect("opens lock");
+        let (seen, order) = &mut m.handed_over;
+        if !seen.insert(intent) {
+            return false;
+        }
+        order.push_back(intent);
+        if order.len() > HAND_OVERS_KEPT {
+            let old = order.pop_front().expect("more than the bound");
+            seen.remove(&old);
+        }
+        if count > 0 {
+            *m.counts.entry(id).or_insert(0) += count;
+        }
+        true
+    }
+
     pub fn is_open(&self, id: EntryId) -> bool {
         self.0.lock().expect("opens lock").counts.contains_key(&id)
     }
