@@ -296,6 +296,29 @@ impl Inner {
         self.to_attr(ino, a)
     }
 
+    /// Releases handle `fh` at once when its close has nothing to send or
+    /// wait for ([`Inner::quiet_close`], and no lock owner or kept append
+    /// lock to let go); the metadata node hears of it in the background
+    /// as always. False, leaving the handle, otherwise.
+    fn quiet_release(&self, fh: FileHandle) -> bool {
+        let Ok(f) = self.file(fh) else { return false };
+        if !f.lock_owners.lock().expect("lock owners").is_empty()
+            || self.client.keeps_append(f.ent.id)
+            || !self.quiet_close(&f)
+        {
+            return false;
+        }
+        self.files.lock().expect("files").remove(&fh.0);
+        self.forget_locked(f.ent.id);
+        if f.write {
+            self.drop_writer(f.ent.id);
+        }
+        // The first release starts the sending task on the runtime.
+        let _rt = self.rt.enter();
+        self.client.release_later(f.ent.id, f.ent.owner);
+        true
+    }
+
     fn new_fh(&self) -> u64 {
         self.next_fh.fetch_add(1, Ordering::Relaxed)
     }
@@ -825,6 +848,9 @@ impl Filesystem for HiveFs {
     }
 
     fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
+        if self.inner.file(fh).is_ok_and(|f| self.inner.quiet_close(&f)) {
+            return reply.ok();
+        }
         run!(self, reply, |inner| {
             let f = inner.file(fh)?;
             // Buffered writes land before the locks go (whoever takes them next sees them).
@@ -857,6 +883,9 @@ impl Filesystem for HiveFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        if self.inner.quiet_release(fh) {
+            return reply.ok();
+        }
         run!(self, reply, |inner| {
             let f = inner.files.lock().expect("files").remove(&fh.0);
             if let Some(f) = f {

@@ -5,9 +5,10 @@
 //! handles, attribute conversion, the capabilities negotiated with the kernel
 //! (with POSIX ACLs the kernel checks them and creates carry the umask to the
 //! metadata node), and the mapping of HiveFS error codes to errno (the only
-//! place in HiveFS that does it). Every request is handed to
-//! the async runtime and answered when done, so the mount serves many
-//! requests at once. It must not talk to services itself: all traffic goes
+//! place in HiveFS that does it). Requests are handed to the
+//! async runtime and answered when done, so the mount serves many requests
+//! at once; a close with nothing to send or wait for is answered on the
+//! thread that read it. It must not talk to services itself: all traffic goes
 //! through `hivefs-client`.
 //!
 //! The FUSE transport sits behind `fuser` here; a later FUSE-over-io_uring
