@@ -109,25 +109,16 @@ impl Client {
 
     async fn release_on(&self, node: NodeId, handles: &[(EntryId, StripeSet)]) {
         let older = self.releases.older.lock().expect("releases").get(&node).copied();
-        // Each refused with `Protocol` is not asked again: the next is taken.
-        let mut asks = Vec::with_capacity(2);
-        if older.is_none() {
-            asks.push((Request::ReleaseWritten { handles: handles.to_vec() }, Older::Many));
+        // An older request is built only after the newer one was refused.
+        if older.is_none() && self.ask(node, &Request::ReleaseWritten { handles: handles.to_vec() }, Older::Many).await
+        {
+            return;
         }
         if older != Some(Older::Single) {
             let ids = handles.iter().map(|h| h.0).collect();
             let wrote = handles.iter().filter(|h| !h.1.is_empty()).map(|h| h.0).collect();
-            asks.push((Request::ReleaseMany { ids, wrote }, Older::Single));
-        }
-        for (req, refused) in asks {
-            match self.cluster.meta_rpc(node, &req).await {
-                Ok(Reply::Ok) => return,
-                Err(e) if e.code == ErrorCode::Protocol => {
-                    debug!("metadata node {node} takes no {} ({e})", req.name());
-                    self.releases.older.lock().expect("releases").insert(node, refused);
-                }
-                Ok(r) => return warn!("metadata node {node}: odd answer to {}: {}", req.name(), crate::unexpected(r)),
-                Err(e) => return warn!("release of {} handles on metadata node {node} failed: {e}", handles.len()),
+            if self.ask(node, &Request::ReleaseMany { ids, wrote }, Older::Single).await {
+                return;
             }
         }
         for &(id, wrote) in handles {
@@ -135,6 +126,23 @@ impl Client {
                 warn!("release of {id} on metadata node {node} failed: {e}");
             }
         }
+    }
+
+    /// Sends a batch release; false when the node refused it as unknown
+    /// (`Protocol`: it is older), which it is then not asked again
+    /// (`refused`: what it takes instead).
+    async fn ask(&self, node: NodeId, req: &Request, refused: Older) -> bool {
+        match self.cluster.meta_rpc(node, req).await {
+            Ok(Reply::Ok) => {}
+            Err(e) if e.code == ErrorCode::Protocol => {
+                debug!("metadata node {node} takes no {} ({e})", req.name());
+                self.releases.older.lock().expect("releases").insert(node, refused);
+                return false;
+            }
+            Ok(r) => warn!("metadata node {node}: odd answer to {}: {}", req.name(), crate::unexpected(r)),
+            Err(e) => warn!("{} on metadata node {node} failed: {e}", req.name()),
+        }
+        true
     }
 }
 

@@ -310,13 +310,20 @@ impl Inner {
         }
         self.files.lock().expect("files").remove(&fh.0);
         self.forget_locked(f.ent.id);
+        // The first release starts the sending task on the runtime.
+        let _rt = self.rt.enter();
+        self.handle_gone(&f);
+        true
+    }
+
+    /// The last step of a release: the file has one writer less here, and
+    /// the metadata node hears of the release in the background (batched
+    /// with others).
+    fn handle_gone(&self, f: &OpenFile) {
         if f.write {
             self.drop_writer(f.ent.id);
         }
-        // The first release starts the sending task on the runtime.
-        let _rt = self.rt.enter();
         self.client.release_later(f.ent.id, f.ent.owner);
-        true
     }
 
     fn new_fh(&self) -> u64 {
@@ -908,11 +915,7 @@ impl Filesystem for HiveFs {
                     inner.client.let_go_append(f.ent).await;
                 }
                 let r = inner.publish_size(&f).await;
-                if f.write {
-                    inner.drop_writer(f.ent.id);
-                }
-                // Told to the metadata node in the background (batched with others).
-                inner.client.release_later(f.ent.id, f.ent.owner);
+                inner.handle_gone(&f);
                 r?;
             }
             Ok(move |reply: ReplyEmpty| reply.ok())

@@ -654,14 +654,14 @@ pub(crate) fn drop_link(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, mut 
                 // Wake the disposal task too: should the last release come before
                 // this commit, it finds the record and finishes the orphan.
                 ctx.disposal_queued = true;
-                return t.put_disposal(id, &Disposal::of(DisposalState::OpenUnlinked, i.pattern.as_ref()));
+                return t.put_disposal(id, &Disposal::of(DisposalState::OpenUnlinked, i.pattern.as_ref(), None));
             }
             LastLink::Closed(known) => known,
         },
         _ => None,
     };
     t.remove_inode(id)?;
-    let d = Disposal::of(DisposalState::DeleteChunks, i.pattern.as_ref()).only(known);
+    let d = Disposal::of(DisposalState::DeleteChunks, i.pattern.as_ref(), known);
     if !d.targets.is_empty() {
         t.put_disposal(id, &d)?;
         ctx.disposal_queued = true;

@@ -452,12 +452,12 @@ impl Writer {
         if commit {
             // No commit running: this task commits the queue, once.
             let mut role = Role { c, done: false };
-            if c.commit_next().await {
+            let more = c.commit_next().await;
+            role.done = true;
+            if more {
                 // More came meanwhile: a task of their own commits them.
-                role.done = true;
                 c.clone().spawn_committer();
             }
-            role.done = true;
         }
         rx.await.map_err(|_| stopped())
     }

@@ -215,21 +215,29 @@ impl Disposal {
     }
 
     /// The record with only the targets at stripe positions in `known`
-    /// (`None`: unknown, every target stays).
+    /// (`None`: unknown, every target stays), filtered in place.
     pub fn only(mut self, known: Option<StripeSet>) -> Disposal {
         if let Some(s) = known {
-            self.targets = s.pick(&self.targets);
+            let mut idx = 0;
+            self.targets.retain(|_| {
+                idx += 1;
+                s.contains(idx - 1)
+            });
         }
         self
     }
 
-    /// The disposal record of a file with pattern `p` (none: no chunks).
-    pub fn of(state: DisposalState, p: Option<&Pattern>) -> Disposal {
-        Disposal {
-            state,
-            targets: p.map(|p| p.targets().to_vec()).unwrap_or_default(),
-            mirrored: p.is_some_and(|p| p.is_mirrored()),
-        }
+    /// The disposal record of a file with pattern `p` (none: no chunks)
+    /// whose chunk files can be only at the stripe positions in `known`
+    /// (`None`: anywhere). A file known to have none gets no targets, and
+    /// no list is allocated.
+    pub fn of(state: DisposalState, p: Option<&Pattern>, known: Option<StripeSet>) -> Disposal {
+        let targets = match (p, known) {
+            (None, _) => Vec::new(),
+            (Some(p), None) => p.targets().to_vec(),
+            (Some(p), Some(s)) => s.pick(p.targets()),
+        };
+        Disposal { state, targets, mirrored: p.is_some_and(|p| p.is_mirrored()) }
     }
 }
 
