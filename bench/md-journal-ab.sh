@@ -15,18 +15,7 @@ set -euo pipefail
 W=$1; OLD=$2; NEW=$3
 ROUNDS=${ROUNDS:-2}; RANKS=${RANKS:-8}; FILES=${FILES:-2000}; SIZE=${SIZE:-0}; META=${META:-1}
 extra=(); [ "${SHARED:-0}" = 1 ] && extra+=(--shared-dir)
-mkdir -p "$W/disk" "$W/bmnt" "$W/mnt"
-D=$W
-# A new file system under $W/disk for the next run (FRESH=1), or $W itself.
-fresh() {
-  [ "${FRESH:-0}" = 1 ] || return 0
-  mountpoint -q "$W/disk" && umount "$W/disk"
-  rm -f "$W/disk.img"
-  truncate -s 16G "$W/disk.img"
-  mkfs.ext4 -q -F "$W/disk.img"
-  mount -o loop "$W/disk.img" "$W/disk"
-  D=$W/disk
-}
+. "$(dirname "$0")/fresh-disk.sh"
 bindfs_up() {
   fresh
   mkdir -p "$D/bsrc"

@@ -101,6 +101,12 @@ pub struct MountArgs {
     /// Threads reading /dev/fuse (requests themselves run concurrently on the async runtime).
     #[arg(long, default_value_t = 2)]
     pub fuse_threads: usize,
+    /// How the kernel's requests reach the mount: `io_uring` (FUSE over io_uring, Linux
+    /// 6.14+ with the fuse module's `enable_uring` parameter set; one queue per CPU),
+    /// `dev` (read and write on /dev/fuse), or `auto`: io_uring when the kernel offers it.
+    /// Forgets and interrupts always come through /dev/fuse.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "dev", "io_uring"])]
+    pub fuse_transport: String,
     /// Longest a file-system operation waits for a server that does not answer (a dead
     /// node, a cut link), retries and reconnects included, before it fails with EIO or
     /// ETIMEDOUT. Operations on other servers go on meanwhile.
@@ -413,6 +419,7 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
     let opts = hivefs_fuse::MountOptions {
         allow_other: !a.private,
         fuse_threads: a.fuse_threads,
+        fuse_transport: a.fuse_transport.parse().map_err(|e: String| anyhow::anyhow!(e))?,
         global_file_locks: !a.local_locks,
         dir_attr_ttl: std::time::Duration::from_millis(a.dir_attr_ttl_ms),
         cache_mode: a.cache_mode.parse().map_err(|e: String| anyhow::anyhow!(e))?,

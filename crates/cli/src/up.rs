@@ -65,6 +65,11 @@ pub struct UpArgs {
     /// relatime or strictatime. Kept for later `up`s like the cache mode.
     #[arg(long, value_parser = ["noatime", "relatime", "strictatime"])]
     pub atime: Option<String>,
+    /// How the kernel's requests reach the mount (`hivefs mount --fuse-transport`): auto
+    /// (FUSE over io_uring when the kernel offers it, else /dev/fuse), dev or io_uring.
+    /// Kept for later `up`s like the cache mode.
+    #[arg(long, value_parser = ["auto", "dev", "io_uring"])]
+    pub fuse_transport: Option<String>,
     /// POSIX ACL enforcement by the mount (`hivefs mount --no-acl` for off): on (the
     /// default) or off. Kept for later `up`s like the cache mode.
     #[arg(long, value_parser = ["on", "off"])]
@@ -128,6 +133,9 @@ pub struct Layout {
     /// Whether the mount enforces POSIX ACLs (file systems from before it existed: on).
     #[serde(default = "acl_on")]
     pub acl: bool,
+    /// The mount's FUSE transport (file systems from before it existed: auto).
+    #[serde(default = "transport_auto")]
+    pub fuse_transport: String,
     pub mgmtd_port: u16,
     pub meta_ports: Vec<u16>,
     pub storage_ports: Vec<u16>,
@@ -281,6 +289,10 @@ fn acl_on() -> bool {
     true
 }
 
+fn transport_auto() -> String {
+    "auto".into()
+}
+
 fn layout_for(a: &UpArgs, dir: &Path) -> Result<Layout> {
     if dir.join("fs.toml").exists() {
         let mut l = load_layout(dir)?;
@@ -292,6 +304,9 @@ fn layout_for(a: &UpArgs, dir: &Path) -> Result<Layout> {
         }
         if let Some(acl) = &a.acl {
             l.acl = acl == "on";
+        }
+        if let Some(t) = &a.fuse_transport {
+            l.fuse_transport = t.clone();
         }
         let check = |name: &str, given: Option<u32>, have: u32| -> Result<()> {
             if let Some(g) = given {
@@ -363,6 +378,7 @@ fn layout_for(a: &UpArgs, dir: &Path) -> Result<Layout> {
         cache_mode: a.cache_mode.clone().unwrap_or_else(crate::services::native_cache_mode),
         atime: a.atime.clone().unwrap_or_else(noatime),
         acl: a.acl.as_deref() != Some("off"),
+        fuse_transport: a.fuse_transport.clone().unwrap_or_else(transport_auto),
         mgmtd_port: ports[0],
         meta_ports: ports[1..=meta as usize].to_vec(),
         storage_ports: ports[1 + meta as usize..(1 + meta + storage) as usize].to_vec(),
@@ -444,6 +460,7 @@ pub fn up(a: UpArgs) -> Result<()> {
         || a.cache_mode.is_some()
         || a.atime.is_some()
         || a.acl.is_some()
+        || a.fuse_transport.is_some()
         || !load_layout(&dir).is_ok_and(|l| l.metrics_ports == layout.metrics_ports)
     {
         hivefs_cluster::write_atomic(&dir.join("fs.toml"), toml::to_string(&layout)?.as_bytes())?;
@@ -572,6 +589,8 @@ pub fn up(a: UpArgs) -> Result<()> {
                 layout.cache_mode.clone(),
                 "--atime".into(),
                 layout.atime.clone(),
+                "--fuse-transport".into(),
+                layout.fuse_transport.clone(),
             ];
             if let Some(m) = layout.metrics_port(&cdir) {
                 args.extend(["--metrics-listen".into(), format!("{}:{m}", layout.host)]);

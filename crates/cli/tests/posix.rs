@@ -234,6 +234,48 @@ fn posix_conformance_three_meta() {
     run_suite(&fs);
 }
 
+/// The suite, 1 MiB reads and writes and a listing of many pages over each
+/// FUSE transport: `/dev/fuse`, and FUSE over io_uring where the kernel has
+/// it (the fuse module's `enable_uring` is turned on for the mount and put
+/// back once it is up; either value is safe for other tests' mounts, which
+/// then negotiate one transport or the other).
+#[test]
+fn posix_conformance_over_each_fuse_transport() {
+    const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+    for t in ["dev", "io_uring"] {
+        let before = std::fs::read_to_string(PARAM).ok();
+        if t == "io_uring" && (before.is_none() || std::fs::write(PARAM, "Y").is_err()) {
+            eprintln!("this kernel has no FUSE over io_uring ({PARAM}): only /dev/fuse was tested");
+            return;
+        }
+        let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "2", "--fuse-transport", t]);
+        if let Some(b) = before {
+            let _ = std::fs::write(PARAM, b.trim());
+        }
+        let log = std::fs::read_to_string(Path::new(fs.dir_s()).join("client/mount.log")).unwrap();
+        assert_eq!(log.contains("entries registered"), t == "io_uring", "{t}: {log}");
+        run_suite(&fs);
+        // Whole-MiB requests fill the io_uring payload buffers exactly.
+        let data = random_bytes(7, 3 << 20);
+        let f = fs.path("big");
+        let mut w = std::fs::File::create(&f).unwrap();
+        for c in data.chunks(1 << 20) {
+            std::io::Write::write_all(&mut w, c).unwrap();
+        }
+        drop(w);
+        assert!(std::fs::read(&f).unwrap() == data, "{t}: 3 MiB read back");
+        let d = fs.path("many");
+        std::fs::create_dir(&d).unwrap();
+        for i in 0..700 {
+            std::fs::write(d.join(format!("entry-with-a-longer-name-{i:04}")), b"").unwrap();
+        }
+        let mut names: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name()).collect();
+        names.sort();
+        assert_eq!(names.len(), 700, "{t}: listing");
+        assert_eq!(names[699], "entry-with-a-longer-name-0699", "{t}");
+    }
+}
+
 /// (atime, ctime) of `p` as (seconds, nanoseconds) pairs.
 fn a_c(p: &Path) -> ((i64, i64), (i64, i64)) {
     let st = std::fs::metadata(p).unwrap();

@@ -1,6 +1,6 @@
 //! HiveFS error codes → errno.
 
-use fuser::Errno;
+use hivefs_fusewire::Errno;
 use hivefs_types::error::{ErrorCode, FsError};
 
 pub fn errno(e: &FsError) -> Errno {

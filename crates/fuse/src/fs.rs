@@ -12,18 +12,19 @@ mod session;
 
 use files::{LocalSize, OpenFile};
 
-pub use options::{Atime, CacheMode, MountOptions};
+pub use options::{Atime, CacheMode, FuseTransport, MountOptions};
 pub use session::{check_mountpoint, mount};
 
 use crate::errno::errno;
 use crate::inodes::{Inodes, ROOT_INO};
-use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
-    LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
-};
+use fuser::{InitFlags, KernelConfig, MountOption, SessionACL};
 use hivefs_client::writeback::{WriteBack, WriteBackBudget, WriteBackLimits};
 use hivefs_client::{quota, Client, Ent, Revocation};
+use hivefs_fusewire::{
+    serve_dev, serve_uring, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, UringConfig, UringQueues,
+};
 use hivefs_proto::{Caller, DirEntry, FileLock, LockKind, XATTR_ACL_KILL_SGID};
 use hivefs_types::acl;
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
@@ -278,7 +279,6 @@ impl Inner {
             atime: ts_to_system(a.atime),
             mtime: ts_to_system(mtime),
             ctime: ts_to_system(ctime),
-            crtime: ts_to_system(a.ctime),
             kind: file_type(a.kind),
             perm: (a.mode & 0o7777) as u16,
             nlink: a.nlink,
@@ -286,7 +286,6 @@ impl Inner {
             gid: a.gid,
             rdev: a.rdev,
             blksize: a.pattern.as_ref().map(|p| p.chunk_size()).unwrap_or(512 << 10),
-            flags: 0,
         }
     }
 
@@ -378,62 +377,6 @@ fn settime(t: Option<TimeOrNow>) -> Option<SetTime> {
 }
 
 impl Filesystem for HiveFs {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        if let Err(max) = config.set_max_write(MAX_IO) {
-            warn!("kernel limits max_write to {max}");
-            let _ = config.set_max_write(max);
-        }
-        let _ = config.set_max_readahead(MAX_IO);
-        let wanted = InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_ASYNC_DIO
-            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
-            | InitFlags::FUSE_ATOMIC_O_TRUNC
-            // Inode numbers are stable ids: file handles (name_to_handle_at,
-            // NFS re-export) stay valid after the kernel forgets an inode.
-            | InitFlags::FUSE_EXPORT_SUPPORT;
-        for flag in wanted.iter() {
-            let _ = config.add_capabilities(flag);
-        }
-        if self.inner.global_locks {
-            // Without these the kernel keeps flock/fcntl locks local to this machine.
-            for flag in [InitFlags::FUSE_POSIX_LOCKS, InitFlags::FUSE_FLOCK_LOCKS] {
-                if let Err(f) = config.add_capabilities(flag) {
-                    warn!("the kernel does not offer {f:?}: those locks stay local to this machine");
-                }
-            }
-        }
-        if self.inner.acl_wanted {
-            // Both or neither: with FUSE_POSIX_ACL the kernel enforces ACLs
-            // (default_permissions fetches them with getxattr and caches
-            // them) and stops applying the umask itself, but without
-            // FUSE_DONT_MASK its FUSE layer would still mask the mode before
-            // sending it, which breaks default ACL inheritance.
-            let both = InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK;
-            if config.add_capabilities(both).is_ok() {
-                self.inner.acl.store(true, std::sync::atomic::Ordering::Relaxed);
-            } else {
-                warn!("the kernel does not offer FUSE_POSIX_ACL and FUSE_DONT_MASK: ACLs are not enforced");
-            }
-        }
-        let _ = config.set_max_background(64);
-        let _ = config.set_congestion_threshold(48);
-        info!("FUSE session initialised (kernel ABI {:?})", config.kernel_abi());
-        Ok(())
-    }
-
-    /// The session ended: the kernel unmounted the file system (an
-    /// unmount from outside, `hivefs down`) or the stop signal did. The
-    /// mount is released here, where an unmount that already happened is
-    /// expected, instead of when the session is dropped (which would try it
-    /// again and warn about a mount point that is no longer there).
-    fn destroy(&mut self) {
-        if let Some(u) = self.inner.unmounter.get() {
-            if let Err(e) = u.lock().expect("unmounter").unmount() {
-                debug!("unmount at the end of the session: {e} (already unmounted)");
-            }
-        }
-    }
-
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         // A name this mount knows does not exist (it holds the lease on the
         // directory's names): answered here, no request, as for a create's lookup.
@@ -496,12 +439,7 @@ impl Filesystem for HiveFs {
         size: Option<u64>,
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
         _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
         let set =
@@ -610,13 +548,13 @@ impl Filesystem for HiveFs {
         name: &OsStr,
         newparent: INodeNo,
         newname: &OsStr,
-        flags: RenameFlags,
+        flags: u32,
         reply: ReplyEmpty,
     ) {
         let (name, newname) = (name_bytes(name), name_bytes(newname));
         run!(self, reply, |inner| {
             let (p, np) = (inner.ent(parent)?, inner.ent(newparent)?);
-            inner.client.rename(p, &name, np, &newname, flags.bits()).await?;
+            inner.client.rename(p, &name, np, &newname, flags).await?;
             if p.owner != np.owner {
                 // A file's inode moved to the new parent's metadata node.
                 if let Ok(a) = inner.client.lookup(np, &newname).await {
@@ -743,7 +681,7 @@ impl Filesystem for HiveFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        _write_flags: u32,
         flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -815,7 +753,7 @@ impl Filesystem for HiveFs {
                 }
             }
         }
-        // The one copy of the data: out of fuser's buffer; what goes to the
+        // The one copy of the data: out of the request's buffer; what goes to the
         // targets are slices of it.
         let data = bytes::Bytes::from(data.to_vec());
         run!(self, reply, |inner| {
@@ -1104,7 +1042,7 @@ impl Filesystem for HiveFs {
         fh_out: FileHandle,
         offset_out: u64,
         len: u64,
-        _flags: fuser::CopyFileRangeFlags,
+        _flags: u64,
         reply: ReplyWrite,
     ) {
         run!(self, reply, |inner| {
@@ -1136,7 +1074,7 @@ impl Filesystem for HiveFs {
 
     /// SEEK_DATA and SEEK_HOLE over the striped file (the kernel answers
     /// the other kinds of seek itself).
-    fn lseek(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: fuser::ReplyLseek) {
+    fn lseek(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
         run!(self, reply, |inner| {
             let f = inner.file(fh)?;
             let hole = match whence {
@@ -1151,7 +1089,7 @@ impl Filesystem for HiveFs {
                 Ok(o) => inner.client.seek(&f.pattern, f.ent.id, o, size, hole).await?,
                 Err(_) => return Err(FsError::new(ErrorCode::Invalid, format!("lseek to offset {offset}"))),
             };
-            Ok(move |reply: fuser::ReplyLseek| match found {
+            Ok(move |reply: ReplyLseek| match found {
                 Some(at) => reply.offset(at as i64),
                 None => reply.error(Errno::from_i32(libc::ENXIO)),
             })
@@ -1163,22 +1101,6 @@ impl Filesystem for HiveFs {
     /// nothing left to commit.
     fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         reply.ok();
-    }
-
-    /// HiveFS has no ioctls: ENOTTY ("not a typewriter"), as local file
-    /// systems answer unknown requests, without a log line per call.
-    fn ioctl(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _flags: fuser::IoctlFlags,
-        _cmd: u32,
-        _in_data: &[u8],
-        _out_size: u32,
-        reply: fuser::ReplyIoctl,
-    ) {
-        reply.error(Errno::from_i32(libc::ENOTTY));
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -1215,7 +1137,7 @@ impl Filesystem for HiveFs {
         // Setting an access ACL clears S_ISGID when the caller is neither
         // privileged nor in the file's group, as the kernel decides for
         // other file systems (its FUSE_SETXATTR_ACL_KILL_SGID needs
-        // FUSE_SETXATTR_EXT, which fuser 0.18 cannot parse): its groups.
+        // FUSE_SETXATTR_EXT, which which HiveFS does not negotiate): its groups.
         let acl_by = (name == acl::XATTR_ACCESS && req.uid() != 0).then(|| caller_groups(req));
         run!(self, reply, |inner| {
             inner.forget_caps(inner.ent(ino)?.id);

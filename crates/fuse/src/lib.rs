@@ -11,8 +11,9 @@
 //! thread that read it. It must not talk to services itself: all traffic goes
 //! through `hivefs-client`.
 //!
-//! The FUSE transport sits behind `fuser` here; a later FUSE-over-io_uring
-//! transport would replace `mount()` and keep `HiveFs`'s request handlers.
+//! The kernel protocol and its transports (`/dev/fuse`, FUSE over io_uring)
+//! are `hivefs-fusewire`'s; `fuser` only mounts, answers INIT and sends
+//! notifications (`fs::session`).
 
 #![forbid(unsafe_code)]
 
@@ -20,4 +21,4 @@ mod errno;
 mod fs;
 mod inodes;
 
-pub use fs::{check_mountpoint, mount, Atime, CacheMode, MountOptions, DIR_ATTR_TTL};
+pub use fs::{check_mountpoint, mount, Atime, CacheMode, FuseTransport, MountOptions, DIR_ATTR_TTL};

@@ -106,7 +106,7 @@ impl Inner {
         let ino = self.inodes.lock().expect("inodes").ino_of(&id);
         if let (Some(ino), Some(n)) = (ino, self.notifier.get()) {
             // Offset -1: the attributes only, not the cached pages.
-            if let Err(e) = n.inval_inode(INodeNo(ino), -1, 0) {
+            if let Err(e) = n.inval_inode(fuser::INodeNo(ino), -1, 0) {
                 debug!("dropping the kernel's attributes of {id} (inode {ino}): {e}");
             }
         }

@@ -2,7 +2,7 @@
 //! global lock tables (mount option `global_file_locks`).
 //!
 //! The kernel sends `flock(2)` as a whole-file `setlk` whose owner is the
-//! open file description (it "emulates flock with POSIX locks"); fuser 0.18
+//! open file description (it "emulates flock with POSIX locks"); the decoder
 //! does not pass the `FUSE_LK_FLOCK` flag on, so both arrive here alike and
 //! are kept as [`LockKind::Posix`] locks of their kernel owner. Owners stay
 //! right (per process for fcntl, per open file description for flock); the
@@ -22,8 +22,8 @@ fn kernel_lock(owner: LockOwner, start: u64, end: u64, typ: i32, pid: u32) -> Fs
 }
 
 /// Whether thread `pid` is gone or being killed: a task blocked in a FUSE
-/// request cannot die until it is answered, and fuser 0.18 drops the
-/// kernel's interrupts, so a waiting lock request looks for SIGKILL itself.
+/// request cannot die until it is answered, and the mount does not act on
+/// the kernel's interrupts, so a waiting lock request looks for SIGKILL itself.
 fn fatal_signal_pending(pid: u32) -> bool {
     let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return true };
     let sigkill = 1u64 << (libc::SIGKILL - 1);

@@ -2,7 +2,7 @@
 //! move access times, and whether POSIX ACLs are enforced.
 
 use super::DIR_ATTR_TTL;
-use fuser::FopenFlags;
+use hivefs_fusewire::FopenFlags;
 use std::time::Duration;
 
 /// What the kernel may keep of files' contents (BeeGFS's `tuneFileCacheType`).
@@ -61,6 +61,32 @@ impl CacheMode {
     }
 }
 
+/// How the kernel's requests reach the mount (mount option `fuse_transport`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FuseTransport {
+    /// FUSE over io_uring when the kernel offers it, else `/dev/fuse`.
+    #[default]
+    Auto,
+    /// `read(2)` and `writev(2)` on `/dev/fuse`, whatever the kernel offers.
+    Dev,
+    /// FUSE over io_uring; `/dev/fuse` (with a warning) when the kernel does
+    /// not offer it (Linux 6.14 and later, with the `fuse` module's
+    /// `enable_uring` parameter set).
+    Uring,
+}
+
+impl std::str::FromStr for FuseTransport {
+    type Err = String;
+    fn from_str(s: &str) -> Result<FuseTransport, String> {
+        match s {
+            "auto" => Ok(FuseTransport::Auto),
+            "dev" => Ok(FuseTransport::Dev),
+            "io_uring" | "uring" => Ok(FuseTransport::Uring),
+            _ => Err(format!("unknown FUSE transport {s:?}: auto, dev or io_uring")),
+        }
+    }
+}
+
 /// When reads move files' and directories' access times (mount option).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Atime {
@@ -94,6 +120,8 @@ pub struct MountOptions {
     pub allow_other: bool,
     /// Threads reading `/dev/fuse`; the requests themselves run on the async runtime.
     pub fuse_threads: usize,
+    /// How requests travel between the kernel and this mount.
+    pub fuse_transport: FuseTransport,
     /// `flock`/`fcntl` locks and O_APPEND writes are coordinated by the
     /// metadata nodes across all clients (`global_file_locks`); `false` leaves
     /// locks to the kernel of this machine and appends at the offset it passes.
@@ -127,6 +155,7 @@ impl Default for MountOptions {
         MountOptions {
             allow_other: true,
             fuse_threads: 2,
+            fuse_transport: FuseTransport::Auto,
             global_file_locks: true,
             dir_attr_ttl: DIR_ATTR_TTL,
             cache_mode: CacheMode::Native,

@@ -69,31 +69,29 @@ pub fn mount(
 ) -> std::io::Result<()> {
     check_mountpoint(mnt).map_err(std::io::Error::other)?;
     let root = client.root();
-    let fs = HiveFs {
-        inner: Arc::new(Inner {
-            client,
-            inodes: Mutex::new(Inodes::new(root)),
-            files: Mutex::default(),
-            dirs: Mutex::default(),
-            local_sizes: Mutex::default(),
-            next_fh: AtomicU64::new(1),
-            global_locks: opts.global_file_locks,
-            dir_attr_ttl: opts.dir_attr_ttl,
-            cache_mode: opts.cache_mode,
-            writeback: opts.writeback,
-            writeback_budget: hivefs_client::writeback::WriteBackBudget::new(opts.writeback.total),
-            atime: opts.atime,
-            acl_wanted: opts.acl,
-            acl: std::sync::atomic::AtomicBool::new(false),
-            opened_versions: Mutex::default(),
-            locked: Mutex::default(),
-            notifier: std::sync::OnceLock::new(),
-            epoch_fd: std::sync::OnceLock::new(),
-            unmounter: std::sync::OnceLock::new(),
-            rt,
-        }),
-    };
-    let (inner, rt_handle) = (fs.inner.clone(), fs.inner.rt.clone());
+    let inner = Arc::new(Inner {
+        client,
+        inodes: Mutex::new(Inodes::new(root)),
+        files: Mutex::default(),
+        dirs: Mutex::default(),
+        local_sizes: Mutex::default(),
+        next_fh: AtomicU64::new(1),
+        global_locks: opts.global_file_locks,
+        dir_attr_ttl: opts.dir_attr_ttl,
+        cache_mode: opts.cache_mode,
+        writeback: opts.writeback,
+        writeback_budget: hivefs_client::writeback::WriteBackBudget::new(opts.writeback.total),
+        atime: opts.atime,
+        acl_wanted: opts.acl,
+        acl: std::sync::atomic::AtomicBool::new(false),
+        opened_versions: Mutex::default(),
+        locked: Mutex::default(),
+        notifier: std::sync::OnceLock::new(),
+        epoch_fd: std::sync::OnceLock::new(),
+        unmounter: std::sync::OnceLock::new(),
+        rt,
+    });
+    let rt_handle = inner.rt.clone();
     let mut cfg = fuser::Config::default();
     cfg.mount_options = vec![
         MountOption::FSName("hivefs".into()),
@@ -108,10 +106,10 @@ pub fn mount(
         Atime::Relatime => {}
     }
     cfg.acl = if opts.allow_other { SessionACL::All } else { SessionACL::Owner };
-    cfg.n_threads = Some(opts.fuse_threads.max(1));
-    cfg.clone_fd = true;
+    let rings = Arc::new(Mutex::new(None));
     let epoch_fd = {
-        let session = fuser::Session::new(fs, mnt, &cfg)?;
+        let handshake = Handshake { inner: inner.clone(), transport: opts.fuse_transport, rings: rings.clone() };
+        let session = fuser::Session::new(handshake, mnt, &cfg)?;
         // The session's /dev/fuse descriptor; a duplicate stays valid as
         // long as the connection.
         let f = session.as_fd().try_clone_to_owned().map(std::fs::File::from).ok();
@@ -162,8 +160,34 @@ pub fn mount(
             }
         }
     });
+    // The connection's descriptor for the transports; fuser's session stays
+    // for notifications and the unmount.
+    let dev = std::fs::File::from(session.as_fd().try_clone_to_owned()?);
+    let fs = Arc::new(HiveFs { inner: inner.clone() });
+    let prepared = rings.lock().expect("rings").take();
+    let ring = match prepared {
+        Some(prepared) => match serve_uring(fs.clone(), &dev, prepared) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                warn!("FUSE over io_uring could not start ({e}): requests go through /dev/fuse");
+                None
+            }
+        },
+        None => None,
+    };
     mounted();
-    let r = session.run();
+    let r = serve_dev(fs, &dev, opts.fuse_threads.max(1), MAX_IO as usize + (64 << 10));
+    drop(ring);
+    // The session ended: the kernel unmounted the file system (an unmount
+    // from outside, `hivefs down`) or the stop signal did. The mount is
+    // released here, where an unmount that already happened is expected,
+    // instead of when the session is dropped (which would try it again and
+    // warn about a mount point that is no longer there).
+    if let Some(u) = inner.unmounter.get() {
+        if let Err(e) = u.lock().expect("unmounter").unmount() {
+            debug!("unmount at the end of the session: {e} (already unmounted)");
+        }
+    }
     // Handles released at the end are told before the process exits.
     // The timer is made inside the runtime.
     let flush = async { tokio::time::timeout(std::time::Duration::from_secs(10), inner.client.flush_releases()).await };
@@ -173,7 +197,78 @@ pub fn mount(
     r
 }
 
-/// `/dev/fuse` descriptors open in this process.
+/// Answers the kernel's INIT (in `fuser::Session::new`): what this mount
+/// asks of the kernel, and whether requests may come over io_uring.
+struct Handshake {
+    inner: Arc<Inner>,
+    transport: FuseTransport,
+    /// FUSE over io_uring: its rings, made when it was asked for and the
+    /// kernel offers it, before the kernel is told this side uses them.
+    rings: Arc<Mutex<Option<UringQueues>>>,
+}
+
+impl fuser::Filesystem for Handshake {
+    fn init(&mut self, _req: &fuser::Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if let Err(max) = config.set_max_write(MAX_IO) {
+            warn!("kernel limits max_write to {max}");
+            let _ = config.set_max_write(max);
+        }
+        let _ = config.set_max_readahead(MAX_IO);
+        let wanted = InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_ASYNC_DIO
+            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
+            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            // Inode numbers are stable ids: file handles (name_to_handle_at,
+            // NFS re-export) stay valid after the kernel forgets an inode.
+            | InitFlags::FUSE_EXPORT_SUPPORT;
+        for flag in wanted.iter() {
+            let _ = config.add_capabilities(flag);
+        }
+        if self.inner.global_locks {
+            // Without these the kernel keeps flock/fcntl locks local to this machine.
+            for flag in [InitFlags::FUSE_POSIX_LOCKS, InitFlags::FUSE_FLOCK_LOCKS] {
+                if let Err(f) = config.add_capabilities(flag) {
+                    warn!("the kernel does not offer {f:?}: those locks stay local to this machine");
+                }
+            }
+        }
+        if self.inner.acl_wanted {
+            // Both or neither: with FUSE_POSIX_ACL the kernel enforces ACLs
+            // (default_permissions fetches them with getxattr and caches
+            // them) and stops applying the umask itself, but without
+            // FUSE_DONT_MASK its FUSE layer would still mask the mode before
+            // sending it, which breaks default ACL inheritance.
+            let both = InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK;
+            if config.add_capabilities(both).is_ok() {
+                self.inner.acl.store(true, std::sync::atomic::Ordering::Relaxed);
+            } else {
+                warn!("the kernel does not offer FUSE_POSIX_ACL and FUSE_DONT_MASK: ACLs are not enforced");
+            }
+        }
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        let offered = config.capabilities().contains(InitFlags::FUSE_OVER_IO_URING);
+        if self.transport != FuseTransport::Dev && offered {
+            match UringQueues::prepare(UringConfig::new(MAX_IO as usize)) {
+                Ok(q) if config.add_capabilities(InitFlags::FUSE_OVER_IO_URING).is_ok() => {
+                    *self.rings.lock().expect("rings") = Some(q)
+                }
+                Ok(_) => {}
+                Err(e) => warn!("FUSE over io_uring: making the rings failed ({e}): requests go through /dev/fuse"),
+            }
+        } else if self.transport == FuseTransport::Uring {
+            warn!(
+                "the kernel does not offer FUSE over io_uring (see /sys/module/fuse/parameters/enable_uring): \
+                 requests go through /dev/fuse"
+            );
+        } else if self.transport == FuseTransport::Auto {
+            debug!("the kernel does not offer FUSE over io_uring: requests go through /dev/fuse");
+        }
+        info!("FUSE session initialised (kernel ABI {:?})", config.kernel_abi());
+        Ok(())
+    }
+}
+
 /// Kernel FUSE protocol: `FUSE_NOTIFY_INC_EPOCH` (7.44).
 const FUSE_NOTIFY_INC_EPOCH: i32 = 8;
 
