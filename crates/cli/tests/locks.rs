@@ -118,6 +118,31 @@ fn flock_is_global_across_mounts() {
     assert_eq!(flock(&c, libc::LOCK_EX | libc::LOCK_NB), 0);
 }
 
+/// flock and fcntl locks live apart, as on Linux's local file systems: an
+/// exclusive flock in one mount does not stop an fcntl write lock of the
+/// same file in another, nor the other way round, while each still conflicts
+/// with its own kind across mounts.
+#[test]
+fn flock_and_fcntl_locks_of_one_file_do_not_conflict() {
+    let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "1"]);
+    std::fs::write(fs.path("k"), vec![0u8; 100]).unwrap();
+    let m2 = fs.second_mount();
+    let (a, b) = (rw(&fs.path("k")), rw(&m2.mnt.join("k")));
+    assert_eq!(flock(&a, libc::LOCK_EX | libc::LOCK_NB), 0);
+    assert_eq!(setlk(&b, libc::F_SETLK, libc::F_WRLCK, 0, 0), 0, "fcntl lock beside a flock");
+    assert_eq!(flock(&b, libc::LOCK_EX | libc::LOCK_NB), libc::EWOULDBLOCK, "flock against flock");
+    let a2 = rw(&fs.path("k"));
+    assert_eq!(setlk(&a2, libc::F_SETLK, libc::F_WRLCK, 0, 10), libc::EAGAIN, "fcntl against fcntl");
+    // Unlocking one kind leaves the other.
+    assert_eq!(flock(&a, libc::LOCK_UN), 0);
+    assert_eq!(flock(&b, libc::LOCK_EX | libc::LOCK_NB), 0, "flock after the other flock went");
+    assert_eq!(setlk(&a2, libc::F_SETLK, libc::F_WRLCK, 0, 10), libc::EAGAIN, "the fcntl lock stays");
+    // The last close of b's description drops its flock (and its process's fcntl lock).
+    drop(b);
+    wait_for("b's locks to go at its close", 30, || flock(&a, libc::LOCK_EX | libc::LOCK_NB) == 0);
+    assert_eq!(setlk(&a2, libc::F_SETLK, libc::F_WRLCK, 0, 10), 0);
+}
+
 #[test]
 fn fcntl_byte_ranges_are_global_across_mounts() {
     let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "1"]);

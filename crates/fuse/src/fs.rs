@@ -801,7 +801,7 @@ impl Filesystem for HiveFs {
             // Buffered writes land before the locks go (whoever takes them next sees them).
             let settled = inner.settle(f.ent.id).await;
             // A close drops the closing process's fcntl locks on the file (POSIX).
-            inner.drop_locks(f.ent, lock_owner).await;
+            inner.drop_locks(f.ent, lock_owner, LockKind::Posix).await;
             settled?;
             inner.publish_size(&f).await?;
             Ok(move |reply: ReplyEmpty| reply.ok())
@@ -843,7 +843,8 @@ impl Filesystem for HiveFs {
                 owners.sort_unstable();
                 owners.dedup();
                 for owner in owners {
-                    inner.drop_locks(f.ent, LockOwner(owner)).await;
+                    inner.drop_locks(f.ent, LockOwner(owner), LockKind::Posix).await;
+                    inner.drop_locks(f.ent, LockOwner(owner), LockKind::Flock).await;
                 }
                 inner.forget_locked(f.ent.id);
                 if inner.client.keeps_append(f.ent.id)
@@ -870,9 +871,11 @@ impl Filesystem for HiveFs {
         end: u64,
         typ: i32,
         pid: u32,
+        flock: bool,
         reply: ReplyLock,
     ) {
-        locks::getlk(self, ino, lock_owner, start, end, typ, pid, reply)
+        let l = locks::KernelLock { owner: lock_owner, start, end, typ, pid, flock };
+        locks::getlk(self, ino, l, reply)
     }
 
     fn setlk(
@@ -885,6 +888,7 @@ impl Filesystem for HiveFs {
         end: u64,
         typ: i32,
         pid: u32,
+        flock: bool,
         sleep: bool,
         reply: ReplyEmpty,
     ) {
@@ -896,7 +900,8 @@ impl Filesystem for HiveFs {
                 }
             }
         }
-        locks::setlk(self, req, ino, lock_owner, start, end, typ, pid, sleep, reply)
+        let l = locks::KernelLock { owner: lock_owner, start, end, typ, pid, flock };
+        locks::setlk(self, req, ino, l, sleep, reply)
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

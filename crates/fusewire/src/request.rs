@@ -74,6 +74,7 @@ const FUSE_WRITE_LOCKOWNER: u32 = 1 << 1;
 const FUSE_RELEASE_FLUSH: u32 = 1 << 0;
 const FUSE_RELEASE_FLOCK_UNLOCK: u32 = 1 << 1;
 const FUSE_FSYNC_FDATASYNC: u32 = 1 << 0;
+const FUSE_LK_FLOCK: u32 = 1 << 0;
 
 /// `struct fuse_in_header`, decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -314,6 +315,7 @@ pub trait Filesystem: Send + Sync + 'static {
         end: u64,
         typ: i32,
         pid: u32,
+        flock: bool,
         reply: ReplyLock,
     ) {
         reply.error(Errno::ENOSYS)
@@ -328,6 +330,7 @@ pub trait Filesystem: Send + Sync + 'static {
         end: u64,
         typ: i32,
         pid: u32,
+        flock: bool,
         sleep: bool,
         reply: ReplyEmpty,
     ) {
@@ -418,10 +421,18 @@ fn time_or_now(set: bool, now: bool, sec: u64, nsec: u32) -> Option<TimeOrNow> {
 }
 
 /// Decodes one request (header `h`, arguments `a`) and hands it to `fs`;
-/// the answer goes to `sink`.
+/// the answer goes to `sink`. A handler that panics (a bug) costs its
+/// request (answered `EIO` as its reply is dropped), not the thread that
+/// serves the transport: a `/dev/fuse` reader or an io_uring queue whose
+/// thread died would leave later requests unanswered.
 pub(crate) fn dispatch<F: Filesystem + ?Sized>(fs: &F, h: InHeader, a: Args<'_>, sink: &Sink) -> Handled {
     let reply = || Reply::new(h.unique, sink.clone());
-    if decode(fs, h, a, sink).is_none() {
+    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode(fs, h, a, sink)));
+    let Ok(decoded) = decoded else {
+        tracing::error!("FUSE request {} (opcode {}) panicked; answered EIO", h.unique, h.opcode);
+        return Handled::Served;
+    };
+    if decoded.is_none() {
         warn!("malformed FUSE request: opcode {} unique {} length {}", h.opcode, h.unique, h.len);
         if !matches!(h.opcode, FUSE_FORGET | FUSE_BATCH_FORGET | FUSE_INTERRUPT) {
             reply().error(Errno::EINVAL);
@@ -593,12 +604,13 @@ fn decode<F: Filesystem + ?Sized>(fs: &F, h: InHeader, mut a: Args<'_>, sink: &S
         }
         FUSE_GETLK | FUSE_SETLK | FUSE_SETLKW => {
             let (fh, owner, start, end, typ, pid) = (a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u32()?, a.u32()?);
-            let (fh, owner) = (FileHandle(fh), LockOwner(owner));
+            let (lk_flags, _) = (a.u32()?, a.u32()?);
+            let (fh, owner, flock) = (FileHandle(fh), LockOwner(owner), lk_flags & FUSE_LK_FLOCK != 0);
             if h.opcode == FUSE_GETLK {
-                fs.getlk(&req, ino, fh, owner, start, end, typ as i32, pid, ReplyLock(reply()))
+                fs.getlk(&req, ino, fh, owner, start, end, typ as i32, pid, flock, ReplyLock(reply()))
             } else {
                 let sleep = h.opcode == FUSE_SETLKW;
-                fs.setlk(&req, ino, fh, owner, start, end, typ as i32, pid, sleep, ReplyEmpty(reply()))
+                fs.setlk(&req, ino, fh, owner, start, end, typ as i32, pid, flock, sleep, ReplyEmpty(reply()))
             }
         }
         FUSE_FALLOCATE => {
@@ -733,6 +745,26 @@ mod tests {
             self.note(format!("setxattr {} {:?} {:?} {flags}", ino.0, name, value));
             reply.ok()
         }
+        fn setlk(
+            &self,
+            _req: &Request,
+            ino: INodeNo,
+            fh: FileHandle,
+            owner: LockOwner,
+            start: u64,
+            end: u64,
+            typ: i32,
+            pid: u32,
+            flock: bool,
+            sleep: bool,
+            reply: ReplyEmpty,
+        ) {
+            self.note(format!(
+                "setlk {} {} {} {start}..{end} {typ} {pid} flock {flock} sleep {sleep}",
+                ino.0, fh.0, owner.0
+            ));
+            reply.ok()
+        }
         fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
             self.note(format!("readdir {} {} {offset}", ino.0, fh.0));
             assert!(!reply.add(INodeNo(5), 1, FileType::Directory, "."));
@@ -782,6 +814,8 @@ mod tests {
             (FUSE_SETXATTR, u32s(&[2, 1]), b"user.x\0v1".to_vec()),
             (FUSE_READDIR, [u64s(&[4, 0]), u32s(&[40, 0]), u64s(&[0]), u32s(&[0, 0])].concat(), vec![]),
             (99, vec![], vec![]),
+            (FUSE_SETLKW, [u64s(&[4, 99, 0, u64::MAX]), u32s(&[1, 42, 1, 0])].concat(), vec![]),
+            (FUSE_SETLK, [u64s(&[4, 99, 5, 9]), u32s(&[2, 42, 0, 0])].concat(), vec![]),
         ]
     }
 
@@ -797,6 +831,8 @@ mod tests {
         "setattr 1 Some(33152) None None Some(4096) None Some(\"(7, 8)\") Some(FileHandle(9))",
         "setxattr 1 \"user.x\" [118, 49] 1",
         "readdir 1 4 0",
+        "setlk 1 4 99 0..18446744073709551615 1 42 flock true sleep true",
+        "setlk 1 4 99 5..9 2 42 flock false sleep false",
     ];
 
     /// Runs every case through `dispatch`, laid out as `/dev/fuse` gives it
@@ -837,7 +873,9 @@ mod tests {
                     (8, -libc::EINVAL),
                     (9, 0),
                     (10, 0),
-                    (11, -libc::ENOSYS)
+                    (11, -libc::ENOSYS),
+                    (12, 0),
+                    (13, 0)
                 ],
                 "split {split}"
             );
@@ -851,6 +889,21 @@ mod tests {
             assert_eq!(u64::from_ne_bytes(dir[0..8].try_into().unwrap()), 5);
             assert_eq!(u32::from_ne_bytes(dir[20..24].try_into().unwrap()), libc::DT_DIR as u32);
         }
+    }
+
+    #[test]
+    fn a_handler_that_panics_costs_its_request_only() {
+        struct Panics;
+        impl Filesystem for Panics {
+            fn getattr(&self, _req: &Request, _ino: INodeNo, _fh: Option<FileHandle>, _reply: ReplyAttr) {
+                panic!("a bug");
+            }
+        }
+        let answers = Arc::new(Mutex::new(Vec::new()));
+        let sink = Sink::Test(answers.clone());
+        let h = InHeader::parse(&header(IN_HEADER_LEN + 16, FUSE_GETATTR, 5, 1)).unwrap();
+        assert_eq!(dispatch(&Panics, h, Args::new(&[0; 16], &[]), &sink), Handled::Served);
+        assert_eq!(answers.lock().unwrap().as_slice(), [(5, -libc::EIO, vec![])]);
     }
 
     #[test]

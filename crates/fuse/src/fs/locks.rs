@@ -2,23 +2,37 @@
 //! global lock tables (mount option `global_file_locks`).
 //!
 //! The kernel sends `flock(2)` as a whole-file `setlk` whose owner is the
-//! open file description (it "emulates flock with POSIX locks"); the decoder
-//! does not pass the `FUSE_LK_FLOCK` flag on, so both arrive here alike and
-//! are kept as [`LockKind::Posix`] locks of their kernel owner. Owners stay
-//! right (per process for fcntl, per open file description for flock); the
-//! difference to a local file system is that a flock and an fcntl lock of
-//! the same file conflict, as on NFS.
+//! open file description, marked `FUSE_LK_FLOCK`: kept as a
+//! [`LockKind::Flock`] lock, which the metadata node keeps apart from the
+//! [`LockKind::Posix`] locks of `fcntl(2)` (per process, or per open file
+//! description for OFD locks). A flock and an fcntl lock of one file
+//! therefore do not conflict, as on Linux's local file systems.
 
 use super::*;
 
-/// A lock request from the kernel; `client` is filled in by the client library.
-fn kernel_lock(owner: LockOwner, start: u64, end: u64, typ: i32, pid: u32) -> FsResult<FileLock> {
-    let exclusive = match typ {
-        libc::F_RDLCK | libc::F_UNLCK => false,
-        libc::F_WRLCK => true,
-        t => return Err(FsError::new(ErrorCode::Invalid, format!("unknown lock type {t}"))),
-    };
-    Ok(FileLock { kind: LockKind::Posix, client: 0, owner: owner.0, pid, start, end, exclusive })
+/// A lock request from the kernel: its owner, range, type (`F_RDLCK`,
+/// `F_WRLCK`, `F_UNLCK`), the caller's pid, and whether it is a flock.
+pub(super) struct KernelLock {
+    pub(super) owner: LockOwner,
+    pub(super) start: u64,
+    pub(super) end: u64,
+    pub(super) typ: i32,
+    pub(super) pid: u32,
+    pub(super) flock: bool,
+}
+
+impl KernelLock {
+    /// The lock as the metadata node keeps it; `client` is filled in by the client library.
+    fn file_lock(&self) -> FsResult<FileLock> {
+        let exclusive = match self.typ {
+            libc::F_RDLCK | libc::F_UNLCK => false,
+            libc::F_WRLCK => true,
+            t => return Err(FsError::new(ErrorCode::Invalid, format!("unknown lock type {t}"))),
+        };
+        let kind = if self.flock { LockKind::Flock } else { LockKind::Posix };
+        let (owner, pid, start, end) = (self.owner.0, self.pid, self.start, self.end);
+        Ok(FileLock { kind, client: 0, owner, pid, start, end, exclusive })
+    }
 }
 
 /// Whether thread `pid` is gone or being killed: a task blocked in a FUSE
@@ -35,20 +49,14 @@ fn fatal_signal_pending(pid: u32) -> bool {
 }
 
 impl Inner {
-    /// Drops the fcntl or flock locks of `owner` on `ent` (on close).
-    pub(super) async fn drop_locks(&self, ent: Ent, owner: LockOwner) {
+    /// Drops the locks of `kind` of `owner` on `ent` (on close: fcntl
+    /// locks of the closing process; at the last close of an open file
+    /// description also its flock and OFD locks).
+    pub(super) async fn drop_locks(&self, ent: Ent, owner: LockOwner, kind: LockKind) {
         if !self.global_locks || !self.locked.lock().expect("locked").contains(&ent.id) {
             return;
         }
-        let all = FileLock {
-            kind: LockKind::Posix,
-            client: 0,
-            owner: owner.0,
-            pid: 0,
-            start: 0,
-            end: u64::MAX,
-            exclusive: false,
-        };
+        let all = FileLock { kind, client: 0, owner: owner.0, pid: 0, start: 0, end: u64::MAX, exclusive: false };
         if let Err(e) = self.client.unlock(ent, all).await {
             // The metadata node drops them when this mount's lease ends.
             warn!("releasing the locks of owner {:x} on {} failed: {e}", owner.0, ent.id);
@@ -64,29 +72,18 @@ impl Inner {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(super) fn setlk(
-    fs: &HiveFs,
-    req: &Request,
-    ino: INodeNo,
-    owner: LockOwner,
-    start: u64,
-    end: u64,
-    typ: i32,
-    pid: u32,
-    sleep: bool,
-    reply: ReplyEmpty,
-) {
+pub(super) fn setlk(fs: &HiveFs, req: &Request, ino: INodeNo, l: KernelLock, sleep: bool, reply: ReplyEmpty) {
     let inner = fs.inner.clone();
     let waiter = req.pid();
     fs.inner.rt.spawn(async move {
         let r: FsResult<bool> = async {
             let ent = inner.ent(ino)?;
-            let lock = kernel_lock(owner, start, end, typ, pid)?;
+            let lock = l.file_lock()?;
+            let (start, end) = (l.start, l.end);
             // Writes made under a lock are on the targets before it goes
             // (and before a new one is taken): whoever locks next sees them.
             inner.settle(ent.id).await?;
-            if typ == libc::F_UNLCK {
+            if l.typ == libc::F_UNLCK {
                 inner.client.unlock(ent, lock).await?;
                 return Ok(true);
             }
@@ -112,22 +109,12 @@ pub(super) fn setlk(
     });
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(super) fn getlk(
-    fs: &HiveFs,
-    ino: INodeNo,
-    owner: LockOwner,
-    start: u64,
-    end: u64,
-    typ: i32,
-    pid: u32,
-    reply: ReplyLock,
-) {
+pub(super) fn getlk(fs: &HiveFs, ino: INodeNo, l: KernelLock, reply: ReplyLock) {
     let inner = fs.inner.clone();
     fs.inner.rt.spawn(async move {
         let r: FsResult<Option<FileLock>> = async {
             let ent = inner.ent(ino)?;
-            inner.client.test_lock(ent, kernel_lock(owner, start, end, typ, pid)?).await
+            inner.client.test_lock(ent, l.file_lock()?).await
         }
         .await;
         match r {
@@ -137,7 +124,7 @@ pub(super) fn getlk(
                 let pid = if c.client == inner.client.client_id() { c.pid } else { 0 };
                 reply.locked(c.start, c.end, t, pid)
             }
-            Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+            Ok(None) => reply.locked(l.start, l.end, libc::F_UNLCK, 0),
             Err(e) => {
                 debug!("getlk failed: {e}");
                 reply.error(errno(&e));
