@@ -839,12 +839,14 @@ impl Filesystem for HiveFs {
                 // it before (each close drops the closer's fcntl locks), so
                 // no other owner's lock goes with them.
                 let mut owners = std::mem::take(&mut *f.lock_owners.lock().expect("lock owners"));
-                owners.extend(lock_owner.map(|o| o.0));
-                owners.sort_unstable();
-                owners.dedup();
-                for owner in owners {
-                    inner.drop_locks(f.ent, LockOwner(owner), LockKind::Posix).await;
-                    inner.drop_locks(f.ent, LockOwner(owner), LockKind::Flock).await;
+                // The kernel names the owner of the description's flock.
+                if let Some(o) = lock_owner.map(|o| (o.0, LockKind::Flock)) {
+                    if !owners.contains(&o) {
+                        owners.push(o);
+                    }
+                }
+                for (owner, kind) in owners {
+                    inner.drop_locks(f.ent, LockOwner(owner), kind).await;
                 }
                 inner.forget_locked(f.ent.id);
                 if inner.client.keeps_append(f.ent.id)
@@ -895,8 +897,9 @@ impl Filesystem for HiveFs {
         if typ != libc::F_UNLCK {
             if let Ok(f) = self.inner.file(fh) {
                 let mut owners = f.lock_owners.lock().expect("lock owners");
-                if !owners.contains(&lock_owner.0) {
-                    owners.push(lock_owner.0);
+                let o = (lock_owner.0, if flock { LockKind::Flock } else { LockKind::Posix });
+                if !owners.contains(&o) {
+                    owners.push(o);
                 }
             }
         }

@@ -17,10 +17,14 @@ const FUSE_DEV_IOC_CLONE: u64 = 0x8004_e500;
 pub(crate) fn write_reply(f: &File, unique: u64, error: i32, args: &[&[u8]]) {
     let len = 16 + args.iter().map(|a| a.len()).sum::<usize>();
     let h = out_header(len, error, unique);
-    let mut iov = Vec::with_capacity(1 + args.len());
-    iov.push(IoSlice::new(&h));
-    iov.extend(args.iter().filter(|a| !a.is_empty()).map(|a| IoSlice::new(a)));
-    match (&*f).write_vectored(&iov) {
+    // Answers carry at most two argument parts: the vector stays on the stack.
+    let mut iov = [IoSlice::new(&h), IoSlice::new(&[]), IoSlice::new(&[])];
+    let mut n = 1;
+    for a in args.iter().filter(|a| !a.is_empty()) {
+        iov[n] = IoSlice::new(a);
+        n += 1;
+    }
+    match (&*f).write_vectored(&iov[..n]) {
         Ok(n) if n == len => {}
         Ok(n) => error!("answer to FUSE request {unique}: {n} of {len} bytes written"),
         // The request was interrupted or the connection ended meanwhile.

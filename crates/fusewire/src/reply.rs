@@ -9,21 +9,34 @@ use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
 use tracing::warn;
 
-/// The bytes of an answer's arguments, built in one small buffer.
-#[derive(Default)]
-pub(crate) struct Enc(pub(crate) Vec<u8>);
+/// The bytes of an answer's arguments, built on the stack (the largest,
+/// `fuse_entry_out` and `fuse_open_out` of a create, is 144 bytes): no
+/// allocation per answer.
+pub(crate) struct Enc {
+    b: [u8; 144],
+    n: usize,
+}
+
+impl Default for Enc {
+    fn default() -> Enc {
+        Enc { b: [0; 144], n: 0 }
+    }
+}
 
 impl Enc {
-    fn with_capacity(n: usize) -> Enc {
-        Enc(Vec::with_capacity(n))
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.b[..self.n]
+    }
+    fn put(&mut self, v: &[u8]) -> &mut Enc {
+        self.b[self.n..self.n + v.len()].copy_from_slice(v);
+        self.n += v.len();
+        self
     }
     fn u32(&mut self, v: u32) -> &mut Enc {
-        self.0.extend_from_slice(&v.to_ne_bytes());
-        self
+        self.put(&v.to_ne_bytes())
     }
     fn u64(&mut self, v: u64) -> &mut Enc {
-        self.0.extend_from_slice(&v.to_ne_bytes());
-        self
+        self.put(&v.to_ne_bytes())
     }
     /// `struct fuse_attr` (88 bytes).
     fn attr(&mut self, a: &FileAttr) -> &mut Enc {
@@ -126,18 +139,18 @@ impl ReplyEntry {
 
     /// Separate lifetimes for the attributes and for the name.
     pub fn entry_with_ttls(self, attr_ttl: &Duration, entry_ttl: &Duration, attr: &FileAttr, generation: Generation) {
-        let mut e = Enc::with_capacity(128);
+        let mut e = Enc::default();
         e.entry(*attr_ttl, *entry_ttl, attr, generation);
-        self.0.send(0, &[&e.0]);
+        self.0.send(0, &[e.bytes()]);
     }
 }
 
 impl ReplyAttr {
     pub fn attr(self, ttl: &Duration, attr: &FileAttr) {
         let (s, n) = ttl_parts(*ttl);
-        let mut e = Enc::with_capacity(104);
+        let mut e = Enc::default();
         e.u64(s).u32(n).u32(0).attr(attr);
-        self.0.send(0, &[&e.0]);
+        self.0.send(0, &[e.bytes()]);
     }
 }
 
@@ -155,33 +168,33 @@ impl ReplyEmpty {
 
 impl ReplyOpen {
     pub fn opened(self, fh: FileHandle, flags: FopenFlags) {
-        let mut e = Enc::with_capacity(16);
+        let mut e = Enc::default();
         e.open(fh, flags);
-        self.0.send(0, &[&e.0]);
+        self.0.send(0, &[e.bytes()]);
     }
 }
 
 impl ReplyCreate {
     pub fn created(self, ttl: &Duration, attr: &FileAttr, generation: Generation, fh: FileHandle, flags: FopenFlags) {
-        let mut e = Enc::with_capacity(144);
+        let mut e = Enc::default();
         e.entry(*ttl, *ttl, attr, generation).open(fh, flags);
-        self.0.send(0, &[&e.0]);
+        self.0.send(0, &[e.bytes()]);
     }
 }
 
 impl ReplyWrite {
     pub fn written(self, size: u32) {
-        let mut e = Enc::with_capacity(8);
+        let mut e = Enc::default();
         e.u32(size).u32(0);
-        self.0.send(0, &[&e.0]);
+        self.0.send(0, &[e.bytes()]);
     }
 }
 
 impl ReplyLock {
     pub fn locked(self, start: u64, end: u64, typ: i32, pid: u32) {
-        let mut e = Enc::with_capacity(24);
+        let mut e = Enc::default();
         e.u64(start).u64(end).u32(typ as u32).u32(pid);
-        self.0.send(0, &[&e.0]);
+        self.0.send(0, &[e.bytes()]);
     }
 }
 
@@ -198,19 +211,20 @@ impl ReplyStatfs {
         namelen: u32,
         frsize: u32,
     ) {
-        let mut e = Enc::with_capacity(80);
+        let mut e = Enc::default();
         e.u64(blocks).u64(bfree).u64(bavail).u64(files).u64(ffree).u32(bsize).u32(namelen).u32(frsize).u32(0);
-        e.0.resize(80, 0);
-        self.0.send(0, &[&e.0]);
+        // `spare[6]`.
+        e.put(&[0; 24]);
+        self.0.send(0, &[e.bytes()]);
     }
 }
 
 impl ReplyXattr {
     /// The size the value or list needs (the caller asked with size 0).
     pub fn size(self, size: u32) {
-        let mut e = Enc::with_capacity(8);
+        let mut e = Enc::default();
         e.u32(size).u32(0);
-        self.0.send(0, &[&e.0]);
+        self.0.send(0, &[e.bytes()]);
     }
 
     pub fn data(self, data: &[u8]) {
@@ -244,12 +258,13 @@ impl ReplyDirectory {
         if self.buf.len() + len > self.max {
             return true;
         }
-        let mut e = Enc(std::mem::take(&mut self.buf));
-        e.u64(ino.0).u64(offset).u32(name.len() as u32).u32(kind.mode_bits() >> 12);
-        e.0.extend_from_slice(name);
-        let end = e.0.len().next_multiple_of(8);
-        e.0.resize(end, 0);
-        self.buf = e.0;
+        let b = &mut self.buf;
+        b.extend_from_slice(&ino.0.to_ne_bytes());
+        b.extend_from_slice(&offset.to_ne_bytes());
+        b.extend_from_slice(&(name.len() as u32).to_ne_bytes());
+        b.extend_from_slice(&(kind.mode_bits() >> 12).to_ne_bytes());
+        b.extend_from_slice(name);
+        b.resize(b.len().next_multiple_of(8), 0);
         false
     }
 
@@ -289,18 +304,18 @@ mod tests {
     fn answers_have_the_kernels_sizes_and_field_places() {
         let mut e = Enc::default();
         e.attr(&attr());
-        assert_eq!(e.0.len(), 88);
-        assert_eq!(u64::from_ne_bytes(e.0[32..40].try_into().unwrap()), 5, "mtime seconds");
-        assert_eq!(u32::from_ne_bytes(e.0[52..56].try_into().unwrap()), 6, "mtime nanoseconds");
-        assert_eq!(u32::from_ne_bytes(e.0[60..64].try_into().unwrap()), libc::S_IFREG | 0o644, "mode");
+        assert_eq!(e.bytes().len(), 88);
+        assert_eq!(u64::from_ne_bytes(e.bytes()[32..40].try_into().unwrap()), 5, "mtime seconds");
+        assert_eq!(u32::from_ne_bytes(e.bytes()[52..56].try_into().unwrap()), 6, "mtime nanoseconds");
+        assert_eq!(u32::from_ne_bytes(e.bytes()[60..64].try_into().unwrap()), libc::S_IFREG | 0o644, "mode");
         let mut e = Enc::default();
         e.entry(Duration::from_millis(1500), Duration::from_secs(2), &attr(), Generation(0));
-        assert_eq!(e.0.len(), 128);
-        assert_eq!(u64::from_ne_bytes(e.0[16..24].try_into().unwrap()), 2, "entry_valid");
-        assert_eq!(u64::from_ne_bytes(e.0[24..32].try_into().unwrap()), 1, "attr_valid");
-        assert_eq!(u32::from_ne_bytes(e.0[36..40].try_into().unwrap()), 500_000_000, "attr_valid_nsec");
+        assert_eq!(e.bytes().len(), 128);
+        assert_eq!(u64::from_ne_bytes(e.bytes()[16..24].try_into().unwrap()), 2, "entry_valid");
+        assert_eq!(u64::from_ne_bytes(e.bytes()[24..32].try_into().unwrap()), 1, "attr_valid");
+        assert_eq!(u32::from_ne_bytes(e.bytes()[36..40].try_into().unwrap()), 500_000_000, "attr_valid_nsec");
         let mut e = Enc::default();
         e.open(FileHandle(3), FopenFlags::FOPEN_DIRECT_IO);
-        assert_eq!(e.0.len(), 16);
+        assert_eq!(e.bytes().len(), 16);
     }
 }

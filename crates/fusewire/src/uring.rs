@@ -73,10 +73,8 @@ pub(crate) struct Queue {
     qid: u16,
     /// The connection's `/dev/fuse` (set when serving starts).
     dev: std::sync::atomic::AtomicI32,
+    /// Submitted to by the queue's thread only (the ring is enabled there).
     ring: IoUring<squeue::Entry128, cqueue::Entry>,
-    /// Pushing to the submission queue and submitting (the queue's thread;
-    /// before it runs, the thread giving up).
-    sq: Mutex<()>,
     slots: Vec<std::cell::UnsafeCell<Slot>>,
     stop: AtomicBool,
     /// Entries whose answers are written and wait to be committed by the
@@ -96,8 +94,8 @@ pub(crate) struct Queue {
 // SAFETY: a slot's buffers are written by the kernel only while its command
 // waits for a request, read by the queue's thread when that command has
 // completed, and written by the one `Reply` that owns the request until it
-// commits; the submission queue is used only under `sq`, the completion
-// queue only by the queue's thread.
+// commits; both the submission and the completion queue are used by the
+// queue's thread only (other threads push to `answered` and write `wake`).
 #[allow(unsafe_code)]
 unsafe impl Sync for Queue {}
 #[allow(unsafe_code)]
@@ -133,38 +131,12 @@ impl Queue {
         }
     }
 
-    /// Pushes `entries` and submits them.
-    fn submit(&self, entries: &[squeue::Entry128]) -> std::io::Result<()> {
-        let _g = self.sq.lock().expect("submission queue");
+    /// Pushes `entries` for the next `io_uring_enter` (queue's thread),
+    /// submitting at once only when the ring is full.
+    fn push(&self, entries: &[squeue::Entry128]) -> std::io::Result<()> {
         let mut rest = entries;
         while !rest.is_empty() {
-            // SAFETY: the submission queue is only touched under `sq`.
-            #[allow(unsafe_code)]
-            let mut sq = unsafe { self.ring.submission_shared() };
-            let room = sq.capacity() - sq.len();
-            let n = room.min(rest.len());
-            for e in &rest[..n] {
-                // SAFETY: every entry points at buffers that live as long as the queue.
-                #[allow(unsafe_code)]
-                unsafe {
-                    sq.push(e).expect("room checked")
-                };
-            }
-            sq.sync();
-            drop(sq);
-            rest = &rest[n..];
-            self.ring.submitter().submit()?;
-        }
-        Ok(())
-    }
-
-    /// Pushes `entries` (emptying it) for the next `io_uring_enter`, which
-    /// submits them; submits at once only when the ring is full.
-    fn submit_queued(&self, entries: &mut Vec<squeue::Entry128>) -> std::io::Result<()> {
-        let _g = self.sq.lock().expect("submission queue");
-        let mut rest = &entries[..];
-        while !rest.is_empty() {
-            // SAFETY: the submission queue is only touched under `sq`.
+            // SAFETY: only the queue's thread touches the submission queue.
             #[allow(unsafe_code)]
             let mut sq = unsafe { self.ring.submission_shared() };
             let n = (sq.capacity() - sq.len()).min(rest.len());
@@ -183,7 +155,6 @@ impl Queue {
                 self.ring.submitter().submit()?;
             }
         }
-        entries.clear();
         Ok(())
     }
 
@@ -224,20 +195,19 @@ impl Queue {
         }
     }
 
-    /// The commands that commit the answered entries (queue's thread).
-    fn commits(&self) -> Vec<squeue::Entry128> {
-        let answered = std::mem::take(&mut *self.answered.lock().expect("answered"));
-        answered
-            .into_iter()
-            .map(|slot| {
-                // SAFETY: the answer is written; the kernel does not touch the
-                // entry until the commit below.
-                #[allow(unsafe_code)]
-                let h = unsafe { &(*self.slots[slot].get()).header };
-                let commit_id = u64::from_ne_bytes(h[ENT_COMMIT_ID..ENT_COMMIT_ID + 8].try_into().expect("8 bytes"));
-                self.command(FUSE_IO_URING_CMD_COMMIT_AND_FETCH, slot, commit_id)
-            })
-            .collect()
+    /// Adds to `into` the commands that commit the answered entries
+    /// (queue's thread); `spare` is swapped with the list of answered
+    /// entries, so neither allocates once grown.
+    fn take_commits(&self, spare: &mut Vec<usize>, into: &mut Vec<squeue::Entry128>) {
+        std::mem::swap(&mut *self.answered.lock().expect("answered"), spare);
+        for slot in spare.drain(..) {
+            // SAFETY: the answer is written; the kernel does not touch the
+            // entry until the commit.
+            #[allow(unsafe_code)]
+            let h = unsafe { &(*self.slots[slot].get()).header };
+            let commit_id = u64::from_ne_bytes(h[ENT_COMMIT_ID..ENT_COMMIT_ID + 8].try_into().expect("8 bytes"));
+            into.push(self.command(FUSE_IO_URING_CMD_COMMIT_AND_FETCH, slot, commit_id));
+        }
     }
 
     /// The read of the eventfd that wakes the queue's thread.
@@ -393,7 +363,6 @@ fn new_queue(qid: u16, c: UringConfig) -> std::io::Result<Queue> {
         qid,
         dev: std::sync::atomic::AtomicI32::new(-1),
         ring,
-        sq: Mutex::new(()),
         slots,
         stop: AtomicBool::new(false),
         answered: Mutex::new(Vec::new()),
@@ -421,7 +390,8 @@ fn pin_to_cpu(cpu: usize) {
 fn register(q: &Queue) -> std::io::Result<()> {
     let mut entries: Vec<_> = (0..q.slots.len()).map(|i| q.command(FUSE_IO_URING_CMD_REGISTER, i, 0)).collect();
     entries.push(q.wake_read());
-    q.submit(&entries)?;
+    q.push(&entries)?;
+    q.ring.submitter().submit()?;
     // SAFETY: only this queue's thread reads its completions.
     #[allow(unsafe_code)]
     let cq = unsafe { q.ring.completion_shared() };
@@ -438,12 +408,14 @@ fn register(q: &Queue) -> std::io::Result<()> {
 fn run_queue<F: Filesystem + ?Sized>(fs: &F, q: &Arc<Queue>) {
     let mut live = q.slots.len();
     let mut pending: Vec<squeue::Entry128> = Vec::new();
+    let (mut spare, mut done) = (Vec::new(), Vec::new());
     while live > 0 && !q.stop.load(Ordering::Acquire) {
-        pending.extend(q.commits());
-        if let Err(e) = q.submit_queued(&mut pending) {
+        q.take_commits(&mut spare, &mut pending);
+        if let Err(e) = q.push(&pending) {
             error!("io_uring queue {} stopped: {e}", q.qid);
             return;
         }
+        pending.clear();
         // Answers made elsewhere from here on wake this thread.
         q.sleeping.store(true, Ordering::SeqCst);
         let more = !q.answered.lock().expect("answered").is_empty();
@@ -458,8 +430,8 @@ fn run_queue<F: Filesystem + ?Sized>(fs: &F, q: &Arc<Queue>) {
         }
         // SAFETY: only this queue's thread reads its completions.
         #[allow(unsafe_code)]
-        let done: Vec<_> = unsafe { q.ring.completion_shared() }.map(|c| (c.user_data(), c.result())).collect();
-        for (slot, res) in done {
+        done.extend(unsafe { q.ring.completion_shared() }.map(|c| (c.user_data(), c.result())));
+        for (slot, res) in done.drain(..) {
             if slot == WAKE {
                 pending.push(q.wake_read());
                 continue;

@@ -31,11 +31,12 @@ pub(super) struct OpenFile {
     pub(super) atime_sent: AtomicBool,
     pub(super) atime_busy: AtomicBool,
     pub(super) atime_again: AtomicBool,
-    /// Lock owners that set locks through this handle. Its release (the
-    /// last close of the open file description) drops them: open file
-    /// description locks (F_OFD_SETLK) are owned by the description, and
-    /// the kernel does not say at release which owners those are.
-    pub(super) lock_owners: Mutex<Vec<u64>>,
+    /// Lock owners that set locks through this handle, with the kind of
+    /// lock each set (flock or fcntl). Its release (the last close of the
+    /// open file description) drops them: open file description locks
+    /// (F_OFD_SETLK) are owned by the description, and the kernel does not
+    /// say at release which owners those are.
+    pub(super) lock_owners: Mutex<Vec<(u64, LockKind)>>,
 }
 
 /// Sizes known locally for files this mount has open for writing: writes
