@@ -264,9 +264,12 @@ fn free_port(host: &str) -> Result<(u16, std::net::TcpListener)> {
 /// the free one).
 pub const PORTS_ENV: &str = "HIVEFS_UP_PORTS";
 
-/// Whether a service that exited did so because its port was taken.
+/// Whether a service that exited did so because its port was taken: its
+/// last exit message (`hivefs: ...`) says so. Earlier runs' lines in the same
+/// log do not count.
 fn port_was_taken(name: &str, sdir: &Path) -> bool {
-    log_tail(&sdir.join(format!("{name}.log"))).contains("Address already in use")
+    let log = std::fs::read_to_string(sdir.join(format!("{name}.log"))).unwrap_or_default();
+    log.lines().rev().find(|l| l.starts_with("hivefs: ")).is_some_and(|l| l.contains("Address already in use"))
 }
 
 pub fn load_layout(dir: &Path) -> Result<Layout> {
@@ -475,10 +478,12 @@ pub fn up(a: UpArgs) -> Result<()> {
     let ccfg = ClientConfig::new(Some(hivefs_net::load_secret(&secret).map_err(|e| anyhow!(e))?))
         .with_timeout(Duration::from_secs(1));
     // Waits until a started service answers on its address. A new file
-    // system's ports were free when chosen, but another program (another
-    // `up` starting at the same time) may have taken one since: the service
-    // then gets another port (new file systems only: an existing one's
-    // ports are known to its clients).
+    // system's ports were free when chosen, and a stopped service's port is
+    // free for anyone, but another program (another `up`) may have taken one
+    // since: the service then gets another port. A metadata or storage node
+    // registers its new address with mgmtd, where nodes and mounts look it
+    // up; mgmtd's own port is known to every running node and mount, so an
+    // existing file system's mgmtd cannot move.
     let serve = |layout: &mut Layout, name: &str, role: &str, sdir: &Path, what: &str| -> Result<String> {
         let mut taken = 0;
         loop {
@@ -490,7 +495,7 @@ pub fn up(a: UpArgs) -> Result<()> {
                 Ok(rt.block_on(call_once(&addr, &ccfg, &Request::Ping)).is_ok())
             });
             match r {
-                Err(e) if first_up && taken < 5 && port_was_taken(name, sdir) => {
+                Err(e) if (first_up || role != "mgmtd") && taken < 5 && port_was_taken(name, sdir) => {
                     taken += 1;
                     let (port, l) = free_port(&layout.host)?;
                     eprintln!("{name}: {addr} (or its metrics port) was taken by another program; using port {port}");
@@ -606,7 +611,7 @@ pub fn up(a: UpArgs) -> Result<()> {
             });
             match r {
                 // Its metrics port was taken since it was chosen (as for the services above).
-                Err(e) if first_up && taken < 5 && port_was_taken("mount", &cdir) => {
+                Err(e) if taken < 5 && port_was_taken("mount", &cdir) => {
                     taken += 1;
                     let Some(port) = layout.new_metrics_port(&cdir)? else { return Err(e) };
                     eprintln!("mount: its metrics port was taken by another program ({e}); using port {port}");

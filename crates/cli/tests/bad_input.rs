@@ -3,6 +3,7 @@
 mod common;
 use common::*;
 use std::io::{Read, Write};
+use std::time::Duration;
 
 fn stderr_of(args: &[&str]) -> String {
     let o = hivefs(args);
@@ -119,6 +120,76 @@ fn a_port_taken_before_its_service_started_is_replaced() {
     drop((mgmtd, storage));
     fs.reup();
     assert_eq!(std::fs::read(fs.path("f")).unwrap(), b"works");
+}
+
+/// A node's port taken by another program while the node was down: the
+/// restarted metadata and storage nodes get other ports and register them
+/// with mgmtd, and the running mount finds them there. mgmtd cannot move
+/// (every node and mount knows its address): its restart fails, naming the
+/// port, until the port is free again.
+#[test]
+fn a_restarted_nodes_port_taken_while_it_was_down_is_replaced() {
+    let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "1"]);
+    std::fs::write(fs.path("f"), b"before").unwrap();
+    let layout =
+        || -> toml::Value { toml::from_str(&std::fs::read_to_string(fs.dir.join("fs.toml")).unwrap()).unwrap() };
+    let port = |v: &toml::Value, key: &str| v[key][0].as_integer().unwrap() as u16;
+    let before = layout();
+    let (meta, storage) = (port(&before, "meta_ports"), port(&before, "storage_ports"));
+    fs.kill9("meta1");
+    fs.kill9("storage1");
+    let _taken = [meta, storage].map(|p| std::net::TcpListener::bind(("127.0.0.1", p)).unwrap());
+    let o = hivefs(&["up", "--dir", fs.dir_s()]);
+    assert!(o.status.success(), "{}", out(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("meta1: ") && err.contains("storage1: ") && err.contains("was taken"), "{}", out(&o));
+    let after = layout();
+    assert_ne!(port(&after, "meta_ports"), meta);
+    assert_ne!(port(&after, "storage_ports"), storage);
+    // The mount that ran all along reads and writes through the new addresses.
+    wait_for("the file readable through the moved nodes", Duration::from_secs(30), || {
+        std::fs::read(fs.path("f")).is_ok_and(|d| d == b"before")
+    });
+    std::fs::write(fs.path("g"), b"after").unwrap();
+    assert_eq!(std::fs::read(fs.path("g")).unwrap(), b"after");
+
+    fs.kill9("mgmtd");
+    let taken = std::net::TcpListener::bind(("127.0.0.1", after["mgmtd_port"].as_integer().unwrap() as u16)).unwrap();
+    let o = hivefs(&["up", "--dir", fs.dir_s()]);
+    assert!(!o.status.success(), "mgmtd started on a taken port: {}", out(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Address already in use"), "{}", out(&o));
+    drop(taken);
+    fs.reup();
+    assert_eq!(std::fs::read(fs.path("g")).unwrap(), b"after");
+}
+
+/// A read that keeps trying a dead storage node's address (its port
+/// since taken by another program) follows the node to the address it
+/// re-registered from: the mount's view refresh tells the repeating call to
+/// stop, and the read is sent to the new address. Without that the read
+/// would try the old address until its deadline and fail.
+#[test]
+fn a_read_repeating_towards_a_moved_storage_node_follows_it() {
+    let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "1"]);
+    let data = random_bytes(5, 3 << 20);
+    std::fs::write(fs.path("f"), &data).unwrap();
+    // A mount that has not read the file and does its chunk I/O over TCP.
+    let m2 = fs.extra_mount("m2", &["--no-short-circuit"]);
+    let v: toml::Value = toml::from_str(&std::fs::read_to_string(fs.dir.join("fs.toml")).unwrap()).unwrap();
+    let port = v["storage_ports"][0].as_integer().unwrap() as u16;
+    fs.kill9("storage1");
+    let _taken = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let reader = {
+        let f = m2.mnt.join("f");
+        std::thread::spawn(move || std::fs::read(f))
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let o = hivefs(&["up", "--dir", fs.dir_s()]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stderr).contains("storage1: "), "{}", out(&o));
+    let got = reader.join().unwrap().expect("the read that waited for the moved storage node");
+    assert!(got == data, "contents differ");
+    let log = std::fs::read_to_string(&m2.log).unwrap();
+    assert!(log.contains("storage node 1 moved from"), "{log}");
 }
 
 /// The same for a service's and the mount's metrics ports: the service (the mount)

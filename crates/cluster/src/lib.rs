@@ -241,7 +241,17 @@ impl Cluster {
             root_owner,
             loaded_at: Some(tokio::time::Instant::now()),
         });
-        *self.view.write().expect("view lock") = v.clone();
+        let old = std::mem::replace(&mut *self.view.write().expect("view lock"), v.clone());
+        // A node that re-registered from another address (restarted on a
+        // port another program had taken, a new host address): calls still
+        // repeating towards its old address stop there and find it anew.
+        for (key, n) in &old.nodes {
+            if v.nodes.get(key).is_some_and(|now| now.addr != n.addr) {
+                info!("{} node {} moved from {} to {}", n.node_type, n.id, n.addr, v.nodes[key].addr);
+                self.pools.moved(&n.addr);
+                self.group_pools.moved(&n.addr);
+            }
+        }
         Ok(v)
     }
 
@@ -342,6 +352,7 @@ impl Cluster {
     ) -> Result<(Reply, Vec<u8>), FsError> {
         let start = tokio::time::Instant::now();
         let mut wait = Duration::from_millis(100);
+        let mut moves = 0;
         loop {
             let r = match self.route(unit).await {
                 Ok(route) => {
@@ -353,6 +364,13 @@ impl Cluster {
                 Err(e) => Err(e),
             };
             let e = match r {
+                // The node re-registered from another address while the call
+                // repeated: the view has that address now.
+                Err(e) if hivefs_net::node_moved(&e) && moves < 3 => {
+                    moves += 1;
+                    debug!("{unit}: {e}");
+                    continue;
+                }
                 Err(e) if matches!(unit, StripeUnit::Group(_)) && retry_on_failover(&e) => e,
                 r => return r,
             };
@@ -437,7 +455,19 @@ impl Cluster {
                             debug!("namespace of metadata node {owner} is mirrored now: asking its group ({e})");
                             continue;
                         }
-                        return self.pools.get(&addr).rpc_with(env, req).await;
+                        // At the address mgmtd has now (the node may have
+                        // moved), and again wherever it moves meanwhile.
+                        let mut moves = 0;
+                        loop {
+                            let addr = self.node_addr(NodeType::Meta, owner).await?;
+                            match self.pools.get(&addr).rpc_with(env, req).await {
+                                Err(e) if hivefs_net::node_moved(&e) && moves < 3 => {
+                                    moves += 1;
+                                    debug!("metadata node {owner}: {e}");
+                                }
+                                r => return r,
+                            }
+                        }
                     }
                     r => return r,
                 }

@@ -283,11 +283,14 @@ pub struct Pool {
     addr: String,
     cfg: ClientConfig,
     conns: tokio::sync::Mutex<Vec<Arc<Conn>>>,
+    /// The node that served here now serves elsewhere ([`Pools::moved`]):
+    /// calls still repeating stop at their next attempt.
+    moved: AtomicBool,
 }
 
 impl Pool {
     pub fn new(addr: impl Into<String>, cfg: ClientConfig) -> Pool {
-        Pool { addr: addr.into(), cfg, conns: tokio::sync::Mutex::new(Vec::new()) }
+        Pool { addr: addr.into(), cfg, conns: tokio::sync::Mutex::new(Vec::new()), moved: AtomicBool::new(false) }
     }
 
     pub fn addr(&self) -> &str {
@@ -333,7 +336,8 @@ impl Pool {
 
     async fn call_inner(&self, env: &Envelope, req: &Request, payload: Bytes) -> Result<(Reply, Vec<u8>), FsError> {
         let body = encode_request(env, req);
-        repeat(&self.cfg, &self.addr, env, req, |left| {
+        let moved = || self.moved.load(Ordering::Acquire);
+        repeat(&self.cfg, &self.addr, env, req, moved, |left| {
             let (body, payload) = (body.clone(), payload.clone());
             async move {
                 let end = tokio::time::Instant::now() + left;
@@ -370,11 +374,15 @@ impl Pool {
 /// ([`Envelope::may_repeat`]) is sent again after a lost connection, a
 /// timeout or a "not now" (`Unavailable`) answer, with backoff, at most
 /// `cfg.retries` times; the whole call never takes longer than `cfg.deadline`.
+/// Once `moved()` says the node left `addr`, no further attempt goes there:
+/// the call fails with an error [`node_moved`] recognises, for its caller
+/// to look the node up again.
 pub async fn repeat<F, Fut>(
     cfg: &ClientConfig,
     addr: &str,
     env: &Envelope,
     req: &Request,
+    moved: impl Fn() -> bool,
     mut attempt: F,
 ) -> Result<(Reply, Vec<u8>), FsError>
 where
@@ -391,6 +399,9 @@ where
                 break;
             }
             tokio::time::sleep(backoff).await;
+        }
+        if moved() {
+            return Err(unavailable(addr, MOVED));
         }
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         if left.is_zero() {
@@ -416,6 +427,16 @@ where
         .unwrap_or_else(|| FsError::new(ErrorCode::TimedOut, format!("{addr}: no reply within {:?}", cfg.deadline))))
 }
 
+const MOVED: &str = "the node moved to another address";
+
+/// Whether a call failed because its node moved to another address (it
+/// re-registered with mgmtd from there) while the call was repeating: the
+/// caller looks the node up again and sends it there. Nothing was sent to the
+/// old address after the node left it.
+pub fn node_moved(e: &FsError) -> bool {
+    e.code == ErrorCode::Unavailable && e.message.ends_with(MOVED)
+}
+
 /// The answer of a [`Call`]: the reply and its data payload.
 pub type CallFuture<'a> = Pin<Box<dyn Future<Output = Result<(Reply, Vec<u8>), FsError>> + Send + 'a>>;
 
@@ -428,6 +449,10 @@ pub trait Call: Send + Sync + 'static {
     /// The service's address (for messages).
     fn addr(&self) -> &str;
     fn call_with<'a>(&'a self, env: &'a Envelope, req: &'a Request, payload: Bytes) -> CallFuture<'a>;
+    /// The node that served at [`Call::addr`] serves elsewhere now: calls
+    /// still repeating stop (see [`repeat`]). Nothing to do for a transport
+    /// without repeats of its own.
+    fn moved(&self) {}
 }
 
 impl Call for Pool {
@@ -437,6 +462,10 @@ impl Call for Pool {
 
     fn call_with<'a>(&'a self, env: &'a Envelope, req: &'a Request, payload: Bytes) -> CallFuture<'a> {
         Box::pin(Pool::call_with(self, env, req, payload))
+    }
+
+    fn moved(&self) {
+        self.moved.store(true, Ordering::Release);
     }
 }
 
@@ -501,6 +530,15 @@ impl Pools {
     pub fn get(&self, addr: &str) -> Arc<dyn Call> {
         let mut m = self.pools.lock().expect("pools lock");
         m.entry(addr.to_string()).or_insert_with(|| (self.connect)(addr)).clone()
+    }
+
+    /// The node that served at `addr` moved elsewhere: calls repeating
+    /// towards `addr` stop, and the next [`Pools::get`] of `addr` (some other
+    /// node there one day) starts afresh.
+    pub fn moved(&self, addr: &str) {
+        if let Some(p) = self.pools.lock().expect("pools lock").remove(addr) {
+            p.moved();
+        }
     }
 }
 

@@ -24,7 +24,7 @@ pub mod io;
 pub mod server;
 
 pub use auth::{generate_secret_file, load_secret, Secret};
-pub use client::{call_once, repeat, Call, CallFuture, ClientConfig, Connector, Pool, Pools};
+pub use client::{call_once, node_moved, repeat, Call, CallFuture, ClientConfig, Connector, Pool, Pools};
 pub use server::{serve, Handler, Peer, ServerConfig, ServerHandle};
 
 /// How a service meets its peers.

@@ -122,6 +122,28 @@ async fn requests_time_out_and_are_not_retried_forever() {
     assert!(start.elapsed() < Duration::from_secs(3));
 }
 
+/// A call repeating towards an address nobody answers on stops once
+/// its node is known to have moved, with an error saying so, and a later
+/// `get` of that address is a new pool.
+#[tokio::test]
+async fn a_repeating_call_stops_when_its_node_moved() {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = dead.local_addr().unwrap().to_string();
+    drop(dead);
+    let mut cfg = ClientConfig::new(None);
+    cfg.deadline = Duration::from_secs(3600);
+    let pools = hivefs_net::Pools::new(cfg);
+    let pool = pools.get(&addr);
+    let first = pool.clone();
+    let call = tokio::spawn(async move { pool.rpc(&Request::Ping).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!call.is_finished(), "the call should still be repeating");
+    pools.moved(&addr);
+    let e = tokio::time::timeout(Duration::from_secs(60), call).await.expect("stopped").unwrap().unwrap_err();
+    assert!(hivefs_net::node_moved(&e), "{e}");
+    assert!(!Arc::ptr_eq(&pools.get(&addr), &first), "a moved node's pool is not handed out again");
+}
+
 #[tokio::test]
 async fn malformed_frames_close_only_that_connection() {
     let addr = server(Some(secret())).await;

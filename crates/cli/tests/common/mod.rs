@@ -310,7 +310,7 @@ pub fn wait_mounted(mnt: &Path) {
 pub struct SecondMount {
     child: Option<Child>,
     pub mnt: PathBuf,
-    log: PathBuf,
+    pub log: PathBuf,
 }
 
 impl SecondMount {

@@ -600,10 +600,17 @@ impl<S: Service> Call for SimCall<S> {
             return Box::pin(once(world, addr, req, payload));
         };
         Box::pin(async move {
-            hivefs_net::repeat(&cfg, &addr, &env, &req, |_left| {
-                let answer = once(world.clone(), addr.clone(), req.clone(), payload.clone());
-                async move { answer.await.map(|(reply, data)| (Ok(reply), data)) }
-            })
+            hivefs_net::repeat(
+                &cfg,
+                &addr,
+                &env,
+                &req,
+                || false,
+                |_left| {
+                    let answer = once(world.clone(), addr.clone(), req.clone(), payload.clone());
+                    async move { answer.await.map(|(reply, data)| (Ok(reply), data)) }
+                },
+            )
             .await
         })
     }
