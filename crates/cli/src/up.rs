@@ -482,8 +482,14 @@ pub fn up(a: UpArgs) -> Result<()> {
     // free for anyone, but another program (another `up`) may have taken one
     // since: the service then gets another port. A metadata or storage node
     // registers its new address with mgmtd, where nodes and mounts look it
-    // up; mgmtd's own port is known to every running node and mount, so an
-    // existing file system's mgmtd cannot move.
+    // up. mgmtd's own port is known to every running node and mount: it
+    // moves only while none of them runs (they are started with its new one).
+    let mgmtd_may_move = first_up
+        || (layout
+            .services(&dir)
+            .iter()
+            .all(|(n, role, _, sdir)| *role == "mgmtd" || service_running(sdir, n).is_none())
+            && service_running(&dir.join("client"), "mount").is_none());
     let serve = |layout: &mut Layout, name: &str, role: &str, sdir: &Path, what: &str| -> Result<String> {
         let mut taken = 0;
         loop {
@@ -495,7 +501,7 @@ pub fn up(a: UpArgs) -> Result<()> {
                 Ok(rt.block_on(call_once(&addr, &ccfg, &Request::Ping)).is_ok())
             });
             match r {
-                Err(e) if (first_up || role != "mgmtd") && taken < 5 && port_was_taken(name, sdir) => {
+                Err(e) if (role != "mgmtd" || mgmtd_may_move) && taken < 5 && port_was_taken(name, sdir) => {
                     taken += 1;
                     let (port, l) = free_port(&layout.host)?;
                     eprintln!("{name}: {addr} (or its metrics port) was taken by another program; using port {port}");

@@ -125,8 +125,9 @@ fn a_port_taken_before_its_service_started_is_replaced() {
 /// A node's port taken by another program while the node was down: the
 /// restarted metadata and storage nodes get other ports and register them
 /// with mgmtd, and the running mount finds them there. mgmtd cannot move
-/// (every node and mount knows its address): its restart fails, naming the
-/// port, until the port is free again.
+/// while nodes or the mount run (they know its address): its restart then
+/// fails, naming the port, until the port is free again. After a `down`
+/// it moves, and everything is started with its new address.
 #[test]
 fn a_restarted_nodes_port_taken_while_it_was_down_is_replaced() {
     let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "1"]);
@@ -160,6 +161,14 @@ fn a_restarted_nodes_port_taken_while_it_was_down_is_replaced() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("Address already in use"), "{}", out(&o));
     drop(taken);
     fs.reup();
+    assert_eq!(std::fs::read(fs.path("g")).unwrap(), b"after");
+
+    fs.down();
+    let port = layout()["mgmtd_port"].as_integer().unwrap() as u16;
+    let _taken = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let o = hivefs(&["up", "--dir", fs.dir_s()]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stderr).contains("mgmtd: "), "{}", out(&o));
+    assert_ne!(layout()["mgmtd_port"].as_integer().unwrap() as u16, port);
     assert_eq!(std::fs::read(fs.path("g")).unwrap(), b"after");
 }
 
