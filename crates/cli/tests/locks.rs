@@ -376,3 +376,58 @@ fn a_mount_keeps_the_append_lock_until_another_client_waits_for_it() {
     drop(fa);
     assert!(std::fs::read(&pb).unwrap() == want, "the log differs from the appends made");
 }
+
+extern "C" fn on_signal(_: libc::c_int) {}
+
+/// A signal ends a wait for a lock, as on a local file system: the kernel
+/// interrupts the FUSE request, the mount has the metadata node end the
+/// wait, and the call fails with EINTR (`flock -w` gives up after its
+/// time; an `alarm` around `F_SETLKW` returns). The interrupted wait
+/// leaves nothing behind: the lock is taken normally once it is free.
+#[test]
+fn a_signal_interrupts_a_lock_wait() {
+    let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "1"]);
+    std::fs::write(fs.path("s"), vec![0u8; 100]).unwrap();
+    let holder = rw(&fs.path("s"));
+    assert_eq!(flock(&holder, libc::LOCK_EX | libc::LOCK_NB), 0);
+    // util-linux `flock -w 1`: SIGALRM after a second, then exit status 1.
+    let mut child =
+        std::process::Command::new("flock").args(["-w", "1"]).arg(fs.path("s")).arg("true").spawn().unwrap();
+    let status = wait_child(&mut child, Duration::from_secs(30), "flock -w 1 (the signal did not end its wait)");
+    assert_eq!(status.code(), Some(1), "flock -w 1 against a held lock");
+
+    // F_OFD_SETLKW of another description, in a thread that gets SIGUSR1
+    // (a handler without SA_RESTART, so the call returns EINTR).
+    let (a, b) = (rw(&fs.path("s")), rw(&fs.path("s")));
+    assert_eq!(setlk(&a, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 10), 0);
+    // SAFETY: installs a handler that does nothing, for SIGUSR1, which nothing else here uses.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_signal as *const () as usize;
+        assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+    }
+    let (tx, rx) = mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        // SAFETY: returns the calling thread's id.
+        tx.send(unsafe { libc::pthread_self() }).unwrap();
+        (setlk(&b, libc::F_OFD_SETLKW, libc::F_WRLCK, 5, 10), b)
+    });
+    let tid = rx.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!waiter.is_finished(), "F_OFD_SETLKW returned while another description held the range");
+    // Again until it returns: a signal that came before the call began is lost.
+    let start = Instant::now();
+    while !waiter.is_finished() {
+        assert!(start.elapsed() < Duration::from_secs(30), "F_OFD_SETLKW still waits 30 s after signals");
+        // SAFETY: the waiter thread runs until `is_finished`, so `tid` is live.
+        unsafe { libc::pthread_kill(tid, libc::SIGUSR1) };
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (e, b) = waiter.join().unwrap();
+    assert_eq!(e, libc::EINTR, "an interrupted F_OFD_SETLKW");
+    // Nothing was left behind: b got no lock, and takes it once a lets go.
+    assert_eq!(ofd_getlk(&a, libc::F_WRLCK, 0, 0).0, libc::F_UNLCK, "a sees no lock of b's");
+    assert_eq!(setlk(&a, libc::F_OFD_SETLK, libc::F_UNLCK, 0, 10), 0);
+    assert_eq!(setlk(&b, libc::F_OFD_SETLK, libc::F_WRLCK, 5, 10), 0);
+    assert_eq!(flock(&holder, libc::LOCK_UN), 0);
+}

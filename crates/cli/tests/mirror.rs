@@ -264,16 +264,7 @@ fn both_buddies_dead_fail_with_eio_in_bounded_time_and_recover() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let status = loop {
-        if let Some(s) = dd.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > Duration::from_secs(60) {
-            let _ = dd.kill();
-            panic!("a read with both buddies dead still blocks after 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = wait_child(&mut dd, Duration::from_secs(60), "a read with both buddies dead");
     let took = start.elapsed();
     let mut err = String::new();
     std::io::Read::read_to_string(&mut dd.stderr.take().unwrap(), &mut err).unwrap();

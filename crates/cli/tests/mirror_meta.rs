@@ -278,16 +278,7 @@ fn both_metadata_buddies_dead_fail_in_bounded_time_and_everything_returns() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let status = loop {
-        if let Some(s) = touch.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > Duration::from_secs(90) {
-            let _ = touch.kill();
-            panic!("a create with both metadata buddies dead still blocks after 90 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = wait_child(&mut touch, Duration::from_secs(90), "a create with both metadata buddies dead");
     let took = start.elapsed();
     let mut err = String::new();
     std::io::Read::read_to_string(&mut touch.stderr.take().unwrap(), &mut err).unwrap();

@@ -35,6 +35,7 @@ use std::time::Duration;
 
 pub use data::MAX_PIECE;
 pub use leases::{OnRevoke, Revocation};
+pub use locks::Interrupt;
 
 /// Where an entry's inode lives: its id and the metadata node storing it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

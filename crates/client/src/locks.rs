@@ -149,31 +149,79 @@ impl Client {
 
     /// Sets `lock` on `e` (its `client` is filled in). Without `wait`, a
     /// conflict is returned at once; with `wait`, the call returns when the
-    /// lock is granted, or fails when `give_up` says so between two waits.
+    /// lock is granted, or fails when `give_up` says so between two waits,
+    /// or when `interrupt` fires (the node is told to end the wait at once,
+    /// `LockCancel`; a lock granted before that is kept and the call succeeds).
     pub async fn lock(
         &self,
         e: Ent,
         mut lock: FileLock,
         wait: bool,
         give_up: impl Fn() -> bool,
+        interrupt: Option<&Interrupt>,
     ) -> FsResult<Option<FileLock>> {
         lock.client = self.ops.client;
         if !wait {
             return self.lock_once(e, lock, Duration::ZERO).await;
         }
+        let interrupted =
+            || FsError::new(ErrorCode::Busy, format!("waiting for a lock on {} interrupted by a signal", e.id));
         loop {
-            match self.lock_once(e, lock, self.wait_slice()).await {
+            let once = self.lock_once(e, lock, self.wait_slice());
+            tokio::pin!(once);
+            let r = match interrupt {
+                None => once.await,
+                Some(i) => {
+                    tokio::select! {
+                        r = &mut once => r,
+                        () = i.wait() => self.cancel_wait(e, lock, once).await,
+                    }
+                }
+            };
+            match r {
                 Ok(None) => return Ok(None),
                 Ok(Some(_)) => {}
                 // The wait may have taken the whole request timeout on a busy node.
                 Err(err) if err.code == ErrorCode::TimedOut => debug!("lock on {} timed out; asking again", e.id),
                 Err(err) => return Err(err),
             }
+            if interrupt.is_some_and(Interrupt::fired) {
+                return Err(interrupted());
+            }
             if give_up() {
                 return Err(FsError::new(
                     ErrorCode::Busy,
                     format!("waiting for a lock on {} abandoned: the waiting process is being killed", e.id),
                 ));
+            }
+        }
+    }
+
+    /// Asks the node to end the wait of `lock`'s owner on `e`, again every
+    /// 200 ms (the cancel may overtake the wait on another connection),
+    /// until the waiting request `once` answers; returns that answer.
+    async fn cancel_wait(
+        &self,
+        e: Ent,
+        lock: FileLock,
+        mut once: std::pin::Pin<&mut impl std::future::Future<Output = FsResult<Option<FileLock>>>>,
+    ) -> FsResult<Option<FileLock>> {
+        let mut supported = true;
+        loop {
+            let cancel = async {
+                if supported {
+                    match self.lock_rpc(e.owner, &Request::LockCancel { entry: e.id, lock }).await {
+                        // A node of an older version: its wait runs out instead.
+                        Err(err) if err.code == ErrorCode::Protocol => supported = false,
+                        Err(err) => debug!("cancelling the lock wait on {}: {err}", e.id),
+                        Ok(_) => {}
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            };
+            tokio::select! {
+                r = once.as_mut() => return r,
+                () = cancel => {}
             }
         }
     }
@@ -254,7 +302,7 @@ impl Client {
                 exclusive: true,
             };
             let sent = Instant::now();
-            self.lock(e, lock, true, || false).await?;
+            self.lock(e, lock, true, || false, None).await?;
             // The end is read below, under the lock.
             slot.stale.store(true, Ordering::Release);
             let until = sent + APPEND_HOLD;
@@ -390,4 +438,36 @@ impl Client {
 
 pub(crate) fn new_session() -> Arc<LockSession> {
     Arc::new(LockSession::default())
+}
+
+/// Fired when the process waiting for a lock got a signal (the kernel's
+/// FUSE interrupt of its request): [`Client::lock`] then stops waiting.
+#[derive(Default)]
+pub struct Interrupt {
+    fired: AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Interrupt {
+    pub fn fire(&self) {
+        self.fired.store(true, Ordering::Release);
+        self.notify.notify_waiters();
+    }
+
+    pub fn fired(&self) -> bool {
+        self.fired.load(Ordering::Acquire)
+    }
+
+    /// Returns once fired.
+    async fn wait(&self) {
+        loop {
+            let n = self.notify.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if self.fired() {
+                return;
+            }
+            n.await;
+        }
+    }
 }

@@ -106,6 +106,9 @@ struct Inner {
     /// Files this mount has set global locks on: closing them drops the
     /// closing owner's locks at the metadata node.
     locked: Mutex<HashSet<EntryId>>,
+    /// Lock requests waiting for a conflict to end, by FUSE request, for
+    /// the kernel's interrupts of them.
+    lock_waits: Mutex<locks::LockWaits>,
     /// Tells the kernel to drop cached attributes (set once mounted).
     notifier: std::sync::OnceLock<fuser::Notifier>,
     /// The session's `/dev/fuse`, for `FUSE_NOTIFY_INC_EPOCH`; `None` when
@@ -404,6 +407,10 @@ impl Filesystem for HiveFs {
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         self.inner.inodes.lock().expect("inodes").forget(ino.0, nlookup);
+    }
+
+    fn interrupt(&self, _req: &Request, unique: u64) {
+        self.inner.lock_waits.lock().expect("lock waits").interrupt(unique);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {

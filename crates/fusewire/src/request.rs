@@ -186,7 +186,7 @@ impl<'a> Args<'a> {
 
 /// The operations HiveFS serves. Every method answers through its reply,
 /// now or later from any thread; those not implemented answer `ENOSYS`.
-/// `forget` has no answer.
+/// `forget` and `interrupt` have no answer.
 #[allow(clippy::too_many_arguments, unused_variables)]
 pub trait Filesystem: Send + Sync + 'static {
     fn destroy(&self) {}
@@ -194,6 +194,11 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS)
     }
     fn forget(&self, req: &Request, ino: INodeNo, nlookup: u64) {}
+    /// The caller of request `unique` got a signal. No answer: the request
+    /// itself is answered, early with `EINTR` where the handler can stop
+    /// it, or as usual. The interrupt may come before the request's handler
+    /// ran (another thread read it first), or after its answer.
+    fn interrupt(&self, req: &Request, unique: u64) {}
     fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         reply.error(Errno::ENOSYS)
     }
@@ -463,11 +468,7 @@ fn decode<F: Filesystem + ?Sized>(fs: &F, h: InHeader, mut a: Args<'_>, sink: &S
                 fs.forget(&req, INodeNo(node), n);
             }
         }
-        FUSE_INTERRUPT => {
-            // The handlers do not abandon requests; a waiting lock looks
-            // for its caller's fatal signal itself.
-            debug!("interrupt of request {}", a.u64()?);
-        }
+        FUSE_INTERRUPT => fs.interrupt(&req, a.u64()?),
         FUSE_GETATTR => {
             let (flags, _, fh) = (a.u32()?, a.u32()?, a.u64()?);
             fs.getattr(&req, ino, (flags & FUSE_GETATTR_FH != 0).then_some(FileHandle(fh)), ReplyAttr(reply()))
@@ -676,6 +677,9 @@ mod tests {
         fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
             self.note(format!("forget {} {nlookup}", ino.0));
         }
+        fn interrupt(&self, req: &Request, unique: u64) {
+            self.note(format!("interrupt of {unique} by pid {}", req.pid()));
+        }
         fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
             self.note(format!("mkdir {} {:?} {mode:o} {umask:o}", parent.0, name));
             drop(reply);
@@ -816,6 +820,7 @@ mod tests {
             (99, vec![], vec![]),
             (FUSE_SETLKW, [u64s(&[4, 99, 0, u64::MAX]), u32s(&[1, 42, 1, 0])].concat(), vec![]),
             (FUSE_SETLK, [u64s(&[4, 99, 5, 9]), u32s(&[2, 42, 0, 0])].concat(), vec![]),
+            (FUSE_INTERRUPT, u64s(&[12]), vec![]),
         ]
     }
 
@@ -833,6 +838,7 @@ mod tests {
         "readdir 1 4 0",
         "setlk 1 4 99 0..18446744073709551615 1 42 flock true sleep true",
         "setlk 1 4 99 5..9 2 42 flock false sleep false",
+        "interrupt of 12 by pid 42",
     ];
 
     /// Runs every case through `dispatch`, laid out as `/dev/fuse` gives it
@@ -940,12 +946,12 @@ mod tests {
         }
         let answers = answers.lock().unwrap();
         // A name without its NUL, a header cut short, a write shorter than
-        // its size: refused, except for the forgets (never answered) and the
+        // its size: refused, except for forgets and interrupts (never answered) and the
         // opcode nobody knows (ENOSYS whatever follows).
         let refused = answers.iter().filter(|(_, e, _)| *e == -libc::EINVAL).count();
         let cuts: usize = cases()
             .iter()
-            .filter(|c| !matches!(c.0, FUSE_FORGET | FUSE_BATCH_FORGET | 99))
+            .filter(|c| !matches!(c.0, FUSE_FORGET | FUSE_BATCH_FORGET | FUSE_INTERRUPT | 99))
             .map(|c| c.1.len() + c.2.len())
             .sum();
         assert_eq!(refused, cuts);

@@ -20,7 +20,11 @@
 //! request timeout and asks again while it wants the lock), woken whenever
 //! the table changes. Waiters are not queued in order; a conflict is checked
 //! afresh at each wake-up, as Linux does for local locks. Deadlocks between
-//! owners are not detected: each wait ends when its process is killed.
+//! owners are not detected: each wait ends when its process is killed. A
+//! waiting process that gets a signal has its client send `LockCancel`,
+//! which ends the waits of that owner on the entry at once
+//! ([`LockTable::cancel`]), so the signal interrupts the wait as on a local
+//! file system (`flock -w`, `alarm` around `F_SETLKW`).
 //!
 //! Cached append locks: a client may keep the append lock of a file
 //! between appends and append at the end it knows. It trusts the lock for
@@ -64,6 +68,23 @@ struct State {
     /// Entries whose append lock requests of other clients are waiting, and
     /// how many: their holder's confirmation is refused.
     append_waiters: HashMap<EntryId, u32>,
+    /// Waiting requests per entry and owner, with the number of
+    /// cancellations so far: a waiter ends when that number passes the one
+    /// it started with.
+    waiting: HashMap<WaitKey, Waits>,
+}
+
+/// An entry and a lock owner (kind, client, owner).
+type WaitKey = (EntryId, LockKind, u64, u64);
+
+#[derive(Default)]
+struct Waits {
+    count: u32,
+    cancels: u64,
+}
+
+fn wait_key(entry: EntryId, l: &FileLock) -> WaitKey {
+    (entry, l.kind, l.client, l.owner)
 }
 
 pub struct LockTable {
@@ -241,6 +262,7 @@ impl LockTable {
     pub async fn acquire(&self, entry: EntryId, l: &FileLock, wait: Duration) -> FsResult<Option<FileLock>> {
         let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
         let mut waiting = None;
+        let mut waiter: Option<Waiter<'_>> = None;
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
@@ -257,6 +279,11 @@ impl LockTable {
                 None => return Ok(None),
                 Some(c) => c,
             };
+            match &waiter {
+                Some(w) if w.cancelled() => return Ok(Some(c)),
+                Some(_) => {}
+                None => waiter = Some(Waiter::new(self, wait_key(entry, l))),
+            }
             if tokio::time::Instant::now() >= deadline {
                 return Ok(Some(c));
             }
@@ -273,6 +300,63 @@ impl LockTable {
                 biased;
                 _ = notified => {}
                 _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+}
+
+impl LockTable {
+    /// Ends the waits of `l`'s owner (kind, client, owner) on `entry` that
+    /// run now: each answers refused at its next look, unless the lock is
+    /// granted first. Waits that start later are not touched. Returns how
+    /// many waits there were.
+    pub fn cancel(&self, entry: EntryId, l: &FileLock) -> u32 {
+        let mut st = self.state.lock().expect("lock table");
+        let n = match st.waiting.get_mut(&wait_key(entry, l)) {
+            Some(w) => {
+                w.cancels += 1;
+                w.count
+            }
+            None => 0,
+        };
+        drop(st);
+        if n > 0 {
+            self.changed.notify_waiters();
+        }
+        n
+    }
+}
+
+/// One waiting request, counted in `State::waiting` while it lives.
+struct Waiter<'a> {
+    table: &'a LockTable,
+    key: WaitKey,
+    /// `Waits::cancels` when it started.
+    cancels: u64,
+}
+
+impl<'a> Waiter<'a> {
+    fn new(table: &'a LockTable, key: WaitKey) -> Self {
+        let mut st = table.state.lock().expect("lock table");
+        let w = st.waiting.entry(key).or_default();
+        w.count += 1;
+        let cancels = w.cancels;
+        Waiter { table, key, cancels }
+    }
+
+    fn cancelled(&self) -> bool {
+        let st = self.table.state.lock().expect("lock table");
+        st.waiting.get(&self.key).is_some_and(|w| w.cancels > self.cancels)
+    }
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        let mut st = self.table.state.lock().expect("lock table");
+        if let Some(w) = st.waiting.get_mut(&self.key) {
+            w.count -= 1;
+            if w.count == 0 {
+                st.waiting.remove(&self.key);
             }
         }
     }
@@ -423,6 +507,38 @@ mod tests {
         assert_eq!(t.expire(now + Duration::from_secs(61)).len(), 3);
         assert!(doomed.await.unwrap().is_err());
         assert!(t.held(E).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancel_ends_the_running_waits_of_its_owner_only() {
+        let t = Arc::new(LockTable::new(Duration::from_secs(600)));
+        let now = Instant::now();
+        for c in 1..=3 {
+            t.touch(c, now);
+        }
+        assert_eq!(t.try_lock(E, &lk(1, 0, 9, true)), None);
+        // Nothing waits yet: a cancel changes nothing, and a wait that
+        // starts afterwards is not ended by it.
+        assert_eq!(t.cancel(E, &lk(2, 0, 0, true)), 0);
+        let wait = |c: u64| {
+            let t = t.clone();
+            tokio::spawn(async move { t.acquire(E, &lk(c, 0, 0, true), Duration::from_secs(50)).await })
+        };
+        let (w2, w3) = (wait(2), wait(3));
+        tokio::task::yield_now().await;
+        assert!(!w2.is_finished() && !w3.is_finished());
+        // Client 2's wait ends at once, refused by the holder; client 3 waits on.
+        assert_eq!(t.cancel(E, &lk(2, 5, 5, false)), 1);
+        assert_eq!(w2.await.unwrap().unwrap().map(|c| c.client), Some(1));
+        tokio::task::yield_now().await;
+        assert!(!w3.is_finished());
+        // A later wait of the same owner is not ended by the earlier cancel.
+        let again = wait(2);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!again.is_finished());
+        t.unlock(E, &lk(1, 0, 9, false));
+        let granted = [again.await.unwrap().unwrap(), w3.await.unwrap().unwrap()];
+        assert_eq!(granted.iter().filter(|g| g.is_none()).count(), 1, "{granted:?}");
     }
 
     fn append(client: u64, owner: u64) -> FileLock {

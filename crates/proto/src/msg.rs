@@ -838,6 +838,17 @@ pub enum Request {
     ReleaseWritten {
         handles: Vec<(EntryId, StripeSet)>,
     },
+    /// Ends the waits of `LockAcquire` requests on `entry` of `lock`'s
+    /// client, owner and kind (the range and type are ignored): each answers
+    /// at once, refused by the lock it waits for, unless granted first. Sent
+    /// when the waiting process was interrupted by a signal. Answer `Ok`,
+    /// also when nothing waited (the client sends it again while its
+    /// `LockAcquire` has not come back). A node that does not know this
+    /// request answers `Protocol`; the wait then runs to its `wait_ms`.
+    LockCancel {
+        entry: EntryId,
+        lock: FileLock,
+    },
 }
 
 /// Most users and groups one `QuotaUsage` request names.
@@ -1206,6 +1217,7 @@ impl Request {
                 // client falls back to `UpdateSize`.
                 | Request::UpdateSizeIf { .. }
                 | Request::LeaseDirNames { .. }
+                | Request::LockCancel { .. }
                 | Request::PeerStep { .. }
                 | Request::WriteChunk { .. }
                 | Request::ReadChunk { .. }
@@ -1616,7 +1628,7 @@ mod tests {
             let (m, _): (T, _) = postcard::take_from_bytes(&body).unwrap_or_else(|e| panic!("id {id}: {e}"));
             name_of(&m)
         }
-        const REQUESTS: [&str; 87] = [
+        const REQUESTS: [&str; 88] = [
             "Ping",
             "RegisterNode",
             "RegisterTarget",
@@ -1704,6 +1716,7 @@ mod tests {
             "LeaseDirNames",
             "PeerStep",
             "ReleaseWritten",
+            "LockCancel",
         ];
         const REPLIES: [&str; 48] = [
             "Ok",

@@ -419,6 +419,22 @@ pub fn errno_of<T>(r: std::io::Result<T>) -> i32 {
     }
 }
 
+/// Waits for `child` to exit, killing it and failing the test with
+/// "`what` still blocks after `limit`" if it has not by then.
+pub fn wait_child(child: &mut Child, limit: Duration, what: &str) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("{what} still blocks after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A TCP port free at the time of asking (for a `--metrics-listen`).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()

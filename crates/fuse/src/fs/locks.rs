@@ -9,6 +9,7 @@
 //! therefore do not conflict, as on Linux's local file systems.
 
 use super::*;
+use hivefs_client::Interrupt;
 
 /// A lock request from the kernel: its owner, range, type (`F_RDLCK`,
 /// `F_WRLCK`, `F_UNLCK`), the caller's pid, and whether it is a flock.
@@ -35,9 +36,57 @@ impl KernelLock {
     }
 }
 
+/// Waiting lock requests by FUSE request id, and interrupts that came
+/// before their request's handler registered it.
+#[derive(Default)]
+pub(super) struct LockWaits {
+    waiting: HashMap<u64, Arc<Interrupt>>,
+    /// Interrupts of requests not (yet) waiting, newest last: most are of
+    /// requests that are not lock waits, or finished; a few are of a lock
+    /// request whose handler has not run yet.
+    early: std::collections::VecDeque<u64>,
+}
+
+/// Interrupts of requests not found waiting that are remembered.
+const EARLY_INTERRUPTS: usize = 64;
+
+impl LockWaits {
+    /// A lock request that may wait: its interrupt, fired already if the
+    /// kernel's interrupt came first.
+    fn register(&mut self, unique: u64) -> Arc<Interrupt> {
+        let i = Arc::new(Interrupt::default());
+        if let Some(at) = self.early.iter().position(|u| *u == unique) {
+            self.early.remove(at);
+            i.fire();
+        }
+        self.waiting.insert(unique, i.clone());
+        i
+    }
+
+    fn done(&mut self, unique: u64) {
+        self.waiting.remove(&unique);
+    }
+
+    pub(super) fn interrupt(&mut self, unique: u64) {
+        match self.waiting.get(&unique) {
+            Some(i) => {
+                debug!("FUSE request {unique} interrupted while waiting for a lock");
+                i.fire()
+            }
+            None => {
+                if self.early.len() == EARLY_INTERRUPTS {
+                    self.early.pop_front();
+                }
+                self.early.push_back(unique);
+            }
+        }
+    }
+}
+
 /// Whether thread `pid` is gone or being killed: a task blocked in a FUSE
-/// request cannot die until it is answered, and the mount does not act on
-/// the kernel's interrupts, so a waiting lock request looks for SIGKILL itself.
+/// request cannot die until it is answered. The kernel interrupts a lock
+/// wait for a fatal signal too, but this also covers a caller killed before
+/// its interrupt could be read.
 fn fatal_signal_pending(pid: u32) -> bool {
     let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return true };
     let sigkill = 1u64 << (libc::SIGKILL - 1);
@@ -75,6 +124,9 @@ impl Inner {
 pub(super) fn setlk(fs: &HiveFs, req: &Request, ino: INodeNo, l: KernelLock, sleep: bool, reply: ReplyEmpty) {
     let inner = fs.inner.clone();
     let waiter = req.pid();
+    let unique = req.unique();
+    // Registered on the thread that read the request, before any wait.
+    let interrupt = sleep.then(|| fs.inner.lock_waits.lock().expect("lock waits").register(unique));
     fs.inner.rt.spawn(async move {
         let r: FsResult<bool> = async {
             let ent = inner.ent(ino)?;
@@ -88,7 +140,8 @@ pub(super) fn setlk(fs: &HiveFs, req: &Request, ino: INodeNo, l: KernelLock, sle
                 return Ok(true);
             }
             inner.locked.lock().expect("locked").insert(ent.id);
-            let refused = inner.client.lock(ent, lock, sleep, || fatal_signal_pending(waiter)).await?;
+            let give_up = || fatal_signal_pending(waiter);
+            let refused = inner.client.lock(ent, lock, sleep, give_up, interrupt.as_deref()).await?;
             if let Some(c) = &refused {
                 debug!(
                     "lock {start}..={end} on {} refused: held by client {:016x} owner {:x}",
@@ -98,9 +151,17 @@ pub(super) fn setlk(fs: &HiveFs, req: &Request, ino: INodeNo, l: KernelLock, sle
             Ok(refused.is_none())
         }
         .await;
+        if interrupt.is_some() {
+            inner.lock_waits.lock().expect("lock waits").done(unique);
+        }
         match r {
             Ok(true) => reply.ok(),
             Ok(false) => reply.error(Errno::from_i32(libc::EAGAIN)),
+            // Not granted, and the caller got a signal: as a local file system answers.
+            Err(e) if interrupt.as_ref().is_some_and(|i| i.fired()) => {
+                debug!("setlk interrupted: {e}");
+                reply.error(Errno::from_i32(libc::EINTR));
+            }
             Err(e) => {
                 debug!("setlk failed: {e}");
                 reply.error(errno(&e));

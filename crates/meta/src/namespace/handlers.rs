@@ -289,6 +289,7 @@ impl Namespace {
             r @ (Request::LockAcquire { .. }
             | Request::LockRelease { .. }
             | Request::LockTest { .. }
+            | Request::LockCancel { .. }
             | Request::LockKeepAlive { .. }) => self.lock_request(r).await,
             r @ (Request::FsckDentries { .. }
             | Request::FsckInodes { .. }
@@ -356,6 +357,11 @@ impl Namespace {
             Request::LockTest { entry, lock } => {
                 check_range(entry, &lock)?;
                 Ok(Reply::Lock(t.test(entry, &lock)))
+            }
+            Request::LockCancel { entry, lock } => {
+                let n = t.cancel(entry, &lock);
+                debug!("lock waits of client {:016x} owner {:x} on {entry} cancelled: {n}", lock.client, lock.owner);
+                Ok(Reply::Ok)
             }
             other => Err(fs_err!(Internal, "{other:?} is not a lock request")),
         }
