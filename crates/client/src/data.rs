@@ -338,8 +338,13 @@ impl Client {
                 match pool.call_with(&Default::default(), &req, Bytes::new()).await {
                     Ok((Reply::ChunkLens(l), _)) if l.len() == idxs.len() => Ok(Lens::Many(idxs, l)),
                     Ok((r, _)) => Err(FsError::new(ErrorCode::Protocol, format!("odd StatChunks reply {r:?}"))),
-                    // A storage node of an older version: one request per target.
-                    Err(e) if matches!(e.code, ErrorCode::Protocol | ErrorCode::NotSupported) => {
+                    // A storage node of an older version, or one that moved to
+                    // another address while the call repeated: one request per
+                    // target (each routed anew).
+                    Err(e)
+                        if matches!(e.code, ErrorCode::Protocol | ErrorCode::NotSupported)
+                            || hivefs_net::node_moved(&e) =>
+                    {
                         let Request::StatChunks { targets, .. } = req else { unreachable!("built above") };
                         let mut lens = Vec::with_capacity(targets.len());
                         for t in targets {
