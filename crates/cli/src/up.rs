@@ -268,8 +268,8 @@ pub const PORTS_ENV: &str = "HIVEFS_UP_PORTS";
 /// last exit message (`hivefs: ...`) says so. Earlier runs' lines in the same
 /// log do not count.
 fn port_was_taken(name: &str, sdir: &Path) -> bool {
-    let log = std::fs::read_to_string(sdir.join(format!("{name}.log"))).unwrap_or_default();
-    log.lines().rev().find(|l| l.starts_with("hivefs: ")).is_some_and(|l| l.contains("Address already in use"))
+    let tail = log_tail(&sdir.join(format!("{name}.log")));
+    tail.lines().rev().find(|l| l.starts_with("hivefs: ")).is_some_and(|l| l.contains("Address already in use"))
 }
 
 pub fn load_layout(dir: &Path) -> Result<Layout> {

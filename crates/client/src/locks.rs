@@ -164,8 +164,6 @@ impl Client {
         if !wait {
             return self.lock_once(e, lock, Duration::ZERO).await;
         }
-        let interrupted =
-            || FsError::new(ErrorCode::Busy, format!("waiting for a lock on {} interrupted by a signal", e.id));
         loop {
             let once = self.lock_once(e, lock, self.wait_slice());
             tokio::pin!(once);
@@ -185,8 +183,11 @@ impl Client {
                 Err(err) if err.code == ErrorCode::TimedOut => debug!("lock on {} timed out; asking again", e.id),
                 Err(err) => return Err(err),
             }
-            if interrupt.is_some_and(Interrupt::fired) {
-                return Err(interrupted());
+            if interrupt.is_some_and(Interrupt::is_set) {
+                return Err(FsError::new(
+                    ErrorCode::Busy,
+                    format!("waiting for a lock on {} interrupted by a signal", e.id),
+                ));
             }
             if give_up() {
                 return Err(FsError::new(
@@ -440,34 +441,6 @@ pub(crate) fn new_session() -> Arc<LockSession> {
     Arc::new(LockSession::default())
 }
 
-/// Fired when the process waiting for a lock got a signal (the kernel's
+/// Set when the process waiting for a lock got a signal (the kernel's
 /// FUSE interrupt of its request): [`Client::lock`] then stops waiting.
-#[derive(Default)]
-pub struct Interrupt {
-    fired: AtomicBool,
-    notify: tokio::sync::Notify,
-}
-
-impl Interrupt {
-    pub fn fire(&self) {
-        self.fired.store(true, Ordering::Release);
-        self.notify.notify_waiters();
-    }
-
-    pub fn fired(&self) -> bool {
-        self.fired.load(Ordering::Acquire)
-    }
-
-    /// Returns once fired.
-    async fn wait(&self) {
-        loop {
-            let n = self.notify.notified();
-            tokio::pin!(n);
-            n.as_mut().enable();
-            if self.fired() {
-                return;
-            }
-            n.await;
-        }
-    }
-}
+pub type Interrupt = hivefs_cluster::Latch;

@@ -3,10 +3,14 @@
 //! Owns: a service's persistent identity (`node.toml`: uuid and assigned id),
 //! registration with mgmtd, the heartbeat loop, and a cached, periodically
 //! refreshed view of nodes and targets used to route requests by node or
-//! target id. It must not hold policy (choosers, states): mgmtd decides,
-//! this crate only reads.
+//! target id, and [`Latch`], the set-once flag services and clients wait
+//! on. It must not hold policy (choosers, states): mgmtd decides, this
+//! crate only reads.
 
 #![forbid(unsafe_code)]
+
+mod latch;
+pub use latch::Latch;
 
 use hivefs_net::{Call, Pools};
 use hivefs_proto::{
@@ -366,7 +370,7 @@ impl Cluster {
             let e = match r {
                 // The node re-registered from another address while the call
                 // repeated: the view has that address now.
-                Err(e) if hivefs_net::node_moved(&e) && moves < 3 => {
+                Err(e) if hivefs_net::node_moved(&e) && moves < MAX_MOVES => {
                     moves += 1;
                     debug!("{unit}: {e}");
                     continue;
@@ -461,7 +465,7 @@ impl Cluster {
                         loop {
                             let addr = self.node_addr(NodeType::Meta, owner).await?;
                             match self.pools.get(&addr).rpc_with(env, req).await {
-                                Err(e) if hivefs_net::node_moved(&e) && moves < 3 => {
+                                Err(e) if hivefs_net::node_moved(&e) && moves < MAX_MOVES => {
                                     moves += 1;
                                     debug!("metadata node {owner}: {e}");
                                 }
@@ -494,6 +498,10 @@ impl Cluster {
         }
     }
 }
+
+/// Times one call follows its node to a new address before the error
+/// stands (a node moving again and again is not waited for).
+const MAX_MOVES: u32 = 3;
 
 /// Whether a failed request surely did not reach (or was refused by) its
 /// node, so that even a request that must not be repeated may be sent

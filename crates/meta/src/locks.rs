@@ -303,9 +303,7 @@ impl LockTable {
             }
         }
     }
-}
 
-impl LockTable {
     /// Ends the waits of `l`'s owner (kind, client, owner) on `entry` that
     /// run now: each answers refused at its next look, unless the lock is
     /// granted first. Waits that start later are not touched. Returns how
@@ -482,13 +480,19 @@ mod tests {
         assert!(!t.touch(1, t0 + Duration::from_millis(200)));
     }
 
-    #[tokio::test]
-    async fn a_waiter_is_granted_on_unlock_and_dropped_on_expiry() {
-        let t = Arc::new(LockTable::new(Duration::from_secs(60)));
-        let now = Instant::now();
+    /// A table with leases for clients 1 to 3 from `now`.
+    fn table_of_three(lease: Duration, now: Instant) -> Arc<LockTable> {
+        let t = Arc::new(LockTable::new(lease));
         for c in 1..=3 {
             t.touch(c, now);
         }
+        t
+    }
+
+    #[tokio::test]
+    async fn a_waiter_is_granted_on_unlock_and_dropped_on_expiry() {
+        let now = Instant::now();
+        let t = table_of_three(Duration::from_secs(60), now);
         assert_eq!(t.try_lock(E, &lk(1, 0, 9, true)), None);
         // Without waiting: refused at once.
         assert!(t.acquire(E, &lk(2, 0, 0, true), Duration::ZERO).await.unwrap().is_some());
@@ -511,11 +515,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_cancel_ends_the_running_waits_of_its_owner_only() {
-        let t = Arc::new(LockTable::new(Duration::from_secs(600)));
-        let now = Instant::now();
-        for c in 1..=3 {
-            t.touch(c, now);
-        }
+        let t = table_of_three(Duration::from_secs(600), Instant::now());
         assert_eq!(t.try_lock(E, &lk(1, 0, 9, true)), None);
         // Nothing waits yet: a cancel changes nothing, and a wait that
         // starts afterwards is not ended by it.

@@ -855,7 +855,7 @@ impl Mirrors {
         let (one, all) = (n.failure(), self.failed.clone());
         n.add_task(tokio::spawn(async move {
             one.wait().await;
-            all.raise();
+            all.set();
         }));
         self.slots.write().expect("slots").insert(ns, Slot::Serving { ns: n, primary, store: held });
         Ok(())

@@ -115,32 +115,7 @@ pub struct WriterState {
 /// back after a failed append, or a checkpoint failed (after an I/O error
 /// redb refuses every further transaction until the database is opened
 /// again). The journal holds every acknowledged batch; a restart replays it.
-#[derive(Default)]
-pub struct StoreFailure {
-    failed: std::sync::atomic::AtomicBool,
-    notify: Notify,
-}
-
-impl StoreFailure {
-    pub fn raise(&self) {
-        self.failed.store(true, Ordering::Release);
-        self.notify.notify_waiters();
-    }
-
-    pub fn is_raised(&self) -> bool {
-        self.failed.load(Ordering::Acquire)
-    }
-
-    pub async fn wait(&self) {
-        loop {
-            let n = self.notify.notified();
-            if self.is_raised() {
-                return;
-            }
-            n.await;
-        }
-    }
-}
+pub type StoreFailure = hivefs_cluster::Latch;
 
 /// The error code of a journal write that failed: a full disk is `NoSpace`, the rest `Io`.
 fn failure_code(e: &std::io::Error) -> hivefs_types::ErrorCode {
@@ -510,7 +485,7 @@ pub async fn run_batch(log: &mut Log, st: &mut WriterState, muts: Vec<Queued>) -
         (0..n).map(|_| (Err(FsError::new(code, format!("metadata store failure: {msg}"))), Vec::new())).collect()
     };
     if log.failed() {
-        st.failed.raise();
+        st.failed.set();
         return fail_all(hivefs_types::ErrorCode::Io, "a checkpoint failed; the service must be restarted");
     }
     let used = log.store_used();
@@ -540,7 +515,7 @@ pub async fn run_batch(log: &mut Log, st: &mut WriterState, muts: Vec<Queued>) -
                     .collect()
             }
             AppendError::Broken(m) => {
-                st.failed.raise();
+                st.failed.set();
                 fail_all(hivefs_types::ErrorCode::Io, &format!("journal write: {m}"))
             }
         };

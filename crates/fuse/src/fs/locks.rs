@@ -57,7 +57,7 @@ impl LockWaits {
         let i = Arc::new(Interrupt::default());
         if let Some(at) = self.early.iter().position(|u| *u == unique) {
             self.early.remove(at);
-            i.fire();
+            i.set();
         }
         self.waiting.insert(unique, i.clone());
         i
@@ -71,7 +71,7 @@ impl LockWaits {
         match self.waiting.get(&unique) {
             Some(i) => {
                 debug!("FUSE request {unique} interrupted while waiting for a lock");
-                i.fire()
+                i.set()
             }
             None => {
                 if self.early.len() == EARLY_INTERRUPTS {
@@ -158,7 +158,7 @@ pub(super) fn setlk(fs: &HiveFs, req: &Request, ino: INodeNo, l: KernelLock, sle
             Ok(true) => reply.ok(),
             Ok(false) => reply.error(Errno::from_i32(libc::EAGAIN)),
             // Not granted, and the caller got a signal: as a local file system answers.
-            Err(e) if interrupt.as_ref().is_some_and(|i| i.fired()) => {
+            Err(e) if interrupt.as_ref().is_some_and(|i| i.is_set()) => {
                 debug!("setlk interrupted: {e}");
                 reply.error(Errno::from_i32(libc::EINTR));
             }
