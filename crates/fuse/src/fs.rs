@@ -355,7 +355,7 @@ impl Inner {
 macro_rules! run {
     ($self:ident, $reply:ident, |$inner:ident| $body:block) => {{
         let $inner = $self.inner.clone();
-        $self.inner.rt.spawn(async move {
+        crate::lazy::start(&$self.inner.rt, async move {
             let res: FsResult<_> = async move $body.await;
             match res {
                 Ok(respond) => respond($reply),
@@ -936,7 +936,7 @@ impl Filesystem for HiveFs {
 
     fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let inner = self.inner.clone();
-        self.inner.rt.spawn(async move {
+        crate::lazy::start(&self.inner.rt, async move {
             let r: FsResult<()> = async {
                 let h = inner.dirs.lock().expect("dirs").get(&fh.0).cloned().ok_or_else(|| stale(ino.0))?;
                 let mut h = h.lock().await;

@@ -5,10 +5,10 @@
 //! handles, attribute conversion, the capabilities negotiated with the kernel
 //! (with POSIX ACLs the kernel checks them and creates carry the umask to the
 //! metadata node), and the mapping of HiveFS error codes to errno (the only
-//! place in HiveFS that does it). Requests are handed to the
-//! async runtime and answered when done, so the mount serves many requests
-//! at once; a close with nothing to send or wait for is answered on the
-//! thread that read it. It must not talk to services itself: all traffic goes
+//! place in HiveFS that does it). A request's handler runs on
+//! the thread that read it until it first waits, and then on the async
+//! runtime (`lazy`), so the mount serves many requests at once; a close with
+//! nothing to send or wait for is answered on the thread that read it. It must not talk to services itself: all traffic goes
 //! through `hivefs-client`.
 //!
 //! The kernel protocol and its transports (`/dev/fuse`, FUSE over io_uring)
@@ -20,5 +20,6 @@
 mod errno;
 mod fs;
 mod inodes;
+mod lazy;
 
 pub use fs::{check_mountpoint, mount, Atime, CacheMode, FuseTransport, MountOptions, DIR_ATTR_TTL};

@@ -1,7 +1,8 @@
 //! The client side: multiplexed connections and bounded pools per peer.
 
 use crate::auth::{nonce, Secret};
-use crate::io::{read_frame, write_frame};
+use crate::io::{frame_header, read_frame, write_frame};
+use crate::send::Sender;
 use crate::unavailable;
 use bytes::Bytes;
 use hivefs_proto::{
@@ -16,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
 #[derive(Clone, Debug)]
@@ -67,18 +68,10 @@ fn now_ms() -> u64 {
 
 type Waiter = oneshot::Sender<Result<(Response, Vec<u8>), FsError>>;
 
-struct Outgoing {
-    request_id: u64,
-    /// Frame flags of `body` (whether it starts with an envelope).
-    flags: u16,
-    body: Vec<u8>,
-    /// Shared, not copied, between the attempts of a retried request.
-    payload: Bytes,
-}
-
 /// One authenticated connection with many requests in flight.
 struct Conn {
-    tx: mpsc::Sender<Outgoing>,
+    /// Requests are written by their callers (see `send`).
+    sender: Arc<Sender>,
     pending: Arc<Mutex<HashMap<u64, Waiter>>>,
     next_id: AtomicU64,
     dead: Arc<AtomicBool>,
@@ -93,6 +86,7 @@ struct Conn {
 impl Drop for Conn {
     fn drop(&mut self) {
         self.reader.abort();
+        self.sender.stop();
     }
 }
 
@@ -111,23 +105,8 @@ async fn connect(addr: &str, cfg: &ClientConfig) -> Result<Conn, FsError> {
 
     let pending: Arc<Mutex<HashMap<u64, Waiter>>> = Arc::default();
     let dead = Arc::new(AtomicBool::new(false));
-    let (tx, mut rx) = mpsc::channel::<Outgoing>(256);
-    let dead_w = dead.clone();
-    let addr_w = addr.to_string();
-    tokio::spawn(async move {
-        while let Some(out) = rx.recv().await {
-            let r = write_frame(&mut wr, FrameKind::Request, out.request_id, out.flags, &out.body, &out.payload).await;
-            let r = match r {
-                Ok(()) if rx.is_empty() => wr.flush().await,
-                r => r,
-            };
-            if let Err(e) = r {
-                debug!(peer = %addr_w, "write failed: {e}");
-                dead_w.store(true, Ordering::Release);
-                return;
-            }
-        }
-    });
+    // The handshake flushed everything it wrote.
+    let sender = Arc::new(Sender::new(wr.into_inner(), dead.clone(), addr));
     let pending_r = pending.clone();
     let dead_r = dead.clone();
     let addr_r = addr.to_string();
@@ -167,7 +146,7 @@ async fn connect(addr: &str, cfg: &ClientConfig) -> Result<Conn, FsError> {
         }
     })
     .abort_handle();
-    Ok(Conn { tx, pending, next_id: AtomicU64::new(1), dead, inflight: AtomicUsize::new(0), last_rx, reader })
+    Ok(Conn { sender, pending, next_id: AtomicU64::new(1), dead, inflight: AtomicUsize::new(0), last_rx, reader })
 }
 
 async fn client_handshake<R, W>(addr: &str, rd: &mut R, wr: &mut W, cfg: &ClientConfig) -> Result<(), FsError>
@@ -242,7 +221,12 @@ impl Conn {
         self.inflight.fetch_add(1, Ordering::Relaxed);
         let _guard = InflightGuard(&self.inflight);
         let exchange = async {
-            if self.tx.send(Outgoing { request_id: id, flags, body, payload }).await.is_err() {
+            let header = frame_header(FrameKind::Request, id, flags, &body, payload.len())
+                .map_err(|e| FsError::new(ErrorCode::Invalid, format!("{addr}: request too large: {e}")))?;
+            let mut head = Vec::with_capacity(header.len() + body.len());
+            head.extend_from_slice(&header);
+            head.extend_from_slice(&body);
+            if !self.sender.send(head, payload) {
                 return Err(unavailable(addr, "connection lost"));
             }
             wrx.await.unwrap_or_else(|_| Err(unavailable(addr, "connection lost")))

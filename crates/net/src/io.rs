@@ -75,6 +75,26 @@ pub async fn read_rest<R: AsyncRead + Unpin>(r: &mut R, header: FrameHeader) -> 
     Ok(Frame { header, body, payload })
 }
 
+/// The header of a frame with this body and a payload of `payload_len` bytes.
+pub fn frame_header(
+    kind: FrameKind,
+    request_id: u64,
+    flags: u16,
+    body: &[u8],
+    payload_len: usize,
+) -> std::io::Result<[u8; HEADER_LEN]> {
+    let header = FrameHeader {
+        body_version: hivefs_proto::BODY_VERSION,
+        kind,
+        msg_type: hivefs_proto::frame_type_id(flags, body),
+        flags,
+        request_id,
+        body_len: u32::try_from(body.len()).map_err(std::io::Error::other)?,
+        payload_len: u32::try_from(payload_len).map_err(std::io::Error::other)?,
+    };
+    Ok(header.encode())
+}
+
 /// Writes one frame (not flushed).
 pub async fn write_frame<W: AsyncWrite + Unpin>(
     w: &mut W,
@@ -84,16 +104,7 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
     body: &[u8],
     payload: &[u8],
 ) -> std::io::Result<()> {
-    let header = FrameHeader {
-        body_version: hivefs_proto::BODY_VERSION,
-        kind,
-        msg_type: hivefs_proto::frame_type_id(flags, body),
-        flags,
-        request_id,
-        body_len: u32::try_from(body.len()).map_err(std::io::Error::other)?,
-        payload_len: u32::try_from(payload.len()).map_err(std::io::Error::other)?,
-    };
-    w.write_all(&header.encode()).await?;
+    w.write_all(&frame_header(kind, request_id, flags, body, payload.len())?).await?;
     w.write_all(body).await?;
     if !payload.is_empty() {
         w.write_all(payload).await?;

@@ -4,7 +4,8 @@
 //! challenge/response), framing on a byte stream, many requests in flight per
 //! connection (matched by request id), per-request timeouts, bounded
 //! connection pools per peer, and the server loop with its limits
-//! (connections, in-flight requests per connection, frame sizes).
+//! (connections, in-flight requests per connection, frame sizes). A
+//! client's request is written by its caller's thread (`send`).
 //!
 //! It knows nothing of what requests mean: services plug in a [`Handler`],
 //! and callers reach a service through the [`Call`] trait ([`Pool`] is its
@@ -21,6 +22,7 @@
 pub mod auth;
 pub mod client;
 pub mod io;
+mod send;
 pub mod server;
 
 pub use auth::{generate_secret_file, load_secret, Secret};

@@ -127,7 +127,7 @@ pub(super) fn setlk(fs: &HiveFs, req: &Request, ino: INodeNo, l: KernelLock, sle
     let unique = req.unique();
     // Registered on the thread that read the request, before any wait.
     let interrupt = sleep.then(|| fs.inner.lock_waits.lock().expect("lock waits").register(unique));
-    fs.inner.rt.spawn(async move {
+    crate::lazy::start(&fs.inner.rt, async move {
         let r: FsResult<bool> = async {
             let ent = inner.ent(ino)?;
             let lock = l.file_lock()?;
@@ -172,7 +172,7 @@ pub(super) fn setlk(fs: &HiveFs, req: &Request, ino: INodeNo, l: KernelLock, sle
 
 pub(super) fn getlk(fs: &HiveFs, ino: INodeNo, l: KernelLock, reply: ReplyLock) {
     let inner = fs.inner.clone();
-    fs.inner.rt.spawn(async move {
+    crate::lazy::start(&fs.inner.rt, async move {
         let r: FsResult<Option<FileLock>> = async {
             let ent = inner.ent(ino)?;
             inner.client.test_lock(ent, l.file_lock()?).await
