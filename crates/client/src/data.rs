@@ -13,6 +13,46 @@ use hivefs_types::pattern::{Pattern, Piece, StripeUnit};
 use std::os::unix::fs::FileExt;
 use tokio::task::JoinSet;
 
+/// A request's future for [`concurrently`].
+type Pending<T> = std::pin::Pin<Box<dyn std::future::Future<Output = FsResult<T>> + Send>>;
+
+/// Runs `futs` at once inside the calling task instead of as tasks of their
+/// own: every request leaves in the first poll, from the calling thread (a
+/// mount's FUSE thread), and no worker is woken to start one. The results
+/// come in completion order; the first error ends the wait (the others are
+/// dropped, abandoning their requests as aborting spawned tasks did).
+async fn concurrently<T>(mut futs: Vec<Pending<T>>) -> FsResult<Vec<T>> {
+    let mut out = Vec::with_capacity(futs.len());
+    std::future::poll_fn(|cx| {
+        let mut i = 0;
+        while i < futs.len() {
+            match futs[i].as_mut().poll(cx) {
+                std::task::Poll::Ready(Ok(v)) => {
+                    out.push(v);
+                    drop(futs.swap_remove(i));
+                }
+                std::task::Poll::Ready(Err(e)) => return std::task::Poll::Ready(Err(e)),
+                std::task::Poll::Pending => i += 1,
+            }
+        }
+        if futs.is_empty() {
+            std::task::Poll::Ready(Ok(()))
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await?;
+    Ok(out)
+}
+
+/// Waits for a set's blocking tasks (local chunk file I/O), failing at the first error.
+async fn join_all(mut set: JoinSet<FsResult<()>>) -> FsResult<()> {
+    while let Some(r) = set.join_next().await {
+        r.map_err(|e| FsError::new(ErrorCode::Internal, e.to_string()))??;
+    }
+    Ok(())
+}
+
 /// Largest piece sent in one request (a piece never spans two chunks either).
 pub const MAX_PIECE: usize = 4 << 20;
 
@@ -85,7 +125,7 @@ async fn stat_chunk(
 impl Client {
     /// A future that sends chunk request `req` to stripe unit `unit` (a
     /// target, or a buddy group's primary, retried across a failover:
-    /// `Cluster::call_unit`), for a `JoinSet`.
+    /// `Cluster::call_unit`), to run [`concurrently`] with others.
     fn unit_task(
         &self,
         unit: StripeUnit,
@@ -130,6 +170,7 @@ impl Client {
         }
         self.note_written(entry, pattern.stripes_in(offset, data.len() as u64));
         let mut set = JoinSet::new();
+        let mut sends: Vec<Pending<()>> = Vec::new();
         for p in split_large(pattern.pieces(offset, data.len())) {
             let target = pattern.targets()[p.stripe_index];
             let unit = pattern.unit(p.stripe_index);
@@ -144,18 +185,18 @@ impl Client {
                 continue;
             }
             let call = self.unit_task(unit, Request::WriteChunk { target, entry, offset: p.local_offset }, payload);
-            set.spawn(async move {
+            sends.push(Box::pin(async move {
                 match call.await {
                     Ok((Reply::Written(n), _)) if n as usize == p.len => Ok(()),
                     Ok((r, _)) => Err(FsError::new(ErrorCode::Io, format!("short or odd write reply {r:?}"))),
                     Err(e) => Err(e),
                 }
                 .map_err(|e| target_err(unit, entry, e))
-            });
+            }));
         }
-        while let Some(r) = set.join_next().await {
-            r.map_err(|e| FsError::new(ErrorCode::Internal, e.to_string()))??;
-        }
+        let (sent, written) = tokio::join!(concurrently(sends), join_all(set));
+        sent?;
+        written?;
         Ok(data.len())
     }
 
@@ -238,7 +279,7 @@ impl Client {
         if pattern.targets().is_empty() || len == 0 {
             return Ok(Vec::new());
         }
-        let mut set = JoinSet::new();
+        let mut reads: Vec<Pending<(Piece, Vec<u8>)>> = Vec::new();
         let mut buf = vec![0u8; len];
         let mut short = false;
         // Pieces of chunk files held here that the page cache does not hold
@@ -265,16 +306,19 @@ impl Client {
             }
             let req = Request::ReadChunk { target, entry, offset: p.local_offset, len: p.len as u32 };
             let call = self.unit_task(unit, req, Bytes::new());
-            set.spawn(async move {
+            reads.push(Box::pin(async move {
                 match call.await {
                     Ok((Reply::Data, bytes)) if bytes.len() <= p.len => Ok((p, bytes)),
                     Ok((r, _)) => Err(FsError::new(ErrorCode::Io, format!("odd read reply {r:?}"))),
                     Err(e) => Err(e),
                 }
                 .map_err(|e| target_err(unit, entry, e))
-            });
+            }));
         }
-        if !from_disk.is_empty() {
+        let disk = async move {
+            if from_disk.is_empty() {
+                return Ok((buf, false));
+            }
             let read = move || {
                 let mut short = false;
                 for (p, target, f) in from_disk {
@@ -284,14 +328,13 @@ impl Client {
                 }
                 Ok((buf, short))
             };
-            let (b, s) = tokio::task::spawn_blocking(read)
-                .await
-                .map_err(|e| FsError::new(ErrorCode::Internal, e.to_string()))??;
-            buf = b;
-            short |= s;
-        }
-        while let Some(r) = set.join_next().await {
-            let (p, bytes) = r.map_err(|e| FsError::new(ErrorCode::Internal, e.to_string()))??;
+            tokio::task::spawn_blocking(read).await.map_err(|e| FsError::new(ErrorCode::Internal, e.to_string()))?
+        };
+        let (got, disk) = tokio::join!(concurrently(reads), disk);
+        let (b, s) = disk?;
+        buf = b;
+        short |= s;
+        for (p, bytes) in got? {
             short |= bytes.len() < p.len;
             buf[p.buf_offset..p.buf_offset + bytes.len()].copy_from_slice(&bytes);
         }
@@ -308,7 +351,7 @@ impl Client {
     /// `StatChunks` per storage node (each stripe unit alone for a
     /// mirrored file, whose groups answer through their primaries).
     pub async fn size_from_targets(&self, pattern: &Pattern, entry: EntryId) -> FsResult<u64> {
-        let mut set = JoinSet::new();
+        let mut asks: Vec<Pending<Lens>> = Vec::new();
         let mut lens = vec![0u64; pattern.targets().len()];
         let mut by_node: std::collections::BTreeMap<NodeId, Vec<usize>> = Default::default();
         let view = self.cluster.view();
@@ -325,14 +368,14 @@ impl Client {
                 (StripeUnit::Target(_), Some(t)) => by_node.entry(t.node).or_default().push(i),
                 (unit, _) => {
                     let call = stat_chunk(self.cluster.clone(), self.mirror_retry, unit, target, entry);
-                    set.spawn(async move { call.await.map(|l| Lens::One(i, l)) });
+                    asks.push(Box::pin(async move { call.await.map(|l| Lens::One(i, l)) }));
                 }
             }
         }
         for (node, idxs) in by_node {
             let targets: Vec<TargetId> = idxs.iter().map(|&i| pattern.targets()[i]).collect();
             let (cluster, budget) = (self.cluster.clone(), self.mirror_retry);
-            set.spawn(async move {
+            asks.push(Box::pin(async move {
                 let pool = cluster.node_pool(NodeType::Storage, node).await?;
                 let req = Request::StatChunks { entry, targets };
                 match pool.call_with(&Default::default(), &req, Bytes::new()).await {
@@ -354,10 +397,10 @@ impl Client {
                     }
                     Err(e) => Err(FsError::new(e.code, format!("storage node {node}, file {entry}: {}", e.message))),
                 }
-            });
+            }));
         }
-        while let Some(r) = set.join_next().await {
-            match r.map_err(|e| FsError::new(ErrorCode::Internal, e.to_string()))?? {
+        for answer in concurrently(asks).await? {
+            match answer {
                 Lens::One(i, l) => lens[i] = l,
                 Lens::Many(idxs, ls) => idxs.into_iter().zip(ls).for_each(|(i, l)| lens[i] = l),
             }
@@ -399,17 +442,15 @@ impl Client {
         entry: EntryId,
         req: impl Fn(usize, TargetId) -> Option<Request>,
     ) -> FsResult<Vec<(usize, Reply)>> {
-        let mut set = JoinSet::new();
+        let mut calls: Vec<Pending<(usize, Reply)>> = Vec::new();
         for (i, &target) in pattern.targets().iter().enumerate() {
             let Some(r) = req(i, target) else { continue };
             let unit = pattern.unit(i);
             let call = self.unit_task(unit, r, Bytes::new());
-            set.spawn(async move { call.await.map(|(a, _)| (i, a)).map_err(|e| target_err(unit, entry, e)) });
+            calls
+                .push(Box::pin(async move { call.await.map(|(a, _)| (i, a)).map_err(|e| target_err(unit, entry, e)) }));
         }
-        let mut out = Vec::new();
-        while let Some(r) = set.join_next().await {
-            out.push(r.map_err(|e| FsError::new(ErrorCode::Internal, e.to_string()))??);
-        }
+        let mut out = concurrently(calls).await?;
         out.sort_by_key(|(i, _)| *i);
         Ok(out)
     }
@@ -576,15 +617,46 @@ impl Client {
 
     /// Flushes the file's chunk files to disk on every target.
     pub async fn fsync(&self, pattern: &Pattern, entry: EntryId) -> FsResult<()> {
-        let mut set = JoinSet::new();
+        let mut syncs: Vec<Pending<()>> = Vec::new();
         for (i, &target) in pattern.targets().iter().enumerate() {
             let unit = pattern.unit(i);
             let call = self.unit_task(unit, Request::FsyncChunk { target, entry }, Bytes::new());
-            set.spawn(async move { call.await.map(|_| ()).map_err(|e| target_err(unit, entry, e)) });
+            syncs.push(Box::pin(async move { call.await.map(|_| ()).map_err(|e| target_err(unit, entry, e)) }));
         }
-        while let Some(r) = set.join_next().await {
-            r.map_err(|e| FsError::new(ErrorCode::Internal, e.to_string()))??;
-        }
-        Ok(())
+        concurrently(syncs).await.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn after(ms: u64, r: FsResult<u64>) -> Pending<u64> {
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            r
+        })
+    }
+
+    /// Every future runs at once: all results, the whole wait as long as the slowest.
+    #[tokio::test(start_paused = true)]
+    async fn concurrently_runs_every_future_at_once() {
+        let start = tokio::time::Instant::now();
+        let mut got = concurrently(vec![after(30, Ok(3)), after(10, Ok(1)), after(20, Ok(2))]).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::from_millis(30));
+        got.sort();
+        assert_eq!(got, vec![1, 2, 3]);
+        assert!(concurrently::<u64>(Vec::new()).await.unwrap().is_empty());
+    }
+
+    /// The first error ends the wait; slower futures are not waited for.
+    #[tokio::test(start_paused = true)]
+    async fn concurrently_stops_at_the_first_error() {
+        let start = tokio::time::Instant::now();
+        let e = FsError::new(ErrorCode::Io, "target 3 failed");
+        let r = concurrently(vec![after(1000, Ok(1)), after(10, Err(e)), after(5, Ok(2))]).await;
+        assert_eq!(r.unwrap_err().message, "target 3 failed");
+        assert_eq!(start.elapsed(), Duration::from_millis(10));
     }
 }
