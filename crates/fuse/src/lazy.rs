@@ -95,26 +95,47 @@ mod tests {
         assert_eq!(rx.try_recv().unwrap(), me);
     }
 
-    /// Futures that wait (for a timer, for another task, for a wake-up
-    /// during their first poll) are finished by the runtime, each once.
+    /// Futures that wait (for a message sent only after `start` returned, a
+    /// timer, another task, a wake-up during their first poll) finish, each
+    /// once; those certain to have waited (the message, the wake-up) on the
+    /// runtime. A timer or a task may already be done at the first poll, and
+    /// the future then ends on the calling thread, as it should.
     #[test]
     fn waiting_futures_finish_on_the_runtime() {
         let rt = runtime();
         let done = Arc::new(AtomicUsize::new(0));
         let me = std::thread::current().id();
         let n = 200;
+        let mut later = Vec::new();
         for i in 0..n {
             let done = done.clone();
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            later.push(tx);
             start(rt.handle(), async move {
-                match i % 3 {
-                    0 => tokio::time::sleep(Duration::from_millis(1)).await,
-                    1 => tokio::spawn(async {}).await.unwrap(),
+                let waited = match i % 4 {
+                    0 => rx.await.is_ok(),
+                    1 => {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        false
+                    }
+                    2 => {
+                        tokio::spawn(async {}).await.unwrap();
+                        false
+                    }
                     // Wakes itself while it is being polled here.
-                    _ => tokio::task::yield_now().await,
+                    _ => {
+                        tokio::task::yield_now().await;
+                        true
+                    }
+                };
+                if waited {
+                    assert_ne!(std::thread::current().id(), me, "a woken future runs on the runtime");
                 }
-                assert_ne!(std::thread::current().id(), me, "a woken future runs on the runtime");
                 done.fetch_add(1, Ordering::SeqCst);
             });
+        }
+        for tx in later {
+            let _ = tx.send(());
         }
         let end = std::time::Instant::now() + Duration::from_secs(10);
         while done.load(Ordering::SeqCst) < n && std::time::Instant::now() < end {
