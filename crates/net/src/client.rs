@@ -210,7 +210,7 @@ impl Conn {
     async fn call(
         &self,
         addr: &str,
-        (flags, body): (u16, Vec<u8>),
+        (flags, body): (u16, Bytes),
         payload: Bytes,
         timeout: Duration,
     ) -> Result<(Response, Vec<u8>), FsError> {
@@ -223,10 +223,7 @@ impl Conn {
         let exchange = async {
             let header = frame_header(FrameKind::Request, id, flags, &body, payload.len())
                 .map_err(|e| FsError::new(ErrorCode::Invalid, format!("{addr}: request too large: {e}")))?;
-            let mut head = Vec::with_capacity(header.len() + body.len());
-            head.extend_from_slice(&header);
-            head.extend_from_slice(&body);
-            if !self.sender.send(head, payload) {
+            if !self.sender.send(header, body, payload) {
                 return Err(unavailable(addr, "connection lost"));
             }
             wrx.await.unwrap_or_else(|_| Err(unavailable(addr, "connection lost")))
@@ -319,7 +316,9 @@ impl Pool {
     }
 
     async fn call_inner(&self, env: &Envelope, req: &Request, payload: Bytes) -> Result<(Reply, Vec<u8>), FsError> {
-        let body = encode_request(env, req);
+        // Encoded once; every attempt shares it.
+        let (flags, body) = encode_request(env, req);
+        let body = (flags, Bytes::from(body));
         let moved = || self.moved.load(Ordering::Acquire);
         repeat(&self.cfg, &self.addr, env, req, moved, |left| {
             let (body, payload) = (body.clone(), payload.clone());
