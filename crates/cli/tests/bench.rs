@@ -5,13 +5,8 @@
 
 mod common;
 
-use common::{hivefs, hivefs_ok, TestFs};
+use common::{hivefs, json, TestFs};
 use serde_json::Value;
-
-fn json(args: &[&str]) -> Value {
-    let out = hivefs_ok(args);
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("hivefs {args:?} printed no JSON object ({e}):\n{out}"))
-}
 
 fn positive(v: &Value, key: &str) -> f64 {
     let x = v[key].as_f64().unwrap_or_else(|| panic!("{key} missing in {v}"));

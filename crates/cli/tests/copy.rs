@@ -124,3 +124,50 @@ fn copy_file_range_copies_on_the_servers_and_matches_the_local_disk() {
     assert!(o.status.success());
     assert!(io_bytes(pid) - before >= 64 << 20);
 }
+
+/// A copy that keeps trying a dead storage node's address (its port since
+/// taken by another program) follows the node to the address it
+/// re-registered from, as reads and writes do: without that the copy
+/// failed with the "moved" error. The source's chunks are on the node that
+/// stays up (its size is asked first), the destination's on the one that moves.
+#[test]
+fn a_copy_repeating_towards_a_moved_storage_node_follows_it() {
+    let fs = TestFs::up(&["--storage", "2", "--targets-per-storage", "1"]);
+    let m = fs.mnt_s();
+    let pool = json(&["pool", "create", "--json", "--mount", m, "second"])["id"].as_u64().unwrap();
+    hivefs_ok(&["pool", "add-target", "--mount", m, "second", "2"]);
+    std::fs::create_dir(fs.path("b")).unwrap();
+    hivefs_ok(&["pattern", "set", fs.path("b").to_str().unwrap(), "--pool", &pool.to_string()]);
+    let data = random_bytes(23, 3 << 20);
+    std::fs::write(fs.path("src"), &data).unwrap();
+    std::fs::write(fs.path("b/dst"), b"").unwrap();
+    assert_eq!(targets_of(&fs.entry_info("b/dst")), vec![2]);
+    assert_eq!(targets_of(&fs.entry_info("src")), vec![1]);
+    // A mount that does its chunk I/O over TCP.
+    let m2 = fs.extra_mount("m2", &["--no-short-circuit"]);
+    let (src, dst) = (rw(&m2.mnt.join("src")), rw(&m2.mnt.join("b/dst")));
+    let v: toml::Value = toml::from_str(&std::fs::read_to_string(fs.dir.join("fs.toml")).unwrap()).unwrap();
+    let port = v["storage_ports"][1].as_integer().unwrap() as u16;
+    fs.kill9("storage2");
+    let _taken = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let len = data.len();
+    let copier = std::thread::spawn(move || {
+        let mut done = 0;
+        while done < len {
+            match copy(&src, done as i64, &dst, done as i64, len - done) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let o = hivefs(&["up", "--dir", fs.dir_s()]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stderr).contains("storage2: "), "{}", out(&o));
+    let copied = copier.join().unwrap();
+    let log = std::fs::read_to_string(&m2.log).unwrap();
+    assert_eq!(copied, Ok(len), "the copy that waited for the moved storage node (Err: errno); mount log:\n{log}");
+    assert!(contents(&fs.path("b/dst")) == data, "contents differ");
+    assert!(log.contains("storage node 2 moved from"), "{log}");
+}

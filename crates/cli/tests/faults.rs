@@ -13,10 +13,6 @@ use std::time::{Duration, Instant};
 const NO_CAPACITY_LIMITS: &str =
     "space_low_limit_bytes = 0\nspace_emergency_limit_bytes = 0\ninodes_low_limit = 0\ninodes_emergency_limit = 0\n";
 
-fn targets_of(info: &serde_json::Value) -> Vec<u64> {
-    info["targets"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect()
-}
-
 /// Appends `chunk` to `path` until a write fails; returns the bytes
 /// acknowledged and the error.
 fn fill(path: &std::path::Path, chunk: &[u8], max: usize) -> (usize, std::io::Error) {

@@ -6,7 +6,7 @@ mod common;
 #[path = "common/netcluster.rs"]
 mod netcluster;
 
-use common::random_bytes;
+use common::{random_bytes, targets_of};
 use netcluster::{bounded, NetCluster, IO_TIMEOUT_MS};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -19,10 +19,6 @@ fn check_same(path: &Path, want: &[u8], what: &str) {
     let got = std::fs::read(path).unwrap_or_else(|e| panic!("{what}: read {}: {e}", path.display()));
     assert_eq!(got.len(), want.len(), "{what}: size of {}", path.display());
     assert!(got == want, "{what}: contents of {} differ", path.display());
-}
-
-fn targets_of(info: &serde_json::Value) -> Vec<u64> {
-    info["targets"].as_array().expect("a file's targets").iter().map(|t| t.as_u64().unwrap()).collect()
 }
 
 #[test]

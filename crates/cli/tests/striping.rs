@@ -3,16 +3,7 @@
 
 mod common;
 use common::*;
-use serde_json::Value;
 use std::time::{Duration, Instant};
-
-fn json(args: &[&str]) -> Value {
-    serde_json::from_str(&hivefs_ok(args)).unwrap()
-}
-
-fn targets_of(info: &Value) -> Vec<u64> {
-    info["targets"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect()
-}
 
 #[test]
 fn patterns_round_trip_inherit_and_clamp() {

@@ -569,17 +569,20 @@ impl Client {
                 src_offset: sl,
                 len: take as u32,
             });
-            let pool = self.cluster.target_pool(target).await?;
             if set.len() >= COPY_IN_FLIGHT {
                 join_one(&mut set).await?;
             }
+            // Routed like every chunk request: a node that moved to another
+            // address is followed there.
+            let unit = StripeUnit::Target(target);
+            let call = self.unit_task(unit, req, Bytes::new());
             set.spawn(async move {
-                match pool.rpc(&req).await {
-                    Ok(Reply::Written(n)) if u64::from(n) == take => Ok(()),
-                    Ok(r) => Err(FsError::new(ErrorCode::Io, format!("short or odd copy reply {r:?}"))),
+                match call.await {
+                    Ok((Reply::Written(n), _)) if u64::from(n) == take => Ok(()),
+                    Ok((r, _)) => Err(FsError::new(ErrorCode::Io, format!("short or odd copy reply {r:?}"))),
                     Err(e) => Err(e),
                 }
-                .map_err(|e| target_err(StripeUnit::Target(target), dst, e))
+                .map_err(|e| target_err(unit, dst, e))
             });
             done += take;
         }

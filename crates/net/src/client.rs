@@ -280,6 +280,11 @@ impl Pool {
 
     async fn conn(&self) -> Result<Arc<Conn>, FsError> {
         let mut conns = self.conns.lock().await;
+        if self.moved.load(Ordering::Acquire) {
+            // Calls that queued here behind a connect to a node that moved
+            // meanwhile go no further (each would wait out its own connect).
+            return Err(unavailable(&self.addr, MOVED));
+        }
         conns.retain(|c| !c.is_dead());
         let best = conns.iter().min_by_key(|c| c.inflight.load(Ordering::Relaxed)).cloned();
         match best {

@@ -49,6 +49,17 @@ pub fn hivefs_ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// Runs hivefs with `--json` among `args`, asserts success, and parses what it printed.
+pub fn json(args: &[&str]) -> serde_json::Value {
+    let out = hivefs_ok(args);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("hivefs {args:?} printed no JSON object ({e}):\n{out}"))
+}
+
+/// The storage targets of a file, from `hivefs entry info --json`.
+pub fn targets_of(info: &serde_json::Value) -> Vec<u64> {
+    info["targets"].as_array().expect("a file's targets").iter().map(|t| t.as_u64().unwrap()).collect()
+}
+
 pub struct TestFs {
     pub tmp: tempfile::TempDir,
     pub dir: PathBuf,
