@@ -109,7 +109,8 @@ pub struct MountArgs {
     pub fuse_transport: String,
     /// Longest a file-system operation waits for a server that does not answer (a dead
     /// node, a cut link), retries and reconnects included, before it fails with EIO or
-    /// ETIMEDOUT. Operations on other servers go on meanwhile.
+    /// ETIMEDOUT. Operations on other servers go on meanwhile. A process killed while it
+    /// waits in a read, write, sync or stat (Ctrl-C) is let go at once (over /dev/fuse).
     #[arg(long, default_value_t = 30_000)]
     pub io_timeout_ms: u64,
     /// Longest an operation on a mirrored file waits for its buddy group to have a

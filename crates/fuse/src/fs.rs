@@ -1,10 +1,12 @@
 //! The FUSE request handlers (the `Filesystem` implementation) and the
 //! state they share (`Inner`). Beside them: `files` (open files, local
-//! sizes, write-back, publishing sizes), `kernel_cache` (lease TTLs and
-//! notifications to the kernel), `locks` (global file locks), `options`
+//! sizes, write-back, publishing sizes), `interrupts` (the kernel's
+//! interrupts, early answers for callers being killed), `kernel_cache`
+//! (lease TTLs and notifications to the kernel), `locks` (global file locks), `options`
 //! (mount options and cache modes) and `session` (mounting and serving).
 
 mod files;
+mod interrupts;
 mod kernel_cache;
 mod locks;
 mod options;
@@ -106,9 +108,10 @@ struct Inner {
     /// Files this mount has set global locks on: closing them drops the
     /// closing owner's locks at the metadata node.
     locked: Mutex<HashSet<EntryId>>,
-    /// Lock requests waiting for a conflict to end, by FUSE request, for
-    /// the kernel's interrupts of them.
-    lock_waits: Mutex<locks::LockWaits>,
+    /// Requests that may wait (lock waits, and those `run_killable!`
+    /// answers early for a caller being killed), by FUSE request, for the
+    /// kernel's interrupts of them.
+    waits: Mutex<interrupts::Waits>,
     /// Tells the kernel to drop cached attributes (set once mounted).
     notifier: std::sync::OnceLock<fuser::Notifier>,
     /// The session's `/dev/fuse`, for `FUSE_NOTIFY_INC_EPOCH`; `None` when
@@ -307,6 +310,8 @@ impl Inner {
         if !f.lock_owners.lock().expect("lock owners").is_empty()
             || self.client.keeps_append(f.ent.id)
             || !self.quiet_close(&f)
+            // A change answered early is still running.
+            || f.changing.try_write().is_err()
         {
             return false;
         }
@@ -368,6 +373,31 @@ macro_rules! run {
     }};
 }
 
+/// [`run!`] for a request whose answer carries nothing the kernel keeps
+/// (no inode, no handle): answered `EINTR` at once when its caller is being
+/// killed while the handler waits, the handler running on
+/// (`interrupts::killable`).
+macro_rules! run_killable {
+    ($self:ident, $req:ident, $reply:ident, |$inner:ident| $body:block) => {{
+        let $inner = $self.inner.clone();
+        let me = $self.inner.clone();
+        let early = $reply.interrupter().map(|i| {
+            let unique = $req.unique();
+            (i, unique, $req.pid(), $self.inner.waits.lock().expect("interrupt waits").register(unique))
+        });
+        crate::lazy::start(&$self.inner.rt, async move {
+            let res: FsResult<_> = interrupts::killable(&me, early, async move $body).await;
+            match res {
+                Ok(respond) => respond($reply),
+                Err(e) => {
+                    debug!("request failed: {e}");
+                    $reply.error(errno(&e));
+                }
+            }
+        });
+    }};
+}
+
 fn name_bytes(n: &OsStr) -> Vec<u8> {
     n.as_bytes().to_vec()
 }
@@ -410,11 +440,11 @@ impl Filesystem for HiveFs {
     }
 
     fn interrupt(&self, _req: &Request, unique: u64) {
-        self.inner.lock_waits.lock().expect("lock waits").interrupt(unique);
+        self.inner.waits.lock().expect("interrupt waits").interrupt(unique);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        run!(self, reply, |inner| {
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        run_killable!(self, req, reply, |inner| {
             let e = inner.ent(ino)?;
             // A directory this mount just changed: its attributes came with
             // the change's answer (for the rest of the directory TTL).
@@ -491,8 +521,8 @@ impl Filesystem for HiveFs {
         })
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        run!(self, reply, |inner| {
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        run_killable!(self, req, reply, |inner| {
             let t = inner.on_ent(ino, |e| inner.client.readlink(e)).await?;
             Ok(move |reply: ReplyData| reply.data(&t))
         })
@@ -651,7 +681,7 @@ impl Filesystem for HiveFs {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -671,7 +701,7 @@ impl Filesystem for HiveFs {
                 return reply.data(&data);
             }
         }
-        run!(self, reply, |inner| {
+        run_killable!(self, req, reply, |inner| {
             let f = inner.file(fh)?;
             inner.settle(f.ent.id).await?;
             let hint = inner.local_sizes.lock().expect("sizes").get(&f.ent.id).map(|l| l.size).unwrap_or(0);
@@ -763,8 +793,9 @@ impl Filesystem for HiveFs {
         // The one copy of the data: out of the request's buffer; what goes to the
         // targets are slices of it.
         let data = bytes::Bytes::from(data.to_vec());
-        run!(self, reply, |inner| {
+        run_killable!(self, req, reply, |inner| {
             let f = inner.file(fh)?;
+            let _changing = f.changing.read().await;
             if c.uid != 0 && f.kill_privs.swap(false, Ordering::AcqRel) {
                 // A write without CAP_FSETID drops suid/sgid first (as Linux's file_remove_privs).
                 let a = inner.client.getattr(f.ent).await?;
@@ -799,11 +830,11 @@ impl Filesystem for HiveFs {
         })
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(&self, req: &Request, _ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
         if self.inner.file(fh).is_ok_and(|f| self.inner.quiet_close(&f)) {
             return reply.ok();
         }
-        run!(self, reply, |inner| {
+        run_killable!(self, req, reply, |inner| {
             let f = inner.file(fh)?;
             // Buffered writes land before the locks go (whoever takes them next sees them).
             let settled = inner.settle(f.ent.id).await;
@@ -815,8 +846,8 @@ impl Filesystem for HiveFs {
         })
     }
 
-    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        run!(self, reply, |inner| {
+    fn fsync(&self, req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        run_killable!(self, req, reply, |inner| {
             let f = inner.file(fh)?;
             inner.settle(f.ent.id).await?;
             inner.client.fsync(&f.pattern, f.ent.id).await?;
@@ -841,6 +872,8 @@ impl Filesystem for HiveFs {
         run!(self, reply, |inner| {
             let f = inner.files.lock().expect("files").remove(&fh.0);
             if let Some(f) = f {
+                // After any change through this handle still running (`OpenFile::changing`).
+                drop(f.changing.write().await);
                 // The last close of an open file description drops its flock
                 // and OFD locks. Every process that locked through it closed
                 // it before (each close drops the closer's fcntl locks), so
@@ -1005,7 +1038,7 @@ impl Filesystem for HiveFs {
     /// descriptors not open for writing before asking.
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -1013,8 +1046,9 @@ impl Filesystem for HiveFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        run!(self, reply, |inner| {
+        run_killable!(self, req, reply, |inner| {
             let f = inner.file(fh)?;
+            let _changing = f.changing.read().await;
             let mode = mode as u32;
             if mode & hivefs_proto::FALLOC_KEEP_SIZE == 0 {
                 inner.check_quota(f.ent.id, offset.saturating_add(length))?;
@@ -1049,7 +1083,7 @@ impl Filesystem for HiveFs {
     /// falls back to reading and writing when this answers EOPNOTSUPP.
     fn copy_file_range(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino_in: INodeNo,
         fh_in: FileHandle,
         offset_in: u64,
@@ -1060,8 +1094,9 @@ impl Filesystem for HiveFs {
         _flags: u64,
         reply: ReplyWrite,
     ) {
-        run!(self, reply, |inner| {
+        run_killable!(self, req, reply, |inner| {
             let (src, dst) = (inner.file(fh_in)?, inner.file(fh_out)?);
+            let _changing = dst.changing.read().await;
             inner.settle(src.ent.id).await?;
             inner.settle(dst.ent.id).await?;
             inner.client.note_other_write(dst.ent.id);
@@ -1089,8 +1124,8 @@ impl Filesystem for HiveFs {
 
     /// SEEK_DATA and SEEK_HOLE over the striped file (the kernel answers
     /// the other kinds of seek itself).
-    fn lseek(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
-        run!(self, reply, |inner| {
+    fn lseek(&self, req: &Request, _ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        run_killable!(self, req, reply, |inner| {
             let f = inner.file(fh)?;
             let hole = match whence {
                 libc::SEEK_DATA => false,
@@ -1118,8 +1153,8 @@ impl Filesystem for HiveFs {
         reply.ok();
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        run!(self, reply, |inner| {
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        run_killable!(self, req, reply, |inner| {
             let st = inner.client.statfs().await?;
             const BS: u64 = 4096;
             let c = st.storage;
@@ -1168,9 +1203,9 @@ impl Filesystem for HiveFs {
         })
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let name = name_bytes(name);
-        run!(self, reply, |inner| {
+        run_killable!(self, req, reply, |inner| {
             let v = if inner.cache_mode == CacheMode::Paged && name == CAPS_XATTR {
                 inner.on_ent(ino, |e| inner.caps(e)).await?
             } else {
@@ -1184,7 +1219,7 @@ impl Filesystem for HiveFs {
         // As Linux file systems: trusted.* names are listed to privileged callers only
         // (the kernel already refuses others to read or write them).
         let privileged = req.uid() == 0;
-        run!(self, reply, |inner| {
+        run_killable!(self, req, reply, |inner| {
             let names = inner.on_ent(ino, |e| inner.client.listxattr(e)).await?;
             let mut v = Vec::new();
             for n in names.into_iter().filter(|n| privileged || !n.starts_with(b"trusted.")) {

@@ -22,8 +22,8 @@ mod uring;
 
 pub use dev::serve_dev;
 pub use reply::{
-    Reply, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr,
+    Interrupter, Reply, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
 };
 pub use request::{Filesystem, Request};
 pub use types::{

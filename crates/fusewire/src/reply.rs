@@ -84,6 +84,33 @@ impl Reply {
     pub fn ok(self) {
         self.send(0, &[]);
     }
+
+    /// A way to answer this request with an error before its handler
+    /// answers it ([`Interrupter::answer`]), for a caller that is being
+    /// killed while the handler waits: only over `/dev/fuse`, where the
+    /// handler's own answer then finds the request gone and is dropped by
+    /// the kernel. An io_uring entry carries one answer and then the next
+    /// request, so it has none (`None`).
+    pub fn interrupter(&self) -> Option<Interrupter> {
+        match &self.sink {
+            Some(s @ Sink::Dev(_)) => Some(Interrupter { unique: self.unique, sink: s.clone() }),
+            #[cfg(test)]
+            Some(s @ Sink::Test(_)) => Some(Interrupter { unique: self.unique, sink: s.clone() }),
+            _ => None,
+        }
+    }
+}
+
+/// An early answer to one request ([`Reply::interrupter`]).
+pub struct Interrupter {
+    unique: u64,
+    sink: Sink,
+}
+
+impl Interrupter {
+    pub fn answer(self, e: Errno) {
+        self.sink.send(self.unique, -e.code(), &[]);
+    }
 }
 
 impl Drop for Reply {
@@ -102,6 +129,11 @@ macro_rules! typed {
         impl $name {
             pub fn error(self, e: Errno) {
                 self.0.error(e)
+            }
+
+            /// See [`Reply::interrupter`].
+            pub fn interrupter(&self) -> Option<Interrupter> {
+                self.0.interrupter()
             }
         }
     )*};
@@ -317,5 +349,20 @@ mod tests {
         let mut e = Enc::default();
         e.open(FileHandle(3), FopenFlags::FOPEN_DIRECT_IO);
         assert_eq!(e.bytes().len(), 16);
+    }
+
+    #[test]
+    fn an_interrupter_answers_first_and_the_handlers_answer_still_goes_out() {
+        let answers = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let reply = ReplyWrite(Reply::new(9, Sink::Test(answers.clone())));
+        reply.interrupter().expect("a /dev/fuse-like sink").answer(Errno::EINTR);
+        reply.written(5);
+        let got = answers.lock().unwrap().clone();
+        assert_eq!(got.len(), 2);
+        assert_eq!((got[0].0, got[0].1), (9, -libc::EINTR));
+        assert_eq!((got[1].0, got[1].1), (9, 0), "the kernel drops this one (the request is gone)");
+        let discard = ReplyEmpty(Reply::new(10, Sink::Discard));
+        assert!(discard.interrupter().is_none());
+        discard.ok();
     }
 }

@@ -52,6 +52,7 @@ impl Errno {
     pub const EIO: Errno = Errno(libc::EIO);
     pub const ENOSYS: Errno = Errno(libc::ENOSYS);
     pub const EINVAL: Errno = Errno(libc::EINVAL);
+    pub const EINTR: Errno = Errno(libc::EINTR);
 
     pub fn from_i32(code: i32) -> Errno {
         Errno(if code > 0 { code } else { libc::EIO })

@@ -37,6 +37,12 @@ pub(super) struct OpenFile {
     /// (F_OFD_SETLK) are owned by the description, and the kernel does not
     /// say at release which owners those are.
     pub(super) lock_owners: Mutex<Vec<(u64, LockKind)>>,
+    /// Held shared by writes, allocations and copies into the file through
+    /// this handle, taken whole by its release: the kernel sends a release
+    /// only after its requests were answered, but one answered early for a
+    /// caller being killed (`interrupts`) may still be writing, and the
+    /// release publishes the size after it.
+    pub(super) changing: tokio::sync::RwLock<()>,
 }
 
 /// Sizes known locally for files this mount has open for writing: writes
@@ -428,6 +434,7 @@ impl Inner {
             atime_busy: AtomicBool::new(false),
             atime_again: AtomicBool::new(false),
             lock_owners: Mutex::default(),
+            changing: tokio::sync::RwLock::new(()),
         });
         let fh = self.new_fh();
         self.files.lock().expect("files").insert(fh, f.clone());

@@ -8,8 +8,8 @@
 //! description for OFD locks). A flock and an fcntl lock of one file
 //! therefore do not conflict, as on Linux's local file systems.
 
+use super::interrupts::fatal_signal_pending;
 use super::*;
-use hivefs_client::Interrupt;
 
 /// A lock request from the kernel: its owner, range, type (`F_RDLCK`,
 /// `F_WRLCK`, `F_UNLCK`), the caller's pid, and whether it is a flock.
@@ -34,67 +34,6 @@ impl KernelLock {
         let (owner, pid, start, end) = (self.owner.0, self.pid, self.start, self.end);
         Ok(FileLock { kind, client: 0, owner, pid, start, end, exclusive })
     }
-}
-
-/// Waiting lock requests by FUSE request id, and interrupts that came
-/// before their request's handler registered it.
-#[derive(Default)]
-pub(super) struct LockWaits {
-    waiting: HashMap<u64, Arc<Interrupt>>,
-    /// Interrupts of requests not (yet) waiting, newest last: most are of
-    /// requests that are not lock waits, or finished; a few are of a lock
-    /// request whose handler has not run yet.
-    early: std::collections::VecDeque<u64>,
-}
-
-/// Interrupts of requests not found waiting that are remembered.
-const EARLY_INTERRUPTS: usize = 64;
-
-impl LockWaits {
-    /// A lock request that may wait: its interrupt, fired already if the
-    /// kernel's interrupt came first.
-    fn register(&mut self, unique: u64) -> Arc<Interrupt> {
-        let i = Arc::new(Interrupt::default());
-        if let Some(at) = self.early.iter().position(|u| *u == unique) {
-            self.early.remove(at);
-            i.set();
-        }
-        self.waiting.insert(unique, i.clone());
-        i
-    }
-
-    fn done(&mut self, unique: u64) {
-        self.waiting.remove(&unique);
-    }
-
-    pub(super) fn interrupt(&mut self, unique: u64) {
-        match self.waiting.get(&unique) {
-            Some(i) => {
-                debug!("FUSE request {unique} interrupted while waiting for a lock");
-                i.set()
-            }
-            None => {
-                if self.early.len() == EARLY_INTERRUPTS {
-                    self.early.pop_front();
-                }
-                self.early.push_back(unique);
-            }
-        }
-    }
-}
-
-/// Whether thread `pid` is gone or being killed: a task blocked in a FUSE
-/// request cannot die until it is answered. The kernel interrupts a lock
-/// wait for a fatal signal too, but this also covers a caller killed before
-/// its interrupt could be read.
-fn fatal_signal_pending(pid: u32) -> bool {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return true };
-    let sigkill = 1u64 << (libc::SIGKILL - 1);
-    status.lines().any(|l| {
-        let mut it = l.split_whitespace();
-        matches!(it.next(), Some("SigPnd:" | "ShdPnd:"))
-            && it.next().and_then(|h| u64::from_str_radix(h, 16).ok()).is_some_and(|m| m & sigkill != 0)
-    })
 }
 
 impl Inner {
@@ -126,7 +65,7 @@ pub(super) fn setlk(fs: &HiveFs, req: &Request, ino: INodeNo, l: KernelLock, sle
     let waiter = req.pid();
     let unique = req.unique();
     // Registered on the thread that read the request, before any wait.
-    let interrupt = sleep.then(|| fs.inner.lock_waits.lock().expect("lock waits").register(unique));
+    let interrupt = sleep.then(|| fs.inner.waits.lock().expect("interrupt waits").register(unique));
     crate::lazy::start(&fs.inner.rt, async move {
         let r: FsResult<bool> = async {
             let ent = inner.ent(ino)?;
@@ -152,7 +91,7 @@ pub(super) fn setlk(fs: &HiveFs, req: &Request, ino: INodeNo, l: KernelLock, sle
         }
         .await;
         if interrupt.is_some() {
-            inner.lock_waits.lock().expect("lock waits").done(unique);
+            inner.waits.lock().expect("interrupt waits").done(unique);
         }
         match r {
             Ok(true) => reply.ok(),

@@ -86,7 +86,7 @@ pub fn mount(
         acl: std::sync::atomic::AtomicBool::new(false),
         opened_versions: Mutex::default(),
         locked: Mutex::default(),
-        lock_waits: Mutex::default(),
+        waits: Mutex::default(),
         notifier: std::sync::OnceLock::new(),
         epoch_fd: std::sync::OnceLock::new(),
         unmounter: std::sync::OnceLock::new(),
