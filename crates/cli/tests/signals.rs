@@ -8,7 +8,7 @@
 
 mod common;
 use common::*;
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -25,7 +25,18 @@ fn a_process_killed_while_its_server_does_not_answer_dies_at_once() {
     let m2 = fs.extra_mount("m2", &["--no-short-circuit", "--io-timeout-ms", "600000"]);
     let stopped = Stopped::new(fs.pid("storage1"));
 
-    let reader = Command::new("cat").arg(m2.mnt.join("f")).stdout(Stdio::null()).spawn().unwrap();
+    let mut cat = Command::new("cat");
+    cat.arg(m2.mnt.join("f")).stdout(Stdio::null());
+    // A shell's background job (a CI run) starts with SIGINT ignored, and
+    // its children inherit that: Ctrl-C's default action, as in a terminal.
+    // SAFETY: signal(2) is async-signal-safe, as pre_exec requires.
+    unsafe {
+        cat.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        })
+    };
+    let reader = cat.spawn().unwrap();
     let writer = Command::new("dd")
         .args(["if=/dev/zero", "bs=64k", "count=16", "conv=notrunc"])
         .arg(format!("of={}", m2.mnt.join("g").display()))
@@ -33,7 +44,7 @@ fn a_process_killed_while_its_server_does_not_answer_dies_at_once() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_secs(1));
-    for (mut child, what, sig) in [(reader, "cat", libc::SIGINT), (writer, "dd", libc::SIGTERM)] {
+    for (mut child, what, sig) in [(reader, "cat", libc::SIGINT), (writer, "dd", libc::SIGKILL)] {
         assert!(child.try_wait().unwrap().is_none(), "{what} ended while the storage service was stopped");
         // SAFETY: kill(2) of a child this test started and has not reaped.
         assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
