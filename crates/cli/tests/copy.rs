@@ -134,6 +134,12 @@ fn copy_file_range_copies_on_the_servers_and_matches_the_local_disk() {
 fn a_copy_repeating_towards_a_moved_storage_node_follows_it() {
     let fs = TestFs::up(&["--storage", "2", "--targets-per-storage", "1"]);
     let m = fs.mnt_s();
+    // Target 2's service (mgmtd numbers the concurrently registering services in either order).
+    let serves_2 = |k: usize| {
+        let t = std::fs::read_to_string(fs.dir.join(format!("storage{k}/target1/target.toml"))).unwrap();
+        t.parse::<toml::Table>().unwrap()["target_id"].as_integer() == Some(2)
+    };
+    let k = if serves_2(2) { 2 } else { 1 };
     let pool = json(&["pool", "create", "--json", "--mount", m, "second"])["id"].as_u64().unwrap();
     hivefs_ok(&["pool", "add-target", "--mount", m, "second", "2"]);
     std::fs::create_dir(fs.path("b")).unwrap();
@@ -147,8 +153,8 @@ fn a_copy_repeating_towards_a_moved_storage_node_follows_it() {
     let m2 = fs.extra_mount("m2", &["--no-short-circuit"]);
     let (src, dst) = (rw(&m2.mnt.join("src")), rw(&m2.mnt.join("b/dst")));
     let v: toml::Value = toml::from_str(&std::fs::read_to_string(fs.dir.join("fs.toml")).unwrap()).unwrap();
-    let port = v["storage_ports"][1].as_integer().unwrap() as u16;
-    fs.kill9("storage2");
+    let port = v["storage_ports"][k - 1].as_integer().unwrap() as u16;
+    fs.kill9(&format!("storage{k}"));
     let _taken = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
     let len = data.len();
     let copier = std::thread::spawn(move || {
@@ -164,7 +170,7 @@ fn a_copy_repeating_towards_a_moved_storage_node_follows_it() {
     });
     std::thread::sleep(std::time::Duration::from_millis(500));
     let o = hivefs(&["up", "--dir", fs.dir_s()]);
-    assert!(o.status.success() && String::from_utf8_lossy(&o.stderr).contains("storage2: "), "{}", out(&o));
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stderr).contains(&format!("storage{k}: ")), "{}", out(&o));
     let copied = copier.join().unwrap();
     let log = std::fs::read_to_string(&m2.log).unwrap();
     assert_eq!(copied, Ok(len), "the copy that waited for the moved storage node (Err: errno); mount log:\n{log}");
