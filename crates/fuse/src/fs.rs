@@ -381,12 +381,10 @@ macro_rules! run_killable {
     ($self:ident, $req:ident, $reply:ident, |$inner:ident| $body:block) => {{
         let $inner = $self.inner.clone();
         let me = $self.inner.clone();
-        let early = $reply.interrupter().map(|i| {
-            let unique = $req.unique();
-            (i, unique, $req.pid(), $self.inner.waits.lock().expect("interrupt waits").register(unique))
-        });
+        let (unique, pid) = ($req.unique(), $req.pid());
         crate::lazy::start(&$self.inner.rt, async move {
-            let res: FsResult<_> = interrupts::killable(&me, early, async move $body).await;
+            let early = || $reply.interrupter();
+            let res: FsResult<_> = interrupts::killable(&me, unique, pid, early, async move $body).await;
             match res {
                 Ok(respond) => respond($reply),
                 Err(e) => {

@@ -110,17 +110,27 @@ async fn caller_killed(i: &Interrupt, pid: u32) {
     }
 }
 
-/// Runs `work` (a request's handler up to its answer) and gives its result;
-/// with `early` (the request's [`Interrupter`], id, caller and registered
-/// interrupt) answers `EINTR` at once when the caller is being killed while
-/// `work` waits, and still runs `work` to its end.
+/// Runs `work` (request `unique`'s handler up to its answer, for caller
+/// thread `pid`) and gives its result. A request that waits past its first
+/// poll is registered for the kernel's interrupt, if `interrupter` gives a
+/// way to answer early: then it is answered `EINTR` at once when the caller
+/// is being killed, and `work` still runs to its end. Most requests finish
+/// in their first poll (caches, leases) and cost nothing here.
 pub(super) async fn killable<T>(
     inner: &Inner,
-    early: Option<(Interrupter, u64, u32, Arc<Interrupt>)>,
+    unique: u64,
+    pid: u32,
+    interrupter: impl FnOnce() -> Option<Interrupter>,
     work: impl std::future::Future<Output = FsResult<T>>,
 ) -> FsResult<T> {
-    let Some((interrupter, unique, pid, interrupt)) = early else { return work.await };
     tokio::pin!(work);
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(work.as_mut().poll(cx))).await;
+    if let std::task::Poll::Ready(r) = first {
+        return r;
+    }
+    let Some(interrupter) = interrupter() else { return work.await };
+    // An interrupt that came meanwhile was kept for it (`Waits::early`).
+    let interrupt = inner.waits.lock().expect("interrupt waits").register(unique);
     let r = tokio::select! {
         biased;
         r = &mut work => r,
