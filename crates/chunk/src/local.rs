@@ -22,13 +22,22 @@
 //! - client → service: client nonce (32), then its MAC (32) if has-secret;
 //! - service → client: 0 (admitted) or 1, then its MAC (32) if has-secret;
 //! - request, client → service ([`REQUEST_LEN`] bytes): op (1: open,
-//!   2: open a mirrored chunk to read), target (u32), entry (node u32, epoch
-//!   u32, counter u64), flags (bit 0: create); op 2 (version 2 services
-//!   only) is followed by the buddy group (u32) and its epoch (u64);
+//!   2: open a mirrored chunk to read, 3: open the target's `chunks/`
+//!   directory), target (u32), entry (node u32, epoch u32, counter u64;
+//!   zero for op 3), flags (bit 0: create; zero for ops 2 and 3); op 2
+//!   (version 2 services and later) is followed by the buddy group (u32)
+//!   and its epoch (u64); op 3 needs a version 3 service;
 //! - answer: status (0: descriptor attached, 1: no chunk file, 2: not
 //!   offered, 3: error, 4: read-only descriptor attached, valid for the
 //!   milliseconds in the message, a u32), message length (u16), message
 //!   (UTF-8, or the u32 of status 4).
+//!
+//! A target's `chunks/` directory (op 3) lets the client open and make
+//! the target's chunk files of unmirrored files itself
+//! ([`crate::store::open_in_chunks_dir`], the service's own path layout):
+//! the first access to a chunk file then costs no request at all, where
+//! asking for each file (op 1) costs as much as the request it saves. The
+//! service hands it out for the targets it would hand files out of.
 //!
 //! A mirrored chunk is handed out only by its group's primary, read-only
 //! (writes must pass the primary, which forwards them), and only for as long
@@ -56,7 +65,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tracing::{debug, warn};
 
 const MAGIC: &[u8; 4] = b"HVSC";
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
 /// The oldest service version a client talks to (version 1 has no op 2).
 const VERSION_MIN: u8 = 1;
 const HELLO_LEN: usize = 4 + 1 + 1 + 32 + 4;
@@ -64,6 +73,7 @@ const HELLO_LEN: usize = 4 + 1 + 1 + 32 + 4;
 pub const REQUEST_LEN: usize = 1 + 4 + 16 + 1;
 const OP_OPEN: u8 = 1;
 const OP_OPEN_MIRRORED: u8 = 2;
+const OP_OPEN_CHUNKS_DIR: u8 = 3;
 /// Bytes after a request of [`OP_OPEN_MIRRORED`]: group (u32), epoch (u64).
 const MIRRORED_EXTRA: usize = 4 + 8;
 const FLAG_CREATE: u8 = 1;
@@ -77,10 +87,12 @@ pub fn socket_name(node: NodeId, port: u16) -> String {
     format!("hivefs/storage/{node}/{port}")
 }
 
-/// The service's answer to a request for a chunk file.
+/// The service's answer to a request for a chunk file (or a target's
+/// `chunks/` directory).
 #[derive(Debug)]
 pub enum Offer {
-    /// The chunk file, open for reading and writing.
+    /// The chunk file, open for reading and writing (the directory, open
+    /// for reading).
     File(std::fs::File),
     /// The chunk file does not exist (and `create` was not asked).
     NoChunk,
@@ -107,35 +119,60 @@ pub trait ChunkOpener: Send + Sync + 'static {
         let _ = (entry, group, epoch);
         Ok((Offer::Refused(format!("mirrored chunks of target {target} are not handed out")), Duration::ZERO))
     }
+
+    /// Opens `target`'s `chunks/` directory for reading, for a client to
+    /// open and make the target's chunk files of unmirrored files itself.
+    /// A service that does not hand it out refuses.
+    fn open_chunks_dir(&self, target: TargetId) -> Result<Offer, FsError> {
+        Ok(Offer::Refused(format!("the chunks directory of target {target} is not handed out")))
+    }
 }
 
 /// A request, decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OpenRequest {
     pub target: TargetId,
-    pub entry: EntryId,
-    pub create: bool,
+    pub what: Wanted,
+}
+
+/// What a request asks for of its target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wanted {
+    /// A chunk file, made if missing and `create` (op 1).
+    Chunk { entry: EntryId, create: bool },
     /// A mirrored chunk to read: its buddy group and the group's epoch as
     /// the client knows it (op 2).
-    pub mirrored: Option<(BuddyGroupId, u64)>,
+    Mirrored { entry: EntryId, group: BuddyGroupId, epoch: u64 },
+    /// The target's `chunks/` directory (op 3).
+    ChunksDir,
 }
 
 impl OpenRequest {
     /// The first [`REQUEST_LEN`] bytes, and the [`MIRRORED_EXTRA`] of a mirrored open.
     pub fn encode(&self) -> ([u8; REQUEST_LEN], Option<[u8; MIRRORED_EXTRA]>) {
         let mut b = [0u8; REQUEST_LEN];
-        b[0] = if self.mirrored.is_some() { OP_OPEN_MIRRORED } else { OP_OPEN };
+        let (op, entry, create) = match self.what {
+            Wanted::Chunk { entry, create } => (OP_OPEN, Some(entry), create),
+            Wanted::Mirrored { entry, .. } => (OP_OPEN_MIRRORED, Some(entry), false),
+            Wanted::ChunksDir => (OP_OPEN_CHUNKS_DIR, None, false),
+        };
+        b[0] = op;
         b[1..5].copy_from_slice(&self.target.0.to_le_bytes());
-        b[5..9].copy_from_slice(&self.entry.node.to_le_bytes());
-        b[9..13].copy_from_slice(&self.entry.epoch.to_le_bytes());
-        b[13..21].copy_from_slice(&self.entry.counter.to_le_bytes());
-        b[21] = if self.create { FLAG_CREATE } else { 0 };
-        let extra = self.mirrored.map(|(g, epoch)| {
-            let mut x = [0u8; MIRRORED_EXTRA];
-            x[..4].copy_from_slice(&g.0.to_le_bytes());
-            x[4..].copy_from_slice(&epoch.to_le_bytes());
-            x
-        });
+        if let Some(entry) = entry {
+            b[5..9].copy_from_slice(&entry.node.to_le_bytes());
+            b[9..13].copy_from_slice(&entry.epoch.to_le_bytes());
+            b[13..21].copy_from_slice(&entry.counter.to_le_bytes());
+        }
+        b[21] = if create { FLAG_CREATE } else { 0 };
+        let extra = match self.what {
+            Wanted::Mirrored { group, epoch, .. } => {
+                let mut x = [0u8; MIRRORED_EXTRA];
+                x[..4].copy_from_slice(&group.0.to_le_bytes());
+                x[4..].copy_from_slice(&epoch.to_le_bytes());
+                Some(x)
+            }
+            _ => None,
+        };
         (b, extra)
     }
 
@@ -147,32 +184,31 @@ impl OpenRequest {
     /// Decodes a request: `extra` holds the bytes after the first
     /// [`REQUEST_LEN`] when [`OpenRequest::has_extra`] says there are some.
     pub fn decode(b: &[u8; REQUEST_LEN], extra: Option<&[u8; MIRRORED_EXTRA]>) -> Result<OpenRequest, String> {
-        let mirrored = match (b[0], extra) {
-            (OP_OPEN, None) => None,
-            (OP_OPEN_MIRRORED, Some(x)) => Some((
-                BuddyGroupId(u32::from_le_bytes(x[..4].try_into().expect("4 bytes"))),
-                u64::from_le_bytes(x[4..].try_into().expect("8 bytes")),
-            )),
-            (OP_OPEN_MIRRORED, None) => return Err("a mirrored open without its group".into()),
-            (op, _) => return Err(format!("unknown operation {op}")),
-        };
-        if mirrored.is_some() && b[21] & FLAG_CREATE != 0 {
-            return Err("a mirrored chunk is opened to read only, not created".into());
-        }
         if b[21] & !FLAG_CREATE != 0 {
             return Err(format!("unknown flags {:#x}", b[21]));
         }
+        let create = b[21] & FLAG_CREATE != 0;
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-        Ok(OpenRequest {
-            target: TargetId(u32_at(1)),
-            entry: EntryId {
-                node: u32_at(5),
-                epoch: u32_at(9),
-                counter: u64::from_le_bytes(b[13..21].try_into().expect("8 bytes")),
+        let entry = EntryId {
+            node: u32_at(5),
+            epoch: u32_at(9),
+            counter: u64::from_le_bytes(b[13..21].try_into().expect("8 bytes")),
+        };
+        let what = match (b[0], extra) {
+            (OP_OPEN, None) => Wanted::Chunk { entry, create },
+            (OP_OPEN_MIRRORED | OP_OPEN_CHUNKS_DIR, _) if create => {
+                return Err("only a chunk file of an unmirrored file is made on request".into())
+            }
+            (OP_OPEN_MIRRORED, Some(x)) => Wanted::Mirrored {
+                entry,
+                group: BuddyGroupId(u32::from_le_bytes(x[..4].try_into().expect("4 bytes"))),
+                epoch: u64::from_le_bytes(x[4..].try_into().expect("8 bytes")),
             },
-            create: b[21] & FLAG_CREATE != 0,
-            mirrored,
-        })
+            (OP_OPEN_MIRRORED, None) => return Err("a mirrored open without its group".into()),
+            (OP_OPEN_CHUNKS_DIR, None) => Wanted::ChunksDir,
+            (op, _) => return Err(format!("unknown operation {op}")),
+        };
+        Ok(OpenRequest { target: TargetId(u32_at(1)), what })
     }
 }
 
@@ -295,9 +331,12 @@ async fn serve_conn(
             }
         };
         let o = opener.clone();
-        let r = tokio::task::spawn_blocking(move || match req.mirrored {
-            None => o.open(req.target, req.entry, req.create).map(|f| (f, None)),
-            Some((g, epoch)) => o.open_mirrored(req.target, req.entry, g, epoch).map(|(f, d)| (f, Some(d))),
+        let r = tokio::task::spawn_blocking(move || match req.what {
+            Wanted::Chunk { entry, create } => o.open(req.target, entry, create).map(|f| (f, None)),
+            Wanted::Mirrored { entry, group, epoch } => {
+                o.open_mirrored(req.target, entry, group, epoch).map(|(f, d)| (f, Some(d)))
+            }
+            Wanted::ChunksDir => o.open_chunks_dir(req.target).map(|f| (f, None)),
         })
         .await
         .unwrap_or_else(|e| Err(FsError::new(ErrorCode::Internal, format!("chunk open task failed: {e}"))));
@@ -466,7 +505,7 @@ impl LocalConn {
 
     /// Asks for `target`'s chunk file of `entry` (created if `create`).
     pub fn open(&self, target: TargetId, entry: EntryId, create: bool) -> io::Result<Result<Offer, FsError>> {
-        Ok(self.ask(OpenRequest { target, entry, create, mirrored: None })?.map(|(o, _)| o))
+        Ok(self.ask(OpenRequest { target, what: Wanted::Chunk { entry, create } })?.map(|(o, _)| o))
     }
 
     /// Asks for the copy on `target` of buddy group `group`'s chunk of
@@ -483,8 +522,18 @@ impl LocalConn {
             let why = format!("storage node {} hands out no mirrored chunks (an older version)", self.node);
             return Ok(Ok((Offer::Refused(why), Duration::ZERO)));
         }
-        let r = self.ask(OpenRequest { target, entry, create: false, mirrored: Some((group, epoch)) })?;
+        let r = self.ask(OpenRequest { target, what: Wanted::Mirrored { entry, group, epoch } })?;
         Ok(r.map(|(o, valid)| (o, valid.unwrap_or(Duration::ZERO))))
+    }
+
+    /// Asks for `target`'s `chunks/` directory (see
+    /// [`crate::store::open_in_chunks_dir`]); an older service refuses.
+    pub fn open_chunks_dir(&self, target: TargetId) -> io::Result<Result<Offer, FsError>> {
+        if self.version < 3 {
+            let why = format!("storage node {} hands out no chunks directories (an older version)", self.node);
+            return Ok(Ok(Offer::Refused(why)));
+        }
+        Ok(self.ask(OpenRequest { target, what: Wanted::ChunksDir })?.map(|(o, _)| o))
     }
 
     fn ask(&self, req: OpenRequest) -> io::Result<Result<(Offer, Option<Duration>), FsError>> {
@@ -510,9 +559,10 @@ impl LocalConn {
         let mut raw = vec![0u8; u16::from_le_bytes([head[1], head[2]]) as usize];
         stream.read_exact(&mut raw)?;
         let msg = String::from_utf8_lossy(&raw).into_owned();
+        let mirrored = matches!(req.what, Wanted::Mirrored { .. });
         Ok(match (head[0], fd) {
-            (0, Some(fd)) if req.mirrored.is_none() => Ok((Offer::File(std::fs::File::from(fd)), None)),
-            (STATUS_READ_ONLY, Some(fd)) if req.mirrored.is_some() => {
+            (0, Some(fd)) if !mirrored => Ok((Offer::File(std::fs::File::from(fd)), None)),
+            (STATUS_READ_ONLY, Some(fd)) if mirrored => {
                 let ms: [u8; 4] = raw
                     .as_slice()
                     .try_into()
@@ -553,22 +603,31 @@ mod tests {
     #[test]
     fn requests_round_trip_and_garbage_is_refused() {
         for create in [false, true] {
-            let r = OpenRequest { target: TargetId(7), entry: E, create, mirrored: None };
+            let r = OpenRequest { target: TargetId(7), what: Wanted::Chunk { entry: E, create } };
             let (b, x) = r.encode();
             assert!(x.is_none() && !OpenRequest::has_extra(&b));
             assert_eq!(OpenRequest::decode(&b, None), Ok(r));
         }
-        let m =
-            OpenRequest { target: TargetId(7), entry: E, create: false, mirrored: Some((BuddyGroupId(3), 1 << 40)) };
+        let dir = OpenRequest { target: TargetId(7), what: Wanted::ChunksDir };
+        let (mut b, x) = dir.encode();
+        assert!(x.is_none() && !OpenRequest::has_extra(&b));
+        assert_eq!(OpenRequest::decode(&b, None), Ok(dir));
+        b[21] = FLAG_CREATE;
+        assert!(OpenRequest::decode(&b, None).unwrap_err().contains("made on request"));
+        let m = OpenRequest {
+            target: TargetId(7),
+            what: Wanted::Mirrored { entry: E, group: BuddyGroupId(3), epoch: 1 << 40 },
+        };
         let (b, x) = m.encode();
         assert!(OpenRequest::has_extra(&b));
         assert_eq!(OpenRequest::decode(&b, x.as_ref()), Ok(m));
         assert!(OpenRequest::decode(&b, None).unwrap_err().contains("without its group"));
-        let (mut created, x) = OpenRequest { create: true, ..m }.encode();
-        assert!(OpenRequest::decode(&created, x.as_ref()).unwrap_err().contains("read only"));
+        let (mut created, x) = m.encode();
+        created[21] = FLAG_CREATE;
+        assert!(OpenRequest::decode(&created, x.as_ref()).unwrap_err().contains("made on request"));
         created[0] = OP_OPEN;
         assert!(OpenRequest::decode(&created, x.as_ref()).unwrap_err().contains("unknown operation"));
-        let (mut b, _) = OpenRequest { target: TargetId(7), entry: E, create: true, mirrored: None }.encode();
+        let (mut b, _) = OpenRequest { target: TargetId(7), what: Wanted::Chunk { entry: E, create: true } }.encode();
         b[0] = 9;
         assert!(OpenRequest::decode(&b, None).unwrap_err().contains("unknown operation"));
         b[0] = OP_OPEN;
@@ -591,6 +650,14 @@ mod tests {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Offer::NoChunk),
                 Err(e) => Err(FsError::new(ErrorCode::Io, format!("{}: {e}", p.display()))),
             }
+        }
+
+        /// The directory itself, for target 1 only.
+        fn open_chunks_dir(&self, target: TargetId) -> Result<Offer, FsError> {
+            if target != TargetId(1) {
+                return Ok(Offer::Refused(format!("no chunks directory for target {target}")));
+            }
+            Ok(Offer::File(std::fs::File::open(&self.0).map_err(|e| FsError::new(ErrorCode::Io, e.to_string()))?))
         }
 
         /// Group 5 at epoch 2 only, valid for 1.5 s, read-only.
@@ -644,6 +711,16 @@ mod tests {
             assert!(f.write_all_at(b"x", 0).is_err(), "a mirrored chunk is handed out read-only");
             let e = c.open_mirrored(TargetId(1), E, BuddyGroupId(5), 1).unwrap().expect_err("stale epoch");
             assert!(e.to_string().contains("not the primary"), "{e}");
+            // A target's chunks directory: chunk files are opened and made through it.
+            let Ok(Offer::File(dir)) = c.open_chunks_dir(TargetId(1)).unwrap() else { panic!("no directory") };
+            let f = crate::store::open_in_chunks_dir(&dir, None, E, true).unwrap().expect("made");
+            f.write_all_at(b"made here", 0).unwrap();
+            let again = crate::store::open_in_chunks_dir(&dir, None, E, false).unwrap().expect("found");
+            let mut b = [0u8; 9];
+            again.read_exact_at(&mut b, 0).unwrap();
+            assert_eq!(&b, b"made here");
+            let Ok(Offer::Refused(why)) = c.open_chunks_dir(TargetId(2)).unwrap() else { panic!("not refused") };
+            assert!(why.contains("target 2"), "{why}");
             assert!(c.alive());
             c
         })
@@ -691,7 +768,8 @@ mod tests {
         let _server = serve_local(&name, NodeId(3), None, Arc::new(DirOpener(d.path().into()))).unwrap();
         tokio::task::spawn_blocking(move || {
             let mut c = LocalConn::connect(&name, NodeId(3), None).unwrap().unwrap();
-            let (mut b, _) = OpenRequest { target: TargetId(1), entry: E, create: false, mirrored: None }.encode();
+            let (mut b, _) =
+                OpenRequest { target: TargetId(1), what: Wanted::Chunk { entry: E, create: false } }.encode();
             b[0] = 77;
             c.stream.write_all(&b).unwrap();
             let mut head = [0u8; 3];

@@ -8,7 +8,8 @@
 //! request can name a path outside the target.
 //!
 //! Files are created lazily on the first write (or a truncate to a non-zero
-//! length), with mode 0600. The 256 sub-directories are made (mode 0700) by
+//! length), with mode 0600, by the service or by a client on its host that
+//! holds the target's `chunks/` directory ([`open_in_chunks_dir`]). The 256 sub-directories are made (mode 0700) by
 //! [`ChunkFiles::make_subdirs`] when the service starts, with one fsync of
 //! `chunks/`; one still missing is made on demand and `chunks/` fsynced then,
 //! so a sub-directory survives a crash before a file appears in it. (Made on
@@ -48,6 +49,87 @@ pub fn chunk_rel_path(entry: EntryId) -> PathBuf {
     p.push(format!("{:02x}", entry.hash_dir()));
     p.push(entry.to_string());
     p
+}
+
+/// Owner to give the chunk files and sub-directories a process makes in a
+/// target's `chunks/` directory it holds open (see [`open_in_chunks_dir`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkOwner {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// The owner that files made in `chunks` (a target's `chunks/` directory)
+/// must be given: the directory's own, when it is not this process's
+/// effective user (a root client on the host of a service running as
+/// another user); `None` when files this process makes are already the
+/// service's.
+pub fn chunks_dir_owner(chunks: &File) -> std::io::Result<Option<ChunkOwner>> {
+    let st = rustix::fs::fstat(chunks)?;
+    Ok((st.st_uid != rustix::process::geteuid().as_raw()).then_some(ChunkOwner { uid: st.st_uid, gid: st.st_gid }))
+}
+
+/// Opens `entry`'s chunk file for reading and writing below a target's
+/// `chunks/` directory held open as `chunks` (handed out by the service,
+/// `crate::local`): the very file [`ChunkFiles::open`] opens, made (mode
+/// 0600, its sub-directory 0700 and `chunks/` fsynced, as the service does)
+/// if missing and `create`; `None` if missing otherwise. What this process
+/// makes is given to `owner` (see [`chunks_dir_owner`]).
+pub fn open_in_chunks_dir(
+    chunks: &File,
+    owner: Option<ChunkOwner>,
+    entry: EntryId,
+    create: bool,
+) -> std::io::Result<Option<File>> {
+    use rustix::fs::{fchown, mkdirat, openat, Gid, Mode, OFlags, Uid};
+    use rustix::io::Errno;
+    let sub = format!("{:02x}", entry.hash_dir());
+    let rel = format!("{sub}/{entry}");
+    let give = |fd: &dyn std::os::fd::AsFd| match owner {
+        Some(o) => fchown(fd, Some(Uid::from_raw(o.uid)), Some(Gid::from_raw(o.gid))),
+        None => Ok(()),
+    };
+    let rw = OFlags::RDWR | OFlags::CLOEXEC;
+    let mode = Mode::from_raw_mode(0o600);
+    for attempt in 0..2 {
+        // A new file is made with O_EXCL so that only its maker gives it away.
+        let made =
+            if create { openat(chunks, &rel, rw | OFlags::CREATE | OFlags::EXCL, mode) } else { Err(Errno::EXIST) };
+        match made {
+            Ok(fd) => {
+                give(&fd)?;
+                return Ok(Some(File::from(fd)));
+            }
+            Err(Errno::EXIST) => match openat(chunks, &rel, rw, mode) {
+                Ok(fd) => return Ok(Some(File::from(fd))),
+                // Removed since: made again on the next round.
+                Err(Errno::NOENT) if create && attempt == 0 => continue,
+                Err(Errno::NOENT) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            },
+            Err(Errno::NOENT) if attempt == 0 => {
+                // First chunk file in this sub-directory: make it durable first.
+                match mkdirat(chunks, &sub, Mode::from_raw_mode(0o700)) {
+                    Ok(()) => {
+                        if owner.is_some() {
+                            let d = openat(
+                                chunks,
+                                &sub,
+                                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                                Mode::empty(),
+                            )?;
+                            give(&d)?;
+                        }
+                        rustix::fs::fsync(chunks)?;
+                    }
+                    Err(Errno::EXIST) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(std::io::Error::new(ErrorKind::NotFound, format!("chunk file {rel} vanished while being made")))
 }
 
 /// The chunk files of one target.
@@ -488,6 +570,48 @@ mod tests {
     use super::*;
     use hivefs_types::error::ErrorCode;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_held_chunks_directory_opens_the_services_own_files() {
+        let (d, s) = store();
+        let chunks = File::open(d.path().join(CHUNKS_DIR)).unwrap();
+        assert!(chunks_dir_owner(&chunks).unwrap().is_none(), "made by this process's own user");
+        assert!(open_in_chunks_dir(&chunks, None, E, false).unwrap().is_none(), "missing and not made");
+        // Its sub-directory is missing too: made on the way.
+        let f = open_in_chunks_dir(&chunks, None, E, true).unwrap().expect("made");
+        f.write_all_at(b"from a client", 0).unwrap();
+        assert_eq!(s.read(E, 0, 13).unwrap(), b"from a client", "the service reads the same file");
+        let meta = std::fs::metadata(s.chunk_path(E)).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        let sub = std::fs::metadata(s.chunk_path(E).parent().unwrap()).unwrap();
+        assert_eq!(sub.permissions().mode() & 0o777, 0o700);
+        // An existing file is opened, not truncated or made again.
+        let again = open_in_chunks_dir(&chunks, None, E, true).unwrap().expect("found");
+        assert_eq!(again.metadata().unwrap().len(), 13);
+        s.write(E, 20, b"by the service").unwrap();
+        let mut b = [0u8; 14];
+        again.read_exact_at(&mut b, 20).unwrap();
+        assert_eq!(&b, b"by the service");
+    }
+
+    #[test]
+    fn files_made_in_another_users_chunks_directory_are_given_to_that_user() {
+        use std::os::unix::fs::MetadataExt;
+        if !rustix::process::geteuid().is_root() {
+            return; // Only root can give files away.
+        }
+        let (d, s) = store();
+        let dir = d.path().join(CHUNKS_DIR);
+        std::os::unix::fs::chown(&dir, Some(65534), Some(65533)).unwrap();
+        let chunks = File::open(&dir).unwrap();
+        let owner = chunks_dir_owner(&chunks).unwrap();
+        assert_eq!(owner, Some(ChunkOwner { uid: 65534, gid: 65533 }));
+        open_in_chunks_dir(&chunks, owner, E, true).unwrap().expect("made");
+        for p in [s.chunk_path(E), s.chunk_path(E).parent().unwrap().to_path_buf()] {
+            let m = std::fs::metadata(&p).unwrap();
+            assert_eq!((m.uid(), m.gid()), (65534, 65533), "{}", p.display());
+        }
+    }
 
     #[test]
     fn cached_reads_come_from_the_page_cache_only() {

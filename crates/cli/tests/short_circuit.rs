@@ -1,5 +1,6 @@
 //! Short-circuit chunk I/O: a mount on the storage services' machine reads and
-//! writes their chunk files through descriptors they hand over, and stops
+//! writes their chunk files through descriptors they hand over (of the files,
+//! or of the targets' chunk directories to make and open them in), and stops
 //! doing so when a service dies.
 
 mod common;
@@ -60,7 +61,7 @@ fn a_dead_storage_services_files_are_not_used_until_it_is_back() {
     let mut f =
         std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(sc.mnt.join("f")).unwrap();
     f.write_all(&data).unwrap();
-    // A chunk file's descriptor is fetched at its second access (a read here).
+    // Opened through the target's chunks directory at the first write.
     f.seek(SeekFrom::Start(0)).unwrap();
     let mut buf = vec![0u8; 4096];
     f.read_exact(&mut buf).unwrap();
@@ -92,4 +93,41 @@ fn a_dead_storage_services_files_are_not_used_until_it_is_back() {
             || log.contains("short-circuit socket of storage node 1 failed"),
         "the mount noticed the hang-up:\n{log}"
     );
+}
+
+/// Once a target's chunks directory is handed over, the mount makes and opens
+/// that target's chunk files itself: with the storage service stopped, new
+/// files are created, written, closed and read back (the metadata node is
+/// all they need), where a mount that sends chunk I/O over TCP times out.
+/// Afterwards the service serves them to everyone.
+#[test]
+fn new_files_are_made_and_read_back_past_a_stopped_storage_service() {
+    let fs = TestFs::up(&["--storage", "1", "--targets-per-storage", "2"]);
+    let sc = fs.extra_mount("sc", &["--io-timeout-ms", "3000"]);
+    let tcp = fs.extra_mount("tcp", &["--io-timeout-ms", "3000", "--no-short-circuit"]);
+    // 1 MiB in 512 KiB chunks covers both targets: their directories are handed out.
+    let warm = random_bytes(4, 1 << 20);
+    std::fs::write(sc.mnt.join("warm"), &warm).unwrap();
+
+    let stopped = Stopped::new(fs.pid("storage1"));
+    let files: Vec<(String, Vec<u8>)> =
+        (0..4).map(|i| (format!("new{i}"), random_bytes(10 + i, [4096, 1 << 20, 100, 700_000][i as usize]))).collect();
+    for (name, data) in &files {
+        std::fs::write(sc.mnt.join(name), data).unwrap();
+    }
+    for (name, data) in &files {
+        assert!(std::fs::read(sc.mnt.join(name)).unwrap() == *data, "{name} read back with the service stopped");
+    }
+    assert!(std::fs::read(sc.mnt.join("warm")).unwrap() == warm);
+    let errno = errno_of(std::fs::read(tcp.mnt.join("new0")));
+    assert!(
+        errno == libc::EIO || errno == libc::ETIMEDOUT,
+        "a read over TCP from the stopped service must time out, errno {errno}"
+    );
+    drop(stopped);
+
+    for (name, data) in &files {
+        assert!(std::fs::read(tcp.mnt.join(name)).unwrap() == *data, "the service serves {name}");
+        assert!(std::fs::read(fs.path(name)).unwrap() == *data);
+    }
 }

@@ -5,11 +5,17 @@
 //! Same bytes, same files: the service serves the very same chunk files to
 //! other clients, and the kernel's page cache is shared, so every read here
 //! sees every completed write of any client, as on the network path.
-//! A descriptor is fetched at the second access to a chunk file (one access
-//! over TCP costs what the fetch would) and kept until the file is released
-//! by this client, and all of a service's are dropped as soon as its socket
-//! hangs up (it stopped or died): from then on requests go over TCP and
-//! fail or wait as they always did. A target the service does not offer
+//! A service hands over each target's `chunks/` directory once; through it
+//! the client opens (and, to write, makes) chunk files of unmirrored files
+//! itself, at their first access, without a request
+//! (`hivefs_chunk::store::open_in_chunks_dir`, the service's own layout).
+//! Where a service hands out no directory (an older version), a chunk
+//! file's descriptor is fetched at its second access (one access over TCP
+//! costs what the fetch would); a mirrored chunk's always is. Descriptors
+//! are kept until the file is released by this client, and all of a
+//! service's (directories too) are dropped as soon as its socket hangs up
+//! (it stopped or died): from then on requests go over TCP and fail or wait
+//! as they always did. A target the service does not offer
 //! (rate-limited) and a service that does not answer (another host, an older
 //! version) use the network path.
 //!
@@ -17,6 +23,7 @@
 //! only finds a descriptor or says "use the network".
 
 use hivefs_chunk::local::{socket_name, LocalConn, Offer};
+use hivefs_chunk::store::{chunks_dir_owner, open_in_chunks_dir, ChunkOwner};
 use hivefs_cluster::Cluster;
 use hivefs_net::Secret;
 use hivefs_types::error::FsError;
@@ -72,6 +79,25 @@ struct Mirrored {
     file: Arc<File>,
 }
 
+/// A target's `chunks/` directory, handed out by the node serving it.
+struct ChunksDir {
+    node: NodeId,
+    dir: File,
+    /// Who files made here must belong to (the service's user, if not ours).
+    owner: Option<ChunkOwner>,
+}
+
+/// Where [`LocalChunks::conn_for`] sends a caller.
+enum Found {
+    /// The answer, without asking the service.
+    Answer(Local),
+    /// The target's `chunks/` directory is held: open the file through it.
+    Dir(Arc<ChunksDir>),
+    /// Ask the service through this connection; `true`: first for the
+    /// target's `chunks/` directory.
+    Ask(Arc<LocalConn>, bool),
+}
+
 #[derive(Default)]
 struct State {
     nodes: HashMap<NodeId, NodeState>,
@@ -86,6 +112,11 @@ struct State {
     seen: HashMap<EntryId, Vec<TargetId>>,
     /// Targets their service does not hand out.
     refused: HashSet<TargetId>,
+    /// Per target: its `chunks/` directory, once handed out.
+    dirs: HashMap<TargetId, Arc<ChunksDir>>,
+    /// Targets whose node (the value) hands out no `chunks/` directory:
+    /// their chunk files are asked for one by one.
+    no_dirs: HashMap<TargetId, NodeId>,
 }
 
 impl State {
@@ -153,6 +184,8 @@ impl State {
     /// Forgets node `node`'s connection and descriptors.
     fn drop_node(&mut self, node: NodeId, retry: Duration) {
         self.nodes.insert(node, NodeState::Later(Instant::now() + retry));
+        self.dirs.retain(|_, d| d.node != node);
+        self.no_dirs.retain(|_, n| *n != node);
         let mut count = 0;
         self.files.retain(|_, v| {
             v.retain(|(_, n, _)| *n != node);
@@ -180,52 +213,136 @@ impl LocalChunks {
         LocalChunks { enabled, files_max: files_max(), secret, state: Mutex::new(State::default()) }
     }
 
-    /// The connection through which to ask storage node `node` for
-    /// `target`'s chunk of `entry`, or the answer without asking: the
-    /// descriptor `held` finds, or the network (the service is away or
-    /// refuses the target, or this is the first access: see below).
+    /// Where to go for `target`'s chunk of `entry` on storage node `node`:
+    /// the answer without asking (the descriptor `held` finds, or the
+    /// network: the service is away or refuses the target, or this is the
+    /// first access, see below), the target's `chunks/` directory held
+    /// (`dir`: the caller can use one), or the connection to ask through.
     async fn conn_for(
         &self,
         cluster: &Cluster,
-        node: NodeId,
-        target: TargetId,
-        entry: EntryId,
+        (node, target, entry): (NodeId, TargetId, EntryId),
         held: impl Fn(&State) -> Option<Arc<File>>,
-    ) -> Result<Arc<LocalConn>, Local> {
-        let conn = {
+        dir: bool,
+    ) -> Found {
+        let (conn, want_dir) = {
             let mut st = self.state.lock().expect("local chunks");
             if st.refused.contains(&target) {
-                return Err(Local::Network);
+                return Found::Answer(Local::Network);
             }
+            let want_dir = dir && !st.no_dirs.contains_key(&target);
             let conn = match st.nodes.get(&node) {
                 Some(NodeState::Conn(_)) => {
-                    let Some(c) = st.live_conn(node) else { return Err(Local::Network) };
+                    let Some(c) = st.live_conn(node) else { return Found::Answer(Local::Network) };
                     if let Some(f) = held(&st) {
-                        return Err(Local::File(f));
+                        return Found::Answer(Local::File(f));
+                    }
+                    if let Some(d) = st.dirs.get(&target).filter(|d| want_dir && d.node == node) {
+                        return Found::Dir(d.clone());
                     }
                     Some(c)
                 }
-                Some(NodeState::Later(t)) if Instant::now() < *t => return Err(Local::Network),
+                Some(NodeState::Later(t)) if Instant::now() < *t => return Found::Answer(Local::Network),
                 _ => None,
             };
-            // A descriptor costs a round trip to the service, as much as the
-            // request it saves: fetched on the second access to a chunk file
-            // only, so a small file written or read once stays on the
-            // network path and a file used more gains from the second access on.
-            if st.seen.len() >= self.files_max {
-                st.seen.clear();
+            // Without the directory, a descriptor costs a round trip to the
+            // service, as much as the request it saves: fetched on the
+            // second access to a chunk file only, so a small file written or
+            // read once stays on the network path and a file used more gains
+            // from the second access on.
+            if !want_dir {
+                if st.seen.len() >= self.files_max {
+                    st.seen.clear();
+                }
+                let seen = st.seen.entry(entry).or_default();
+                if !seen.contains(&target) {
+                    seen.push(target);
+                    return Found::Answer(Local::Network);
+                }
             }
-            let seen = st.seen.entry(entry).or_default();
-            if !seen.contains(&target) {
-                seen.push(target);
-                return Err(Local::Network);
-            }
-            conn
+            (conn, want_dir)
         };
         match conn {
-            Some(c) => Ok(c),
-            None => self.connect(cluster, node).await.ok_or(Local::Network),
+            Some(c) => Found::Ask(c, want_dir),
+            None => match self.connect(cluster, node).await {
+                Some(c) => Found::Ask(c, want_dir),
+                None => Found::Answer(Local::Network),
+            },
         }
+    }
+
+    /// Asks node `node` for `target`'s `chunks/` directory and holds it;
+    /// `None` (and the target is asked for file by file from then on, until
+    /// the node's connection is dropped) if it hands out none.
+    async fn fetch_dir(&self, conn: &Arc<LocalConn>, node: NodeId, target: TargetId) -> Option<Arc<ChunksDir>> {
+        let c = conn.clone();
+        let r = tokio::task::spawn_blocking(move || {
+            c.open_chunks_dir(target).map(|r| {
+                r.and_then(|o| match o {
+                    Offer::File(dir) => match chunks_dir_owner(&dir) {
+                        Ok(owner) => Ok(Ok((dir, owner))),
+                        Err(e) => Err(FsError::new(
+                            hivefs_types::error::ErrorCode::Io,
+                            format!("fstat of its chunks directory: {e}"),
+                        )),
+                    },
+                    other => Ok(Err(other)),
+                })
+            })
+        })
+        .await;
+        let mut st = self.state.lock().expect("local chunks");
+        let why = match r {
+            Ok(Ok(Ok(Ok((dir, owner))))) => {
+                let d = Arc::new(ChunksDir { node, dir, owner });
+                debug!("storage node {node} handed out the chunks directory of target {target}");
+                st.dirs.insert(target, d.clone());
+                return Some(d);
+            }
+            Ok(Ok(Ok(Err(Offer::Refused(why))))) => why,
+            Ok(Ok(Ok(Err(other)))) => format!("unexpected answer {other:?}"),
+            Ok(Ok(Err(e))) => e.to_string(),
+            Ok(Err(e)) => {
+                warn!("short-circuit socket of storage node {node} failed: {e}; using the network");
+                st.drop_node(node, RETRY_FAILED);
+                return None;
+            }
+            Err(e) => e.to_string(),
+        };
+        debug!("storage node {node} hands out no chunks directory of target {target}: {why}");
+        st.no_dirs.insert(target, node);
+        None
+    }
+
+    /// `target`'s chunk of `entry`, opened (made if `create`) through the
+    /// target's `chunks/` directory `d`, and held.
+    fn open_in_dir(&self, d: &ChunksDir, target: TargetId, entry: EntryId, create: bool) -> Local {
+        match open_in_chunks_dir(&d.dir, d.owner, entry, create) {
+            Ok(Some(f)) => self.hold(&mut self.state.lock().expect("local chunks"), d.node, target, entry, f),
+            Ok(None) => Local::NoChunk,
+            Err(e) => {
+                // A full target, say: the network path reports it with the usual context.
+                debug!("opening target {target}'s chunk of {entry} on this host failed: {e}");
+                Local::Network
+            }
+        }
+    }
+
+    /// Holds `f`, `target`'s chunk of `entry` on node `node`, unless one was
+    /// held meanwhile (then that one).
+    fn hold(&self, st: &mut State, node: NodeId, target: TargetId, entry: EntryId, f: File) -> Local {
+        match st.cached(target, entry) {
+            Some((n, f)) if n == node => return Local::File(f), // fetched meanwhile
+            Some(_) => st.forget_one(target, entry),            // from the target's former node
+            None => {}
+        }
+        if st.count >= self.files_max {
+            st.clear();
+        }
+        let f = Arc::new(f);
+        st.files.entry(entry).or_default().push((target, node, f.clone()));
+        st.count += 1;
+        Local::File(f)
     }
 
     /// Where `target`'s chunk of `entry` is to be read or written (`create`:
@@ -238,28 +355,20 @@ impl LocalChunks {
             return Local::Network;
         };
         let held = |st: &State| st.cached(target, entry).filter(|(n, _)| *n == node).map(|(_, f)| f);
-        let conn = match self.conn_for(cluster, node, target, entry, held).await {
-            Ok(c) => c,
-            Err(answer) => return answer,
+        let conn = match self.conn_for(cluster, (node, target, entry), held, true).await {
+            Found::Answer(answer) => return answer,
+            Found::Dir(d) => return self.open_in_dir(&d, target, entry, create),
+            Found::Ask(c, true) => match self.fetch_dir(&c, node, target).await {
+                Some(d) => return self.open_in_dir(&d, target, entry, create),
+                None => c,
+            },
+            Found::Ask(c, false) => c,
         };
         let c = conn.clone();
         let r = tokio::task::spawn_blocking(move || c.open(target, entry, create)).await;
-        let mut st = self.state.lock().expect("local chunks");
         let what = format!("target {target}'s chunk of {entry}");
-        self.answer(&mut st, node, target, &what, r, |st, f| {
-            match st.cached(target, entry) {
-                Some((n, f)) if n == node => return Local::File(f), // fetched meanwhile
-                Some(_) => st.forget_one(target, entry),            // from the target's former node
-                None => {}
-            }
-            if st.count >= self.files_max {
-                st.clear();
-            }
-            let f = Arc::new(f);
-            st.files.entry(entry).or_default().push((target, node, f.clone()));
-            st.count += 1;
-            Local::File(f)
-        })
+        let mut st = self.state.lock().expect("local chunks");
+        self.answer(&mut st, node, target, &what, r, |st, f| self.hold(st, node, target, entry, f))
     }
 
     /// Where a short-circuit open's answer `r` sends the caller: `keep` takes
@@ -316,9 +425,10 @@ impl LocalChunks {
             (target, g.epoch, node)
         };
         let held = |st: &State| st.cached_mirrored((target, node, epoch), entry, Instant::now());
-        let conn = match self.conn_for(cluster, node, target, entry, held).await {
-            Ok(c) => c,
-            Err(answer) => return answer,
+        let conn = match self.conn_for(cluster, (node, target, entry), held, false).await {
+            Found::Answer(answer) => return answer,
+            Found::Ask(c, _) => c,
+            Found::Dir(_) => unreachable!("no directory is asked for a mirrored chunk"),
         };
         let asked = Instant::now();
         let c = conn.clone();

@@ -232,6 +232,21 @@ impl hivefs_chunk::local::ChunkOpener for LocalOpener {
         }
         self.mirror.open_to_read(target, entry, group, epoch)
     }
+
+    fn open_chunks_dir(&self, target: TargetId) -> FsResult<hivefs_chunk::local::Offer> {
+        use hivefs_chunk::local::Offer;
+        use std::os::unix::fs::OpenOptionsExt;
+        if self.limited.contains(&target) {
+            return Ok(Offer::Refused(format!("target {target} has a rate limit (target_rate_limit)")));
+        }
+        let Some(store) = self.stores.get(&target) else {
+            return Ok(Offer::Refused(format!("target {target} is not served by storage node {}", self.node)));
+        };
+        let dir = store.dir().join(hivefs_chunk::store::CHUNKS_DIR);
+        let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY).open(&dir);
+        f.map(Offer::File)
+            .map_err(|e| FsError::new(ErrorCode::Io, format!("target {target}: cannot open {}: {e}", dir.display())))
+    }
 }
 
 /// Runs blocking file work off the async workers (in place under
