@@ -118,6 +118,9 @@ fn prometheus_scrapes_every_service_and_the_mount() {
     assert_eq!(mkdirs.first().map(|s| s.1), Some(5.0), "{mkdirs:?}");
     let written = query(&api, r#"hivefs_client_io_bytes_total{service="mount",kind="write"}"#);
     assert!(written.first().is_some_and(|s| s.1 >= data.len() as f64), "{written:?}");
+    // The mount wrote and read the chunk files itself (short-circuit): it counts that target I/O.
+    let direct = query(&api, r#"sum(hivefs_target_io_bytes_total{service="mount",direction="write"})"#);
+    assert!(direct.first().is_some_and(|s| s.1 >= data.len() as f64), "{direct:?}");
     let space = query(&api, r#"count(hivefs_target_free_bytes{service="mgmtd"})"#);
     assert_eq!(space.first().map(|s| s.1), Some(8.0), "mgmtd reports the space of all 8 targets: {space:?}");
     let online = query(&api, r#"hivefs_targets{service="mgmtd",state="online"}"#);

@@ -176,7 +176,11 @@ impl Client {
             let unit = pattern.unit(p.stripe_index);
             let payload = data.slice(p.buf_offset..p.buf_offset + p.len);
             if let Local::File(f) = self.local_file(pattern, p.stripe_index, entry, true).await {
-                let write = move || f.write_all_at(&payload, p.local_offset).map_err(|e| local_err(target, entry, e));
+                let write = move || {
+                    f.write_all_at(&payload, p.local_offset).map_err(|e| local_err(target, entry, e))?;
+                    hivefs_metrics::target_io(target.0, "write", p.len as u64);
+                    Ok(())
+                };
                 if p.len <= LOCAL_INLINE_MAX {
                     write()?;
                 } else {
@@ -220,7 +224,9 @@ impl Client {
             if let Err(e) = f.write_all_at(&data[p.buf_offset..p.buf_offset + p.len], p.local_offset) {
                 return Some(Err(local_err(target, entry, e)));
             }
+            hivefs_metrics::target_io(target.0, "write", p.len as u64);
         }
+        hivefs_metrics::client_io("write", data.len() as u64);
         Some(Ok(data.len()))
     }
 
@@ -241,12 +247,16 @@ impl Client {
             return None;
         }
         let mut buf = vec![0u8; len];
-        for (p, f) in pieces.iter().zip(files) {
+        for (p, f) in pieces.iter().zip(&files) {
             let dst = &mut buf[p.buf_offset..p.buf_offset + p.len];
-            if !read_at_cached_into(&f, p.local_offset, dst).ok()? {
+            if !read_at_cached_into(f, p.local_offset, dst).ok()? {
                 return None;
             }
         }
+        for p in &pieces {
+            hivefs_metrics::target_io(pattern.targets()[p.stripe_index].0, "read", p.len as u64);
+        }
+        hivefs_metrics::client_io("read", len as u64);
         Some(buf)
     }
 
@@ -295,6 +305,8 @@ impl Client {
                         || !read_at_cached_into(&f, p.local_offset, dst).map_err(|e| local_err(target, entry, e))?
                     {
                         from_disk.push((p, target, f));
+                    } else {
+                        hivefs_metrics::target_io(target.0, "read", p.len as u64);
                     }
                     continue;
                 }
@@ -324,6 +336,7 @@ impl Client {
                 for (p, target, f) in from_disk {
                     let n = read_at_full_into(&f, p.local_offset, &mut buf[p.buf_offset..p.buf_offset + p.len])
                         .map_err(|e| local_err(target, entry, e))?;
+                    hivefs_metrics::target_io(target.0, "read", n as u64);
                     short |= n < p.len;
                 }
                 Ok((buf, short))

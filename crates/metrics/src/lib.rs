@@ -221,7 +221,11 @@ fn registry() -> &'static Registry {
             m.commit_batch_ops.clone(),
         );
         r.register("commit_duration_seconds", "Time to append (and sync) a journal batch", m.commit_seconds.clone());
-        r.register("target_io_bytes", "Chunk bytes read and written per storage target", m.target_bytes.clone());
+        r.register(
+            "target_io_bytes",
+            "Chunk bytes read and written per storage target (by its service for requests over the network, by a client on its host for short-circuit I/O)",
+            m.target_bytes.clone(),
+        );
         r.register("target_capacity_bytes", "Size of a storage target's file system", m.target_total_bytes.clone());
         r.register("target_free_bytes", "Free bytes of a storage target", m.target_free_bytes.clone());
         r.register("client_io_bytes", "File bytes read and written by this client", m.client_bytes.clone());
