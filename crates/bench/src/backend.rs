@@ -3,7 +3,11 @@
 //! directory for comparison) and the HiveFS native client library
 //! ([`Native`]: no FUSE, no kernel). Both are driven from ordinary threads
 //! (one per rank); paths are relative to the backend's base directory and
-//! use '/' between components.
+//! use '/' between components. The metadata benchmark's whole-file
+//! operations are also futures ([`MdOps`]): a backend with an async runtime
+//! of its own runs each rank's phase there as one task, as an application
+//! on the async API would, instead of waking the rank's thread from the
+//! runtime for every answer.
 
 use hivefs_client::{Client, Ent, Options};
 use hivefs_proto::Caller;
@@ -13,12 +17,63 @@ use hivefs_types::pattern::Pattern;
 use rustix::process::{getgid, getuid};
 use std::collections::HashMap;
 use std::fs::OpenOptions;
+use std::future::Future;
 use std::io::{Error, ErrorKind};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 pub type IoResult<T> = std::io::Result<T>;
+
+/// A benchmark operation in progress.
+pub type OpFuture<'a, T> = Pin<Box<dyn Future<Output = IoResult<T>> + Send + 'a>>;
+
+/// The metadata benchmark's operations, each on a whole file.
+pub trait MdOps: Send + Sync {
+    /// Creates `rel` (opened with `O_CREAT`), writes `content` at offset 0
+    /// unless it is empty, and closes it.
+    fn create_file<'a>(&'a self, rel: &'a str, content: &'a [u8]) -> OpFuture<'a, ()>;
+    /// The size of `rel` (a `stat`).
+    fn stat_file<'a>(&'a self, rel: &'a str) -> OpFuture<'a, u64>;
+    /// Opens `rel`, reads into `buf` from offset 0 (all of it unless the file
+    /// ends first) and closes it; returns the bytes read.
+    fn read_file<'a>(&'a self, rel: &'a str, buf: &'a mut [u8]) -> OpFuture<'a, usize>;
+    fn unlink_file<'a>(&'a self, rel: &'a str) -> OpFuture<'a, ()>;
+}
+
+/// [`MdOps`] of a backend without a runtime: each future does the work when
+/// first polled, through the backend's blocking calls.
+pub struct BlockingMd<B: ?Sized>(pub Arc<B>);
+
+impl<B: Backend + ?Sized> MdOps for BlockingMd<B> {
+    fn create_file<'a>(&'a self, rel: &'a str, content: &'a [u8]) -> OpFuture<'a, ()> {
+        Box::pin(async move {
+            let mut h = self.0.open(rel, true, true)?;
+            if !content.is_empty() {
+                h.write_at(0, content)?;
+            }
+            h.close()
+        })
+    }
+
+    fn stat_file<'a>(&'a self, rel: &'a str) -> OpFuture<'a, u64> {
+        Box::pin(async move { self.0.stat(rel) })
+    }
+
+    fn read_file<'a>(&'a self, rel: &'a str, buf: &'a mut [u8]) -> OpFuture<'a, usize> {
+        Box::pin(async move {
+            let mut h = self.0.open(rel, false, false)?;
+            let n = if buf.is_empty() { 0 } else { h.read_at(0, buf)? };
+            h.close()?;
+            Ok(n)
+        })
+    }
+
+    fn unlink_file<'a>(&'a self, rel: &'a str) -> OpFuture<'a, ()> {
+        Box::pin(async move { self.0.unlink(rel) })
+    }
+}
 
 /// File system operations a benchmark rank needs.
 pub trait Backend: Send + Sync {
@@ -32,6 +87,13 @@ pub trait Backend: Send + Sync {
     /// The size of `rel` (a `stat`).
     fn stat(&self, rel: &str) -> IoResult<u64>;
     fn unlink(&self, rel: &str) -> IoResult<()>;
+    /// The runtime a rank's metadata phase runs on as one task, if the
+    /// backend has one (see [`MdOps`]).
+    fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        None
+    }
+    /// This backend's [`MdOps`].
+    fn md_ops(self: Arc<Self>) -> Arc<dyn MdOps>;
 }
 
 pub trait BenchFile: Send {
@@ -91,6 +153,10 @@ impl Backend for Posix {
 
     fn unlink(&self, rel: &str) -> IoResult<()> {
         std::fs::remove_file(self.path(rel))
+    }
+
+    fn md_ops(self: Arc<Self>) -> Arc<dyn MdOps> {
+        Arc::new(BlockingMd(self))
     }
 }
 
@@ -168,7 +234,7 @@ impl Native {
         let caller = Caller::new(getuid().as_raw(), getgid().as_raw());
         let n =
             Native { client, rt, dirs: Mutex::new(HashMap::new()), base: base.trim_matches('/').to_string(), caller };
-        n.dir(&n.base.clone())?;
+        n.rt.block_on(n.dir(&n.base))?;
         Ok(n)
     }
 
@@ -186,11 +252,11 @@ impl Native {
     }
 
     /// The entry of directory `path` (from the root), resolved once and then remembered.
-    fn dir(&self, path: &str) -> IoResult<Ent> {
+    async fn dir(&self, path: &str) -> IoResult<Ent> {
         if let Some(e) = self.dirs.lock().expect("dir cache").get(path) {
             return Ok(*e);
         }
-        let a = self.rt.block_on(self.client.resolve(path)).map_err(fs_io)?;
+        let a = self.client.resolve(path).await.map_err(fs_io)?;
         if a.kind != FileKind::Dir {
             return Err(Error::other(format!("/{path} is not a directory")));
         }
@@ -200,9 +266,36 @@ impl Native {
     }
 
     /// Parent directory entry and the last component of `rel`.
-    fn parent(&self, rel: &str) -> IoResult<(Ent, String)> {
+    async fn parent(&self, rel: &str) -> IoResult<(Ent, String)> {
         let (p, name) = split(&self.full(rel));
-        Ok((self.dir(&p)?, name))
+        Ok((self.dir(&p).await?, name))
+    }
+
+    async fn open_file(&self, rel: &str, create: bool, write: bool) -> IoResult<NativeFile> {
+        let (parent, name) = self.parent(rel).await?;
+        let c = &self.client;
+        let (ent, attr) = if create {
+            // One request creates (or finds) and opens it, as the mount does.
+            let a = c.create_open(parent, name.as_bytes(), 0o644, false, self.caller).await.map_err(fs_io)?;
+            (Ent::from(&a), a)
+        } else {
+            let ent = Ent::from(&c.lookup(parent, name.as_bytes()).await.map_err(fs_io)?);
+            (ent, c.open(ent, write).await.map_err(fs_io)?)
+        };
+        let Some(pattern) = attr.pattern.clone() else {
+            let _ = c.release(ent, write).await;
+            return Err(Error::other(format!("{} has no stripe pattern", self.describe(rel))));
+        };
+        Ok(NativeFile {
+            client: c.clone(),
+            handle: self.rt.handle().clone(),
+            ent,
+            pattern,
+            write,
+            dirty: false,
+            size: attr.size,
+            seen: Some(attr.ctime),
+        })
     }
 }
 
@@ -232,13 +325,43 @@ struct NativeFile {
 }
 
 impl NativeFile {
-    fn publish_size(&mut self) -> IoResult<()> {
+    async fn publish_size(&mut self) -> IoResult<()> {
         if self.dirty {
             let report = self.client.report_size(self.ent, &self.pattern, self.size, self.seen, now_ts());
-            (_, self.seen) = self.handle.block_on(report).map_err(fs_io)?;
+            (_, self.seen) = report.await.map_err(fs_io)?;
             self.dirty = false;
         }
         Ok(())
+    }
+
+    async fn write(&mut self, offset: u64, buf: &[u8]) -> IoResult<()> {
+        if !self.write {
+            return Err(Error::new(ErrorKind::PermissionDenied, "file is open for reading only"));
+        }
+        self.dirty = true;
+        let r = self.client.write(&self.pattern, self.ent.id, offset, buf).await;
+        if r.is_err() {
+            // It may have left bytes past `size`.
+            self.seen = None;
+        }
+        r.map_err(fs_io)?;
+        self.size = self.size.max(offset + buf.len() as u64);
+        Ok(())
+    }
+
+    async fn read(&mut self, offset: u64, buf: &mut [u8]) -> IoResult<usize> {
+        let data = self.client.read(&self.pattern, self.ent.id, offset, buf.len(), self.size).await.map_err(fs_io)?;
+        buf[..data.len()].copy_from_slice(&data);
+        Ok(data.len())
+    }
+
+    /// Publishes the size and releases the file (in the background).
+    async fn finish(mut self) -> IoResult<()> {
+        let published = self.publish_size().await;
+        // In the background, gathered with other closes, as the mount does.
+        let _rt = self.handle.enter();
+        self.client.release_later(self.ent.id, self.ent.owner);
+        published
     }
 }
 
@@ -252,94 +375,101 @@ impl Backend for Native {
     }
 
     fn mkdir(&self, rel: &str) -> IoResult<()> {
-        let (parent, name) = self.parent(rel)?;
-        let a = self.rt.block_on(self.client.mkdir(parent, name.as_bytes(), 0o755, self.caller)).map_err(fs_io)?;
-        self.dirs.lock().expect("dir cache").insert(self.full(rel), Ent::from(&a));
-        Ok(())
+        self.rt.block_on(async {
+            let (parent, name) = self.parent(rel).await?;
+            let a = self.client.mkdir(parent, name.as_bytes(), 0o755, self.caller).await.map_err(fs_io)?;
+            self.dirs.lock().expect("dir cache").insert(self.full(rel), Ent::from(&a));
+            Ok(())
+        })
     }
 
     fn rmdir(&self, rel: &str) -> IoResult<()> {
-        let (parent, name) = self.parent(rel)?;
-        self.rt.block_on(self.client.rmdir(parent, name.as_bytes())).map_err(fs_io)?;
-        self.dirs.lock().expect("dir cache").remove(&self.full(rel));
-        Ok(())
+        self.rt.block_on(async {
+            let (parent, name) = self.parent(rel).await?;
+            self.client.rmdir(parent, name.as_bytes()).await.map_err(fs_io)?;
+            self.dirs.lock().expect("dir cache").remove(&self.full(rel));
+            Ok(())
+        })
     }
 
     fn open(&self, rel: &str, create: bool, write: bool) -> IoResult<Box<dyn BenchFile>> {
-        let (parent, name) = self.parent(rel)?;
-        let c = &self.client;
-        let (ent, attr) = if create {
-            // One request creates (or finds) and opens it, as the mount does.
-            let a = self.rt.block_on(c.create_open(parent, name.as_bytes(), 0o644, false, self.caller));
-            let a = a.map_err(fs_io)?;
-            (Ent::from(&a), a)
-        } else {
-            let ent = Ent::from(&self.rt.block_on(c.lookup(parent, name.as_bytes())).map_err(fs_io)?);
-            (ent, self.rt.block_on(c.open(ent, write)).map_err(fs_io)?)
-        };
-        let Some(pattern) = attr.pattern.clone() else {
-            let _ = self.rt.block_on(c.release(ent, write));
-            return Err(Error::other(format!("{} has no stripe pattern", self.describe(rel))));
-        };
-        Ok(Box::new(NativeFile {
-            client: c.clone(),
-            handle: self.rt.handle().clone(),
-            ent,
-            pattern,
-            write,
-            dirty: false,
-            size: attr.size,
-            seen: Some(attr.ctime),
-        }))
+        Ok(Box::new(self.rt.block_on(self.open_file(rel, create, write))?))
     }
 
     fn stat(&self, rel: &str) -> IoResult<u64> {
-        let (parent, name) = self.parent(rel)?;
-        Ok(self.rt.block_on(self.client.lookup(parent, name.as_bytes())).map_err(fs_io)?.size)
+        self.rt.block_on(self.stat_file(rel))
     }
 
     fn unlink(&self, rel: &str) -> IoResult<()> {
-        let (parent, name) = self.parent(rel)?;
-        self.rt.block_on(self.client.unlink(parent, name.as_bytes())).map_err(fs_io)
+        self.rt.block_on(self.unlink_file(rel))
+    }
+
+    fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        Some(self.rt.handle().clone())
+    }
+
+    fn md_ops(self: Arc<Self>) -> Arc<dyn MdOps> {
+        self
+    }
+}
+
+impl MdOps for Native {
+    fn create_file<'a>(&'a self, rel: &'a str, content: &'a [u8]) -> OpFuture<'a, ()> {
+        Box::pin(async move {
+            let mut f = self.open_file(rel, true, true).await?;
+            if !content.is_empty() {
+                f.write(0, content).await?;
+            }
+            f.finish().await
+        })
+    }
+
+    fn stat_file<'a>(&'a self, rel: &'a str) -> OpFuture<'a, u64> {
+        Box::pin(async move {
+            let (parent, name) = self.parent(rel).await?;
+            Ok(self.client.lookup(parent, name.as_bytes()).await.map_err(fs_io)?.size)
+        })
+    }
+
+    fn read_file<'a>(&'a self, rel: &'a str, buf: &'a mut [u8]) -> OpFuture<'a, usize> {
+        Box::pin(async move {
+            let mut f = self.open_file(rel, false, false).await?;
+            let n = if buf.is_empty() { 0 } else { f.read(0, buf).await? };
+            f.finish().await?;
+            Ok(n)
+        })
+    }
+
+    fn unlink_file<'a>(&'a self, rel: &'a str) -> OpFuture<'a, ()> {
+        Box::pin(async move {
+            let (parent, name) = self.parent(rel).await?;
+            self.client.unlink(parent, name.as_bytes()).await.map_err(fs_io)
+        })
     }
 }
 
 impl BenchFile for NativeFile {
     fn write_at(&mut self, offset: u64, buf: &[u8]) -> IoResult<()> {
-        if !self.write {
-            return Err(Error::new(ErrorKind::PermissionDenied, "file is open for reading only"));
-        }
-        self.dirty = true;
-        let r = self.handle.block_on(self.client.write(&self.pattern, self.ent.id, offset, buf));
-        if r.is_err() {
-            // It may have left bytes past `size`.
-            self.seen = None;
-        }
-        r.map_err(fs_io)?;
-        self.size = self.size.max(offset + buf.len() as u64);
-        Ok(())
+        let h = self.handle.clone();
+        h.block_on(self.write(offset, buf))
     }
 
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> IoResult<usize> {
-        let data = self
-            .handle
-            .block_on(self.client.read(&self.pattern, self.ent.id, offset, buf.len(), self.size))
-            .map_err(fs_io)?;
-        buf[..data.len()].copy_from_slice(&data);
-        Ok(data.len())
+        let h = self.handle.clone();
+        h.block_on(self.read(offset, buf))
     }
 
     fn sync(&mut self) -> IoResult<()> {
-        self.handle.block_on(self.client.fsync(&self.pattern, self.ent.id)).map_err(fs_io)?;
-        self.publish_size()
+        let h = self.handle.clone();
+        h.block_on(async {
+            self.client.fsync(&self.pattern, self.ent.id).await.map_err(fs_io)?;
+            self.publish_size().await
+        })
     }
 
-    fn close(mut self: Box<Self>) -> IoResult<()> {
-        let published = self.publish_size();
-        // In the background, gathered with other closes, as the mount does.
-        let _rt = self.handle.enter();
-        self.client.release_later(self.ent.id, self.ent.owner);
-        published
+    fn close(self: Box<Self>) -> IoResult<()> {
+        let h = self.handle.clone();
+        h.block_on(self.finish())
     }
 }
 

@@ -5,6 +5,11 @@
 //! ranks at once; its rate is the operations of all ranks over the time from
 //! the first start to the last end.
 //!
+//! Through the native client, each rank's phase runs as one task on the
+//! client's runtime (the rank's thread waits for it), as an application on
+//! the async API would; through a mount or a plain directory, on the rank's
+//! thread.
+//!
 //! Operations: create = open(O_CREAT) + write the contents (if any) + close;
 //! stat = stat of the path; read = open + read the contents + close;
 //! remove = unlink. Besides rates, each phase reports CPU time per operation
@@ -14,7 +19,7 @@
 //! The files live in a fresh directory `hivefs-bench-md.<pid>` under the
 //! backend's base, removed at the end (also after a failure) unless `keep`.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, MdOps};
 use crate::cpu::Snapshot;
 use crate::progress::{Counter, Progress};
 use crate::ranks::{self, Driver, Part, PartResult, PhaseSync};
@@ -25,6 +30,8 @@ use hivefs_types::ids::NodeType;
 use serde::Serialize;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -259,35 +266,86 @@ fn prepare<'a>(b: &'a dyn Backend, p: &MdParams, dir: &str) -> Result<Cleanup<'a
     Ok(cleanup)
 }
 
-/// One rank's work in one phase: `files_per_rank` operations; returns how many were done.
-fn rank_work(
-    b: &dyn Backend,
+/// One rank's work in one phase, on the backend's runtime as one task when
+/// it has one (see [`MdOps`]), else on this thread. `stop` is set when it
+/// fails, and tells the tasks of the other ranks to stop (they cannot see
+/// `failed`).
+#[allow(clippy::too_many_arguments)]
+fn run_rank(
+    b: &Arc<dyn Backend>,
     p: &MdParams,
     dir: &str,
     rank: u32,
     ph: usize,
-    failed: &std::sync::atomic::AtomicBool,
+    failed: &AtomicBool,
+    stop: &Arc<AtomicBool>,
+    counter: &Counter,
+) -> Result<u64> {
+    let r = match b.runtime() {
+        None => {
+            let ops = b.clone().md_ops();
+            block_here(rank_work(&**b, &*ops, p, dir, rank, ph, failed, counter))
+        }
+        Some(rt) => {
+            let (b, p, dir, stop2, counter) = (b.clone(), p.clone(), dir.to_string(), stop.clone(), counter.clone());
+            let task = rt.spawn(async move {
+                let ops = b.clone().md_ops();
+                rank_work(&*b, &*ops, &p, &dir, rank, ph, &stop2, &counter).await
+            });
+            rt.block_on(task).unwrap_or_else(|e| Err(BenchError::Invalid(format!("rank {rank}'s task failed: {e}"))))
+        }
+    };
+    if r.is_err() {
+        stop.store(true, Ordering::SeqCst);
+    }
+    r
+}
+
+/// Runs `f` to completion on this thread (the futures of a backend without
+/// a runtime are ready when first polled).
+fn block_here<F: Future>(f: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Arc::new(Unpark(std::thread::current())).into();
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
+
+/// One rank's work in one phase: `files_per_rank` operations; returns how many were done.
+#[allow(clippy::too_many_arguments)]
+async fn rank_work(
+    b: &dyn Backend,
+    ops: &dyn MdOps,
+    p: &MdParams,
+    dir: &str,
+    rank: u32,
+    ph: usize,
+    failed: &AtomicBool,
     counter: &Counter,
 ) -> Result<u64> {
     let content = vec![0x6du8; p.file_bytes as usize];
     let mut buf = vec![0u8; p.file_bytes as usize];
     let mut done = 0u64;
     for i in 0..p.files_per_rank {
-        if failed.load(std::sync::atomic::Ordering::Relaxed) || crate::interrupted() {
+        if failed.load(Ordering::Relaxed) || crate::interrupted() {
             break;
         }
         let f = file_path(p, dir, rank, i);
         let err = |doing: &str, e| BenchError::io(format!("rank {rank} {doing} {}", b.describe(&f)), e);
         match PHASES[ph] {
-            "create" => {
-                let mut h = b.open(&f, true, true).map_err(|e| err("creating", e))?;
-                if !content.is_empty() {
-                    h.write_at(0, &content).map_err(|e| err("writing", e))?;
-                }
-                h.close().map_err(|e| err("closing", e))?;
-            }
+            "create" => ops.create_file(&f, &content).await.map_err(|e| err("creating", e))?,
             "stat" => {
-                let size = b.stat(&f).map_err(|e| err("stat of", e))?;
+                let size = ops.stat_file(&f).await.map_err(|e| err("stat of", e))?;
                 if size != u64::from(p.file_bytes) {
                     return Err(BenchError::Invalid(format!(
                         "rank {rank}: {} has {size} bytes, not {}",
@@ -297,19 +355,15 @@ fn rank_work(
                 }
             }
             "read" => {
-                let mut h = b.open(&f, false, false).map_err(|e| err("opening", e))?;
-                if !buf.is_empty() {
-                    let n = h.read_at(0, &mut buf).map_err(|e| err("reading", e))?;
-                    if n != buf.len() || buf != content {
-                        return Err(BenchError::Invalid(format!(
-                            "rank {rank}: {} does not hold the data written",
-                            b.describe(&f)
-                        )));
-                    }
+                let n = ops.read_file(&f, &mut buf).await.map_err(|e| err("reading", e))?;
+                if n != buf.len() || buf != content {
+                    return Err(BenchError::Invalid(format!(
+                        "rank {rank}: {} does not hold the data written",
+                        b.describe(&f)
+                    )));
                 }
-                h.close().map_err(|e| err("closing", e))?;
             }
-            _ => b.unlink(&f).map_err(|e| err("removing", e))?,
+            _ => ops.unlink_file(&f).await.map_err(|e| err("removing", e))?,
         }
         done += 1;
         counter.add(1);
@@ -331,6 +385,7 @@ pub fn run_with(
 ) -> Result<MdRun> {
     p.validate()?;
     let b: &dyn Backend = &*backend;
+    let stop = Arc::new(AtomicBool::new(false));
     let dir = run_dir();
     let mut cleanup = prepare(b, p, &dir)?;
     let ops = p.ops_per_phase();
@@ -377,7 +432,7 @@ pub fn run_with(
                 PHASES.len(),
                 |ph| before(ph, crate::cpu::self_cpu_s()),
                 |ph, _| after(ph, crate::cpu::self_cpu_s()),
-                |rank, ph, failed| rank_work(b, p, &dir, rank, ph, failed, &counter),
+                |rank, ph, failed| run_rank(&backend, p, &dir, rank, ph, failed, &stop, &counter),
             )?;
             PartResult::new(Part::all(p.ranks), unix0, spans, 0).spans
         }
@@ -412,18 +467,25 @@ pub fn run_with(
 
 /// Runs the ranks of `part` through every phase in the run directory `dir`
 /// prepared by the driving process, each phase on `sync`'s word.
-pub fn run_part(b: &dyn Backend, p: &MdParams, dir: &str, part: Part, sync: &mut dyn PhaseSync) -> Result<PartResult> {
+pub fn run_part(
+    b: &Arc<dyn Backend>,
+    p: &MdParams,
+    dir: &str,
+    part: Part,
+    sync: &mut dyn PhaseSync,
+) -> Result<PartResult> {
     p.validate()?;
     part.check(p.ranks)?;
     let sync = RefCell::new(sync);
     let counter = Counter::default();
+    let stop = Arc::new(AtomicBool::new(false));
     let unix0 = crate::unix_now_s();
     let spans = ranks::run(
         part.count,
         PHASES.len(),
         |ph| sync.borrow_mut().ready(ph),
         |ph, _| sync.borrow_mut().done(ph),
-        |local, ph, failed| rank_work(b, p, dir, part.first + local, ph, failed, &counter),
+        |local, ph, failed| run_rank(b, p, dir, part.first + local, ph, failed, &stop, &counter),
     )?;
     Ok(PartResult::new(part, unix0, spans, 0))
 }

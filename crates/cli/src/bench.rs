@@ -481,7 +481,7 @@ fn bench_md(a: MdArgs) -> Result<()> {
             (Some(d), true) => Arc::new(Posix::new(absolute(d)?, "plain")),
             _ => backend(&a.target, &a.common.conn)?.0,
         };
-        return run_child(|sync| md::run_part(&*b, &p, dir, part, sync));
+        return run_child(|sync| md::run_part(&b, &p, dir, part, sync));
     }
     if a.procs.processes == 0 {
         bail!("--processes must be at least 1");
