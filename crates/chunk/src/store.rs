@@ -45,10 +45,13 @@ const OFFSET_MAX: u64 = i64::MAX as u64;
 
 /// The path of `entry`'s chunk file, relative to the target directory.
 pub fn chunk_rel_path(entry: EntryId) -> PathBuf {
-    let mut p = PathBuf::from(CHUNKS_DIR);
-    p.push(format!("{:02x}", entry.hash_dir()));
-    p.push(entry.to_string());
-    p
+    Path::new(CHUNKS_DIR).join(in_chunks_dir(entry))
+}
+
+/// The path of `entry`'s chunk file relative to `chunks/`: `<hh>/<entry id>`
+/// (its sub-directory is the first two bytes).
+fn in_chunks_dir(entry: EntryId) -> String {
+    format!("{:02x}/{entry}", entry.hash_dir())
 }
 
 /// Owner to give the chunk files and sub-directories a process makes in a
@@ -83,42 +86,41 @@ pub fn open_in_chunks_dir(
 ) -> std::io::Result<Option<File>> {
     use rustix::fs::{fchown, mkdirat, openat, Gid, Mode, OFlags, Uid};
     use rustix::io::Errno;
-    let sub = format!("{:02x}", entry.hash_dir());
-    let rel = format!("{sub}/{entry}");
+    let rel = in_chunks_dir(entry);
+    let sub = &rel[..2];
     let give = |fd: &dyn std::os::fd::AsFd| match owner {
         Some(o) => fchown(fd, Some(Uid::from_raw(o.uid)), Some(Gid::from_raw(o.gid))),
         None => Ok(()),
     };
-    let rw = OFlags::RDWR | OFlags::CLOEXEC;
-    let mode = Mode::from_raw_mode(0o600);
+    let (rw, mode) = (OFlags::RDWR | OFlags::CLOEXEC, Mode::from_raw_mode(0o600));
+    // A file to give away is made with O_EXCL, so that only its maker gives it away.
+    let flags = match (create, owner) {
+        (false, _) => rw,
+        (true, None) => rw | OFlags::CREATE,
+        (true, Some(_)) => rw | OFlags::CREATE | OFlags::EXCL,
+    };
     for attempt in 0..2 {
-        // A new file is made with O_EXCL so that only its maker gives it away.
-        let made =
-            if create { openat(chunks, &rel, rw | OFlags::CREATE | OFlags::EXCL, mode) } else { Err(Errno::EXIST) };
-        match made {
+        match openat(chunks, &rel, flags, mode) {
             Ok(fd) => {
-                give(&fd)?;
+                if create {
+                    give(&fd)?;
+                }
                 return Ok(Some(File::from(fd)));
             }
-            Err(Errno::EXIST) => match openat(chunks, &rel, rw, mode) {
-                Ok(fd) => return Ok(Some(File::from(fd))),
-                // Removed since: made again on the next round.
-                Err(Errno::NOENT) if create && attempt == 0 => continue,
-                Err(Errno::NOENT) => return Ok(None),
-                Err(e) => return Err(e.into()),
-            },
+            // Made by someone else (only with O_EXCL): theirs to give away.
+            Err(Errno::EXIST) => return Ok(Some(File::from(openat(chunks, &rel, rw, mode)?))),
+            Err(Errno::NOENT) if !create => return Ok(None),
             Err(Errno::NOENT) if attempt == 0 => {
                 // First chunk file in this sub-directory: make it durable first.
-                match mkdirat(chunks, &sub, Mode::from_raw_mode(0o700)) {
+                match mkdirat(chunks, sub, Mode::from_raw_mode(0o700)) {
                     Ok(()) => {
                         if owner.is_some() {
-                            let d = openat(
+                            give(&openat(
                                 chunks,
-                                &sub,
+                                sub,
                                 OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
                                 Mode::empty(),
-                            )?;
-                            give(&d)?;
+                            )?)?;
                         }
                         rustix::fs::fsync(chunks)?;
                     }
@@ -129,7 +131,7 @@ pub fn open_in_chunks_dir(
             Err(e) => return Err(e.into()),
         }
     }
-    Err(std::io::Error::new(ErrorKind::NotFound, format!("chunk file {rel} vanished while being made")))
+    Err(std::io::Error::new(ErrorKind::NotFound, format!("chunk sub-directory {sub} vanished while {rel} was made")))
 }
 
 /// The chunk files of one target.

@@ -276,31 +276,20 @@ impl LocalChunks {
     /// the node's connection is dropped) if it hands out none.
     async fn fetch_dir(&self, conn: &Arc<LocalConn>, node: NodeId, target: TargetId) -> Option<Arc<ChunksDir>> {
         let c = conn.clone();
-        let r = tokio::task::spawn_blocking(move || {
-            c.open_chunks_dir(target).map(|r| {
-                r.and_then(|o| match o {
-                    Offer::File(dir) => match chunks_dir_owner(&dir) {
-                        Ok(owner) => Ok(Ok((dir, owner))),
-                        Err(e) => Err(FsError::new(
-                            hivefs_types::error::ErrorCode::Io,
-                            format!("fstat of its chunks directory: {e}"),
-                        )),
-                    },
-                    other => Ok(Err(other)),
-                })
-            })
-        })
-        .await;
+        let r = tokio::task::spawn_blocking(move || c.open_chunks_dir(target)).await;
         let mut st = self.state.lock().expect("local chunks");
         let why = match r {
-            Ok(Ok(Ok(Ok((dir, owner))))) => {
-                let d = Arc::new(ChunksDir { node, dir, owner });
-                debug!("storage node {node} handed out the chunks directory of target {target}");
-                st.dirs.insert(target, d.clone());
-                return Some(d);
-            }
-            Ok(Ok(Ok(Err(Offer::Refused(why))))) => why,
-            Ok(Ok(Ok(Err(other)))) => format!("unexpected answer {other:?}"),
+            Ok(Ok(Ok(Offer::File(dir)))) => match chunks_dir_owner(&dir) {
+                Ok(owner) => {
+                    let d = Arc::new(ChunksDir { node, dir, owner });
+                    debug!("storage node {node} handed out the chunks directory of target {target}");
+                    st.dirs.insert(target, d.clone());
+                    return Some(d);
+                }
+                Err(e) => format!("fstat of the directory handed out: {e}"),
+            },
+            Ok(Ok(Ok(Offer::Refused(why)))) => why,
+            Ok(Ok(Ok(other))) => format!("unexpected answer {other:?}"),
             Ok(Ok(Err(e))) => e.to_string(),
             Ok(Err(e)) => {
                 warn!("short-circuit socket of storage node {node} failed: {e}; using the network");
