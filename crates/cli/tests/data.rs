@@ -120,13 +120,23 @@ fn a_close_reports_its_own_writes_end_unless_another_mount_changed_the_file() {
     for i in 0..20u64 {
         std::fs::write(fs.path(&format!("f{i}")), random_bytes(i, 5_000 + 1_000 * i as usize)).unwrap();
     }
-    assert_eq!(computed(), before, "closes of files only this mount wrote computed their sizes");
-    assert_eq!(own(), own_before + 20);
+    // New files hold their sizes: the closes sent nothing, and each
+    // release's size landed as where the writes ended (no chunk file asked).
+    let meta_port = layout["metrics_ports"].as_array().unwrap()[1].as_integer().unwrap() as u16;
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!((computed(), own()), (before, own_before), "sizes reported at close");
+    assert_eq!(calls_sent(meta_port, "StatChunk"), 0, "the metadata node read chunk files' lengths");
     let m2 = fs.second_mount();
     for i in 0..20u64 {
         let want = random_bytes(i, 5_000 + 1_000 * i as usize);
         assert_eq!(std::fs::read(m2.mnt.join(format!("f{i}"))).unwrap(), want, "f{i} through the other mount");
     }
+    // An existing file written and closed: its close reports the writes' end.
+    let f = std::fs::OpenOptions::new().write(true).open(fs.path("f0")).unwrap();
+    f.write_all_at(b"more", 5_000).unwrap();
+    drop(f);
+    assert_eq!((computed(), own()), (before, own_before + 1), "an existing file's close");
+    assert_eq!(std::fs::metadata(m2.mnt.join("f0")).unwrap().len(), 5_004);
     // Published once (fsync), written further, truncated by the other mount, closed.
     let data = random_bytes(7, 30_000);
     let f = std::fs::File::create(fs.path("t")).unwrap();

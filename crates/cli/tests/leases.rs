@@ -312,3 +312,100 @@ fn creates_in_a_directory_this_mount_made_need_no_lookup() {
     std::fs::write(fs.path("e/w"), b"w").unwrap();
     assert!(std::fs::metadata(other.mnt.join("e/w")).is_ok(), "a create in a directory the other mount made");
 }
+
+/// `hivefs_requests_total` of metadata node meta1 for request `op`.
+fn meta_requests(fs: &TestFs, op: &str) -> u64 {
+    let st: serde_json::Value =
+        serde_json::from_str(&common::hivefs_ok(&["status", "--dir", fs.dir_s(), "--json"])).unwrap();
+    let url = st["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "meta1")
+        .and_then(|s| s["metrics"].as_str())
+        .expect("meta1's metrics endpoint")
+        .to_string();
+    let o = std::process::Command::new("curl").args(["-sf", "--max-time", "5", &url]).output().expect("run curl");
+    let text = String::from_utf8_lossy(&o.stdout);
+    let key = format!("op=\"{op}\"}}");
+    text.lines()
+        .filter(|l| l.starts_with("hivefs_requests_total{") && l.contains(&key))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// A file made and written through one mount is seen whole by another
+/// mount right after its close, though the writer reports its size only
+/// with the handle's release, in the background: until then the metadata
+/// node reads the size off the chunk files for anyone else. The writer's
+/// close sends nothing to the metadata node.
+#[test]
+fn a_size_reported_after_the_close_is_seen_at_once_elsewhere() {
+    let fs = TestFs::up(&[]);
+    let other = fs.second_mount();
+    for i in 0..150usize {
+        // Up to 1.2 MiB: the last ones span three 512 KiB chunks.
+        let data: Vec<u8> = (0..i * 8191 + 1).map(|j| (i * 7 + j) as u8).collect();
+        std::fs::write(fs.path(&format!("f{i}")), &data).unwrap();
+        let there = other.mnt.join(format!("f{i}"));
+        assert_eq!(std::fs::metadata(&there).unwrap().len(), data.len() as u64, "f{i}: size right after the close");
+        assert!(std::fs::read(&there).unwrap() == data, "f{i}: content right after the close");
+        // The writer's own view, with the report maybe still on its way.
+        assert_eq!(std::fs::metadata(fs.path(&format!("f{i}"))).unwrap().len(), data.len() as u64, "f{i} here");
+    }
+    // Files written once: the create is the writer's only request; the
+    // sizes go with the batched releases.
+    let (held, exact, computed) = ("CreateOpenHeld", "UpdateSizeIf", "UpdateSize");
+    let before = [held, exact, computed].map(|op| meta_requests(&fs, op));
+    for i in 0..100 {
+        std::fs::write(fs.path(&format!("g{i}")), format!("file {i:03}")).unwrap();
+    }
+    let after = [held, exact, computed].map(|op| meta_requests(&fs, op));
+    assert_eq!(after[0] - before[0], 100, "one CreateOpenHeld per file");
+    assert_eq!((after[1] - before[1], after[2] - before[2]), (0, 0), "size reports at close");
+    for i in 0..100 {
+        assert_eq!(std::fs::read(other.mnt.join(format!("g{i}"))).unwrap(), format!("file {i:03}").as_bytes());
+    }
+}
+
+/// A mount killed after a close whose size it had not reported yet: the
+/// size is read off the chunk files for others at once, and recorded once
+/// the mount has gone silent, so a restart of the metadata node keeps it.
+#[test]
+fn a_size_held_by_a_killed_mount_is_read_off_the_chunk_files() {
+    let fs = TestFs::up(&[]);
+    // Polls every second: silent soon after it dies.
+    let writer = fs.extra_mount("writer", &["--io-timeout-ms", "2000"]);
+    let data: Vec<u8> = (0..700_000u32).map(|j| (j % 251) as u8).collect();
+    let mut f = std::fs::File::create(writer.mnt.join("f")).unwrap();
+    // Written and closed while the metadata node is stopped: the close
+    // waits for nothing from it, and the release cannot reach it.
+    let meta = Stopped::new(fs.pid("meta1"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d = data.clone();
+    std::thread::spawn(move || {
+        use std::io::Write;
+        let ok = f.write_all(&d).is_ok();
+        drop(f);
+        let _ = tx.send(ok);
+    });
+    let closed = rx.recv_timeout(Duration::from_secs(20));
+    let killed = std::process::Command::new("kill").args(["-9", &writer.pid().to_string()]).status().unwrap();
+    drop(meta);
+    assert_eq!(closed, Ok(true), "write and close with the metadata node stopped");
+    assert!(killed.success());
+    assert_eq!(std::fs::metadata(fs.path("f")).unwrap().len(), data.len() as u64, "size off the chunk files");
+    assert!(std::fs::read(fs.path("f")).unwrap() == data, "content");
+
+    // Recorded once the dead mount's polls have stopped for a while.
+    let log = fs.dir.join("meta1/meta1.log");
+    let start = Instant::now();
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("read off its chunk files: 700000") {
+        assert!(start.elapsed() < Duration::from_secs(90), "the held size was never settled");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    fs.kill9("meta1");
+    fs.reup();
+    assert_eq!(std::fs::metadata(fs.path("f")).unwrap().len(), data.len() as u64, "size after a restart");
+    drop(writer);
+}

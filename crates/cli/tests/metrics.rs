@@ -184,7 +184,8 @@ fn stats_shows_operations_and_bytes_per_node_target_user_and_client() {
     let nodes = r["nodes"].as_array().unwrap();
     let node = |prefix: &str| nodes.iter().find(|n| n["node"].as_str().unwrap().starts_with(prefix)).unwrap().clone();
     let meta = node("meta");
-    assert!(meta["ops"]["CreateOpen"].as_f64().unwrap_or(0.0) > 0.0, "{r:#}");
+    let creates = ["CreateOpen", "CreateOpenHeld"].map(|op| meta["ops"][op].as_f64().unwrap_or(0.0));
+    assert!(creates.iter().sum::<f64>() > 0.0, "{r:#}");
     let storage = node("storage");
     assert!(storage["ops"]["WriteChunk"].as_f64().unwrap_or(0.0) > 0.0, "{r:#}");
     assert!(storage["received_bytes_per_s"].as_f64().unwrap() > 100_000.0, "{r:#}");

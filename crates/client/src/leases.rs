@@ -106,6 +106,7 @@ fn file_touch(req: &Request) -> Touches {
         | Request::Link { id, .. } => Touches::One(*id),
         Request::Create { .. }
         | Request::CreateOpen { .. }
+        | Request::CreateOpenHeld { .. }
         | Request::Mkdir { .. }
         | Request::Symlink { .. }
         | Request::Open { .. }
@@ -236,6 +237,7 @@ impl LeaseSession {
         match req {
             Request::Create { parent, name, .. }
             | Request::CreateOpen { parent, name, .. }
+            | Request::CreateOpenHeld { parent, name, .. }
             | Request::Mkdir { parent, name, .. }
             | Request::Symlink { parent, name, .. }
             | Request::Link { new_parent: parent, new_name: name, .. }

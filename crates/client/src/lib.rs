@@ -270,11 +270,17 @@ impl Client {
         let dirs = self.dir_attrs.get().map(|d| (d, d.begin(req)));
         let files = session.begin(req);
         let sent = std::time::Instant::now();
+        let in_flight = self.request_begins();
         let r = self.dir_names_answer(req, sent, self.cluster.call_meta(owner, &env, req, budget).await);
-        let (r, parent) = match r {
+        let (mut r, parent) = match r {
             Ok(Reply::WithParent { parent, reply }) => (Ok(*reply), Some(parent)),
             r => (r, None),
         };
+        let attr = match &mut r {
+            Ok(Reply::Entry(a) | Reply::Leased { attr: a, .. }) => Some(a),
+            _ => None,
+        };
+        self.request_ends(in_flight, attr);
         if let Some((d, ticket)) = dirs {
             d.end(ticket, parent, sent);
         }
@@ -465,6 +471,38 @@ impl Client {
     ) -> FsResult<EntryAttr> {
         let req = Request::CreateOpen { parent: parent.id, name: name.to_vec(), mode, excl, caller };
         entry(self.meta(parent.owner, &req).await?)
+    }
+
+    /// [`Client::create_open`] whose handle holds the file's size
+    /// (`Request::CreateOpenHeld`) when leases are on and the file's node
+    /// takes it: the answer, and whether the handle holds the size. Such a
+    /// handle is released with [`Client::release_held_later`], which
+    /// reports the size its writes left; its close reports nothing.
+    pub async fn create_open_held(
+        &self,
+        parent: Ent,
+        name: &[u8],
+        mode: u32,
+        excl: bool,
+        caller: Caller,
+    ) -> FsResult<(EntryAttr, bool)> {
+        let refused = || self.releases.no_holds.lock().expect("no holds").contains(&parent.owner);
+        if self.leases.get().is_some() && !refused() {
+            let req = Request::CreateOpenHeld { parent: parent.id, name: name.to_vec(), mode, excl, caller };
+            match self.meta(parent.owner, &req).await {
+                Ok(r) => {
+                    let a = entry(r)?;
+                    let held = a.kind == FileKind::File && a.owner == parent.owner;
+                    return Ok((a, held));
+                }
+                Err(e) if e.code == ErrorCode::Protocol => {
+                    tracing::debug!("metadata node {} holds no sizes: {e}", parent.owner);
+                    self.releases.no_holds.lock().expect("no holds").insert(parent.owner);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((self.create_open(parent, name, mode, excl, caller).await?, false))
     }
 
     /// Releases a handle of `e` now (`write`: it may have changed chunk

@@ -27,7 +27,7 @@ use hivefs_fusewire::{
     LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock,
     ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, UringConfig, UringQueues,
 };
-use hivefs_proto::{Caller, DirEntry, FileLock, LockKind, XATTR_ACL_KILL_SGID};
+use hivefs_proto::{Caller, DirEntry, FileLock, HeldSize, LockKind, XATTR_ACL_KILL_SGID};
 use hivefs_types::acl;
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, SetTime, Timespec};
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
@@ -277,6 +277,12 @@ impl Inner {
                     ctime = ctime.max(t);
                 }
             }
+            // Released here with a size the metadata node has not taken yet.
+            if let Some(o) = self.client.owed_size(a.id) {
+                size = size.max(o.size);
+                mtime = mtime.max(o.mtime);
+                ctime = ctime.max(o.mtime);
+            }
         }
         FileAttr {
             ino: INodeNo(ino),
@@ -327,10 +333,14 @@ impl Inner {
     /// the metadata node hears of the release in the background (batched
     /// with others).
     fn handle_gone(&self, f: &OpenFile) {
+        let held = f.held.load(Ordering::Acquire).then(|| self.held_size(f));
         if f.write {
             self.drop_writer(f.ent.id);
         }
-        self.client.release_later(f.ent.id, f.ent.owner);
+        match held {
+            Some(size) => self.client.release_held_later(f.ent, &f.pattern, size),
+            None => self.client.release_later(f.ent.id, f.ent.owner),
+        }
     }
 
     fn new_fh(&self) -> u64 {
@@ -487,6 +497,8 @@ impl Filesystem for HiveFs {
                 inner.settle_ino(ino).await?;
                 if let Ok(e) = inner.ent(ino) {
                     inner.client.note_other_write(e.id);
+                    // A size released here and still on its way would land over the new one.
+                    inner.client.wait_owed(e.id).await;
                 }
             }
             if matches!(set.mtime, Some(SetTime::At(_))) {
@@ -589,6 +601,10 @@ impl Filesystem for HiveFs {
         let (name, newname) = (name_bytes(name), name_bytes(newname));
         run!(self, reply, |inner| {
             let (p, np) = (inner.ent(parent)?, inner.ent(newparent)?);
+            if p.owner != np.owner {
+                // A file's inode moves as it is: sizes released here land first.
+                inner.client.wait_owed_now().await;
+            }
             inner.client.rename(p, &name, np, &newname, flags).await?;
             if p.owner != np.owner {
                 // A file's inode moved to the new parent's metadata node.
@@ -604,6 +620,10 @@ impl Filesystem for HiveFs {
         let newname = name_bytes(newname);
         run!(self, reply, |inner| {
             let np = inner.ent(newparent)?;
+            if inner.ent(ino).is_ok_and(|e| e.owner != np.owner) {
+                // The inode may move to the new name's node: its released size lands first.
+                inner.client.wait_owed_now().await;
+            }
             let a = inner.on_ent(ino, |e| inner.client.link(e, np, &newname)).await?;
             Ok(move |reply: ReplyEntry| inner.send_entry(reply, &a, Some((np.id, &newname))))
         })
@@ -638,9 +658,9 @@ impl Filesystem for HiveFs {
             // exclusive: the kernel takes whatever this answers as a file
             // the call created, and checks neither permissions nor O_TRUNC.
             let mut tries = 0;
-            let (a, created) = loop {
+            let ((a, held), created) = loop {
                 tries += 1;
-                match inner.client.create_open(p, &name, m, true, c).await {
+                match inner.client.create_open_held(p, &name, m, true, c).await {
                     Ok(a) => break (a, true),
                     // The name appeared after the kernel's lookup (another client
                     // made it): opened here as open(2) opens an existing file,
@@ -648,7 +668,7 @@ impl Filesystem for HiveFs {
                     Err(e) if !excl && e.code == ErrorCode::Exists => {
                         match inner.open_existing(p, &name, flags, c, pid).await {
                             Err(e) if e.code == ErrorCode::NotFound && tries < 8 => continue,
-                            r => break (r?, false),
+                            r => break ((r?, false), false),
                         }
                     }
                     Err(e) => return Err(e),
@@ -658,6 +678,7 @@ impl Filesystem for HiveFs {
             // A file this call created needs no truncation (nor the time update of O_TRUNC).
             let flags = if created { flags & !libc::O_TRUNC } else { flags };
             let (fh, f) = inner.opened(ent, a.clone(), flags, c).await?;
+            f.held.store(held, Ordering::Release);
             if created {
                 // A file this call created has no capabilities.
                 inner.remember_caps(ent.id, None);
@@ -839,7 +860,9 @@ impl Filesystem for HiveFs {
             // A close drops the closing process's fcntl locks on the file (POSIX).
             inner.drop_locks(f.ent, lock_owner, LockKind::Posix).await;
             settled?;
-            inner.publish_size(&f).await?;
+            if !f.held.load(Ordering::Acquire) {
+                inner.publish_size(&f).await?;
+            }
             Ok(move |reply: ReplyEmpty| reply.ok())
         })
     }
@@ -893,7 +916,8 @@ impl Filesystem for HiveFs {
                     // The last handle here: other clients need not wait for the kept lock to run out.
                     inner.client.let_go_append(f.ent).await;
                 }
-                let r = inner.publish_size(&f).await;
+                // A handle holding the size reports it with the release.
+                let r = if f.held.load(Ordering::Acquire) { Ok(()) } else { inner.publish_size(&f).await };
                 inner.handle_gone(&f);
                 r?;
             }

@@ -503,6 +503,13 @@ impl Leases {
         }
     }
 
+    /// Whether `client` polls this node (it has polled within its wait and
+    /// a few seconds more).
+    pub fn session_alive(&self, client: u64) -> bool {
+        let st = self.state.lock().expect("leases");
+        st.sessions.get(&client).is_some_and(|s| s.alive(Instant::now()))
+    }
+
     /// Drops ended leases, old change notes and silent clients (at most
     /// once per [`SWEEP_EVERY`]), so memory follows what is live.
     pub(crate) fn sweep(&self) {

@@ -409,6 +409,7 @@ async fn serve_namespace(
     }
     ns.leases.start_recorded(&dir, Duration::from_millis(cfg.attr_lease_ms));
     ns.add_task(namespace::spawn_lease_recorder(ns.clone()));
+    ns.add_task(namespace::spawn_held_settler(ns.clone()));
     ns.add_task(namespace::spawn_lock_expiry(ns.clone()));
     if !pending.is_empty() {
         info!("{} cross-node operations of namespace {node} were pending; finishing them", pending.len());

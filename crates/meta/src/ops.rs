@@ -108,6 +108,10 @@ pub enum Mutation {
         /// `Request::UpdateSizeIf`: only if the inode's ctime is still this
         /// (else `Busy`, nothing changed).
         if_ctime: Option<Timespec>,
+        /// A size its writer held until its release (`Request::ReleaseSized`):
+        /// the change time becomes that of the last write (`mtime`), as the
+        /// writer's mount showed it, not the time the size landed.
+        held: bool,
     },
     /// See `Request::TouchAtime`.
     TouchAtime {
@@ -440,7 +444,9 @@ pub fn apply(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, m: Mutation) -> OpResult<Rep
             rename(t, ctx, parent, &name, new_parent, &new_name, flags)
         }
         Mutation::SetAttr { id, attr, privileged } => set_attr(t, ctx, id, &attr, privileged),
-        Mutation::UpdateSize { id, size, mtime, if_ctime } => update_size(t, ctx, id, size, mtime, if_ctime),
+        Mutation::UpdateSize { id, size, mtime, if_ctime, held } => {
+            update_size(t, ctx, id, size, mtime, if_ctime, held)
+        }
         Mutation::TouchAtime { id, at, strict } => {
             let mut i = inode(&t.inodes, id)?;
             if atime_due(&i, at, strict) {
@@ -1001,6 +1007,7 @@ fn update_size(
     size: u64,
     mtime: Option<Timespec>,
     if_ctime: Option<Timespec>,
+    held: bool,
 ) -> OpResult<Reply> {
     let mut i = inode(&t.inodes, id)?;
     check_truncatable(id, &i)?;
@@ -1019,7 +1026,7 @@ fn update_size(
     i.size = i.size.max(size);
     if let Some(m) = mtime {
         i.mtime = m;
-        i.ctime = ctx.now;
+        i.ctime = if held { i.ctime.max(m) } else { ctx.now };
     }
     t.put_inode(id, &i)?;
     Ok(Reply::Entry(to_attr(id, &i, ctx.node)))

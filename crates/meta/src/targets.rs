@@ -7,7 +7,7 @@
 
 use hivefs_cluster::Cluster;
 use hivefs_proto::{CapacityPool, Reachability, Request, UNLINK_CHUNKS_MAX};
-use hivefs_types::error::{ErrorCode, FsResult};
+use hivefs_types::error::{ErrorCode, FsError, FsResult};
 use hivefs_types::ids::{EntryId, NodeId, PoolId, TargetId};
 use hivefs_types::pattern::StripeUnit;
 use std::future::Future;
@@ -41,6 +41,13 @@ pub trait DataTargets: Send + Sync + 'static {
     }
     /// Sets the length of `entry`'s chunk file on `target` (a target or a buddy group).
     fn truncate_chunk(&self, target: StripeUnit, entry: EntryId, len: u64) -> BoxFut<FsResult<()>>;
+    /// The lengths of `entry`'s chunk files on `units` (a missing file: 0),
+    /// in their order, asked concurrently. The default knows none.
+    fn chunk_lens(&self, _units: Vec<StripeUnit>, entry: EntryId) -> BoxFut<FsResult<Vec<u64>>> {
+        Box::pin(async move {
+            Err(hivefs_types::fs_err!(NotSupported, "no storage targets to read the chunk files of {entry} from"))
+        })
+    }
     /// Deletes `entry`'s chunk file on `target`; a missing file is success.
     fn unlink_chunk(&self, target: StripeUnit, entry: EntryId) -> BoxFut<FsResult<()>>;
     /// Deletes the chunk files of all `entries` on `target`; missing files are
@@ -167,6 +174,30 @@ impl DataTargets for ClusterTargets {
         Box::pin(async move {
             let req = Request::TruncateChunk { target: placeholder(unit), entry, len };
             cluster.call_unit(unit, req, bytes::Bytes::new(), MIRROR_RETRY).await.map(|_| ())
+        })
+    }
+
+    fn chunk_lens(&self, units: Vec<StripeUnit>, entry: EntryId) -> BoxFut<FsResult<Vec<u64>>> {
+        let cluster = self.cluster.clone();
+        Box::pin(async move {
+            let mut asks = tokio::task::JoinSet::new();
+            for (i, unit) in units.into_iter().enumerate() {
+                let cluster = cluster.clone();
+                asks.spawn(async move {
+                    let req = Request::StatChunk { target: placeholder(unit), entry };
+                    match cluster.call_unit(unit, req, bytes::Bytes::new(), MIRROR_RETRY).await {
+                        Ok((hivefs_proto::Reply::ChunkLen(l), _)) => Ok((i, l)),
+                        Ok((r, _)) => Err(hivefs_types::fs_err!(Protocol, "odd answer to StatChunk: {r:?}")),
+                        Err(e) => Err(FsError::new(e.code, format!("target {unit}, file {entry}: {}", e.message))),
+                    }
+                });
+            }
+            let mut lens = vec![0; asks.len()];
+            while let Some(r) = asks.join_next().await {
+                let (i, l) = r.map_err(|e| hivefs_types::fs_err!(Internal, "chunk length task: {e}"))??;
+                lens[i] = l;
+            }
+            Ok(lens)
         })
     }
 

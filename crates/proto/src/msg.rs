@@ -849,6 +849,56 @@ pub enum Request {
         entry: EntryId,
         lock: FileLock,
     },
+    /// `CreateOpen` whose handle holds the file's size (answered as
+    /// `CreateOpen`): the client reports the size its writes through the
+    /// handle leave with the handle's release (`ReleaseSized`), not at
+    /// close. From the answer until that release the node answers others'
+    /// requests for the file's attributes with the size read off its chunk
+    /// files, and leases those attributes to nobody else. Only from a
+    /// client that takes leases (the envelope names it). A node that does
+    /// not know this request answers `Protocol`, and the client sends
+    /// `CreateOpen` and reports sizes at close.
+    CreateOpenHeld {
+        parent: EntryId,
+        name: Vec<u8>,
+        mode: u32,
+        excl: bool,
+        caller: Caller,
+    },
+    /// `ReleaseWritten` whose handles may carry the size their writes left
+    /// (handles opened with `CreateOpenHeld`): each size lands (as
+    /// `UpdateSizeIf`, or read off the chunk files when the file changed
+    /// since the client saw it) before the handle is released. At most
+    /// [`RELEASE_MANY_MAX`] handles; answer `Landed`. The envelope names
+    /// the client. A node that does not know this request answers `Protocol`.
+    ReleaseSized {
+        handles: Vec<SizedRelease>,
+    },
+}
+
+/// One handle of `Request::ReleaseSized`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SizedRelease {
+    pub id: EntryId,
+    /// Stripe positions whose chunk files the client changed through it.
+    pub wrote: StripeSet,
+    /// Opened with `CreateOpenHeld`: the handle held the file's size.
+    pub held: bool,
+    /// The size a held handle's writes left (`None`: it wrote nothing
+    /// since its size was last reported).
+    pub size: Option<HeldSize>,
+}
+
+/// A size a client held for its metadata node (`Request::ReleaseSized`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldSize {
+    /// Where the client's writes end (the size the file had at open counts).
+    pub size: u64,
+    /// The time of the client's last write.
+    pub mtime: Timespec,
+    /// The file's ctime as the client last saw it, while `size` is exact
+    /// (`UpdateSizeIf`); `None`: the node reads the size off the chunk files.
+    pub seen: Option<Timespec>,
 }
 
 /// Most users and groups one `QuotaUsage` request names.
@@ -1114,7 +1164,8 @@ impl Request {
             | Request::Create { caller, .. }
             | Request::Mkdir { caller, .. }
             | Request::Symlink { caller, .. }
-            | Request::CreateOpen { caller, .. } => Some(*caller),
+            | Request::CreateOpen { caller, .. }
+            | Request::CreateOpenHeld { caller, .. } => Some(*caller),
             _ => None,
         }
     }
@@ -1130,6 +1181,7 @@ impl Request {
             Request::StatChunks { targets, .. } => ("targets", targets.len(), STAT_CHUNKS_MAX),
             Request::ReleaseMany { ids, wrote } => ("handles", ids.len().max(wrote.len()), RELEASE_MANY_MAX),
             Request::ReleaseWritten { handles } => ("handles", handles.len(), RELEASE_MANY_MAX),
+            Request::ReleaseSized { handles } => ("handles", handles.len(), RELEASE_MANY_MAX),
             Request::DigestChunks { entries, .. } => ("chunk files", entries.len(), DIGEST_CHUNKS_MAX),
             Request::QuotaUsage { ids } => ("users and groups", ids.len(), QUOTA_IDS_MAX),
             Request::QuotaReport { usage, by_unit, .. } => {
@@ -1151,6 +1203,7 @@ impl Request {
             Request::Lookup { parent, name } if name != b"." && name != b".." => Some((*parent, name)),
             Request::Create { parent, name, .. }
             | Request::CreateOpen { parent, name, .. }
+            | Request::CreateOpenHeld { parent, name, .. }
             | Request::Mkdir { parent, name, .. }
             | Request::Symlink { parent, name, .. } => Some((*parent, name)),
             Request::Link { new_parent, new_name, .. } => Some((*new_parent, new_name)),
@@ -1165,6 +1218,7 @@ impl Request {
         match self {
             Request::Create { parent, .. }
             | Request::CreateOpen { parent, .. }
+            | Request::CreateOpenHeld { parent, .. }
             | Request::Mkdir { parent, .. }
             | Request::Symlink { parent, .. }
             | Request::Unlink { parent, .. }
@@ -1441,6 +1495,12 @@ pub enum Reply {
     Fenced {
         session: u64,
     },
+    /// Answer to `ReleaseSized`: the attributes of each file whose held
+    /// size landed on this node, with the attribute lease (ms, 0: none)
+    /// granted with them, as `Reply::Leased` grants one.
+    Landed {
+        attrs: Vec<(EntryAttr, u32)>,
+    },
 }
 
 /// How a new directory's owner (metadata node) is chosen; a per-directory
@@ -1628,7 +1688,7 @@ mod tests {
             let (m, _): (T, _) = postcard::take_from_bytes(&body).unwrap_or_else(|e| panic!("id {id}: {e}"));
             name_of(&m)
         }
-        const REQUESTS: [&str; 88] = [
+        const REQUESTS: [&str; 90] = [
             "Ping",
             "RegisterNode",
             "RegisterTarget",
@@ -1717,8 +1777,10 @@ mod tests {
             "PeerStep",
             "ReleaseWritten",
             "LockCancel",
+            "CreateOpenHeld",
+            "ReleaseSized",
         ];
-        const REPLIES: [&str; 48] = [
+        const REPLIES: [&str; 49] = [
             "Ok",
             "Pong",
             "NodeRegistered",
@@ -1767,6 +1829,7 @@ mod tests {
             "QuotaUsage",
             "Quotas",
             "Fenced",
+            "Landed",
         ];
         for (id, want) in REQUESTS.iter().enumerate() {
             assert_eq!(decoded::<Request>(id), *want, "request id {id}");
@@ -1815,7 +1878,15 @@ mod tests {
         let worst = EntryId { node: u32::MAX, epoch: u32::MAX, counter: u64::MAX };
         let many = Request::ReleaseMany { ids: vec![worst; RELEASE_MANY_MAX], wrote: vec![worst; RELEASE_MANY_MAX] };
         let written = Request::ReleaseWritten { handles: vec![(worst, StripeSet::ALL); RELEASE_MANY_MAX] };
-        for r in [many, written] {
+        let worst_time = Timespec { sec: i64::MIN, nsec: u32::MAX };
+        let held = HeldSize { size: u64::MAX, mtime: worst_time, seen: Some(worst_time) };
+        let sized = Request::ReleaseSized {
+            handles: vec![
+                SizedRelease { id: worst, wrote: StripeSet::ALL, held: true, size: Some(held) };
+                RELEASE_MANY_MAX
+            ],
+        };
+        for r in [many, written, sized] {
             let b = encode_body(&r);
             assert!(b.len() <= crate::MAX_BODY_LEN as usize, "{} bytes", b.len());
             assert_eq!(decode_body::<Request>(&b).unwrap(), r);

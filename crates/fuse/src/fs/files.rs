@@ -43,6 +43,10 @@ pub(super) struct OpenFile {
     /// caller being killed (`interrupts`) may still be writing, and the
     /// release publishes the size after it.
     pub(super) changing: tokio::sync::RwLock<()>,
+    /// Made and opened with `CreateOpenHeld`: the size its writes leave
+    /// goes to the metadata node with its release, not at each close
+    /// (`Client::release_held_later`). Set before the kernel hears of it.
+    pub(super) held: AtomicBool,
 }
 
 /// Sizes known locally for files this mount has open for writing: writes
@@ -256,6 +260,8 @@ impl Inner {
         for f in dirty {
             self.publish_size(&f).await?;
         }
+        // And sizes released here that are still on their way.
+        self.client.wait_owed(e.id).await;
         Ok(())
     }
 
@@ -273,7 +279,30 @@ impl Inner {
         }
         // Held while looking, so a publish that cleared `dirty` has ended.
         let Ok(_none_running) = f.publishing.try_lock() else { return false };
-        !f.dirty.load(Ordering::Acquire)
+        // A handle that holds its file's size reports it with its release.
+        f.held.load(Ordering::Acquire) || !f.dirty.load(Ordering::Acquire)
+    }
+
+    /// At the release of a handle that holds its file's size: that size,
+    /// when writes through it are not reported yet (counted as reported
+    /// for quotas from now on).
+    pub(super) fn held_size(&self, f: &OpenFile) -> Option<HeldSize> {
+        if !f.dirty.swap(false, Ordering::AcqRel) {
+            return None;
+        }
+        let mut m = self.local_sizes.lock().expect("sizes");
+        let l = m.get_mut(&f.ent.id)?;
+        self.client.quota().note_reported(l.owner, l.pool, l.size.saturating_sub(l.published));
+        l.published = l.size;
+        let s = HeldSize {
+            size: l.size,
+            mtime: l.mtime.unwrap_or_else(|| system_to_ts(SystemTime::now())),
+            seen: l.seen_ctime,
+        };
+        // The node's ctime moves when it lands: a later report of other
+        // handles here reads the size off the chunk files.
+        l.seen_ctime = None;
+        Some(s)
     }
 
     /// After writes: tells the metadata node the file's size. That is where
@@ -388,6 +417,8 @@ impl Inner {
                 ..Default::default()
             };
             self.client.note_other_write(ent.id);
+            // A size released here and still on its way would land over the truncation.
+            self.client.wait_owed(ent.id).await;
             // This mount's buffered writes land first, or after the truncation.
             if let Err(e) = self.settle(ent.id).await {
                 let _ = self.client.release(ent, write).await;
@@ -435,6 +466,7 @@ impl Inner {
             atime_again: AtomicBool::new(false),
             lock_owners: Mutex::default(),
             changing: tokio::sync::RwLock::new(()),
+            held: AtomicBool::new(false),
         });
         let fh = self.new_fh();
         self.files.lock().expect("files").insert(fh, f.clone());

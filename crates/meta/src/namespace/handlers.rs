@@ -55,12 +55,22 @@ impl Namespace {
                 }
                 Ok(Reply::Ok)
             }
+            Request::ReleaseSized { handles } => self.release_sized(env.lease_client, handles).await,
+            Request::CreateOpenHeld { parent, name, mode, excl, caller } => {
+                let Some(client) = env.lease_client else {
+                    return Err(fs_err!(Invalid, "CreateOpenHeld without the lease client holding the size"));
+                };
+                self.create_open_held(client, env.op, parent, name, mode, excl, caller).await
+            }
             Request::RetiredRetryable | Request::RetiredLeasing => {
                 Err(fs_err!(NotSupported, "{} is a retired message (the envelope replaced it)", req.name()))
             }
             req => match env.lease_client {
                 Some(client) => self.handle_leasing(client, env.op, req).await,
-                None => self.handle_unleased(env.op, req).await,
+                None => {
+                    let r = self.handle_unleased(env.op, req).await?;
+                    Ok(self.unheld(None, r).await?.0)
+                }
             },
         }
     }
@@ -68,7 +78,7 @@ impl Namespace {
     /// A request of a client that takes leases: answered as usual, then an
     /// entry's attributes (a non-directory stored here) and the name it was
     /// looked up or created by (stored here) are leased to the client.
-    async fn handle_leasing(&self, client: u64, op: Option<OpId>, req: Request) -> Response {
+    pub(super) async fn handle_leasing(&self, client: u64, op: Option<OpId>, req: Request) -> Response {
         use crate::leases::LeaseKey;
         let since = self.leases.mark();
         // A repeat's recorded answer may be older than the mark: no lease on
@@ -93,7 +103,10 @@ impl Namespace {
         // A directory made here, or made through another node for this client.
         let mkdir = matches!(req, Request::Mkdir { .. } | Request::LeaseDirNames { .. });
         let me = crate::leases::Requester { client, token: since.token };
-        let r = self.leased(client, fresh, name, since, REQUESTER.scope(me, self.handle_unleased(op, req)).await?);
+        let answer = REQUESTER.scope(me, self.handle_unleased(op, req)).await?;
+        // Attributes of a file whose size another client holds are not leased.
+        let (answer, held) = self.unheld(Some(client), answer).await?;
+        let r = self.leased(client, fresh, !held, name, since, answer);
         let reply = r?;
         // A repeat's directory may have got names since it was made.
         let grants = self.dir_names(client, since, changed_dir, (mkdir && fresh).then_some(&reply));
@@ -138,6 +151,7 @@ impl Namespace {
         &self,
         client: u64,
         fresh: bool,
+        attr_lease: bool,
         name: Option<crate::leases::LeaseKey>,
         since: crate::leases::Mark,
         r: Reply,
@@ -145,7 +159,7 @@ impl Namespace {
         use crate::leases::LeaseKey;
         match r {
             Reply::Entry(a) if fresh => {
-                let lease_ms = if a.kind != FileKind::Dir && a.owner == self.node {
+                let lease_ms = if attr_lease && a.kind != FileKind::Dir && a.owner == self.node {
                     self.leases.grant(client, LeaseKey::Attr(a.id), since)
                 } else {
                     0
@@ -164,7 +178,7 @@ impl Namespace {
     /// One handle of a batch released: as its own `Release`, forwarded if
     /// a rename moved the file (its new owner knows nothing of its chunk
     /// files, so the positions are not needed there).
-    async fn release_one(&self, id: EntryId, wrote: StripeSet) {
+    pub(super) async fn release_one(&self, id: EntryId, wrote: StripeSet) {
         let req = Request::Release { id, write: !wrote.is_empty() };
         let r = match self.forward_moved(None, &req).await {
             Some(r) => r.map(drop),
@@ -266,10 +280,10 @@ impl Namespace {
                 self.release(id, wrote).await.map(|()| Reply::Ok)
             }
             Request::UpdateSize { id, size, mtime } => {
-                self.submit_op(op, Mutation::UpdateSize { id, size, mtime, if_ctime: None }).await
+                self.submit_op(op, Mutation::UpdateSize { id, size, mtime, if_ctime: None, held: false }).await
             }
             Request::UpdateSizeIf { id, size, mtime, ctime } => {
-                self.submit_op(op, Mutation::UpdateSize { id, size, mtime, if_ctime: Some(ctime) }).await
+                self.submit_op(op, Mutation::UpdateSize { id, size, mtime, if_ctime: Some(ctime), held: false }).await
             }
             Request::TouchAtime { id, at, strict } => {
                 // Most reads change nothing (relatime): answered without a commit.

@@ -14,11 +14,13 @@ use crate::targets::DataTargets;
 
 mod cross;
 mod handlers;
+mod held;
 
 use crate::writer::{
     run_batch, system_clock, Change, Clock, CommitLatency, StoreFailure, Writer, WriterState, WriterStats,
 };
 pub use handlers::{spawn_lease_recorder, spawn_lock_expiry};
+pub use held::spawn_held_settler;
 use hivefs_cluster::capacity_of;
 use hivefs_proto::{Caller, OpId, QuotaId, QuotaState, QuotaUse, Reply, Response, HAND_OVERS_KEPT};
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr};
@@ -90,7 +92,25 @@ pub(crate) struct OpenState {
     /// The renames whose hand-over of open handles this node counted
     /// (`PeerOp::HandOver`), the last [`HAND_OVERS_KEPT`] in order.
     handed_over: (HashSet<EntryId>, VecDeque<EntryId>),
+    /// Files whose size clients hold: per file, who holds it through how
+    /// many `CreateOpenHeld` handles not yet released ([`Hold`]).
+    held: HashMap<EntryId, Vec<Hold>>,
 }
+
+/// Handles of one lease client holding a file's size (`CreateOpenHeld`).
+/// Client [`ORPHAN`]: a size no client holds any more that did not land
+/// (its report failed, or its client went silent): the settler reads it
+/// off the chunk files.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Hold {
+    pub(crate) client: u64,
+    count: u32,
+    /// When the last of these handles was opened.
+    since: std::time::Instant,
+}
+
+/// [`Hold::client`] of a size to be read off the chunk files.
+pub(crate) const ORPHAN: u64 = 0;
 
 /// Most files [`OpenState::written`] holds (about 50 bytes each: 13 MiB).
 pub const WRITTEN_MAX: usize = 1 << 18;
@@ -217,6 +237,58 @@ impl Opens {
     /// The file's chunk files may exist anywhere now (a truncation).
     pub(crate) fn may_have_chunks(&self, id: EntryId) {
         self.0.lock().expect("opens lock").take_known(id);
+    }
+
+    /// A handle of `client` holds the size of `id` now.
+    pub(crate) fn hold(&self, id: EntryId, client: u64) {
+        let now = std::time::Instant::now();
+        let mut m = self.0.lock().expect("opens lock");
+        let hs = m.held.entry(id).or_default();
+        match hs.iter_mut().find(|h| h.client == client) {
+            Some(h) => {
+                h.count += 1;
+                h.since = now;
+            }
+            None => hs.push(Hold { client, count: 1, since: now }),
+        }
+    }
+
+    /// A handle of `client` on `id` holds its size no longer.
+    pub(crate) fn unhold(&self, id: EntryId, client: u64) {
+        let mut m = self.0.lock().expect("opens lock");
+        let Some(hs) = m.held.get_mut(&id) else { return };
+        if let Some(i) = hs.iter().position(|h| h.client == client) {
+            hs[i].count -= 1;
+            if hs[i].count == 0 {
+                hs.swap_remove(i);
+            }
+        }
+        if hs.is_empty() {
+            m.held.remove(&id);
+        }
+    }
+
+    /// Whether a client other than `requester` holds the size of `id`
+    /// (or a size of it is still to be read off its chunk files).
+    pub(crate) fn held_by_other(&self, id: EntryId, requester: Option<u64>) -> bool {
+        let m = self.0.lock().expect("opens lock");
+        m.held.get(&id).is_some_and(|hs| hs.iter().any(|h| Some(h.client) != requester || h.client == ORPHAN))
+    }
+
+    /// Takes the holds to settle from the chunk files: orphans, and those
+    /// of clients not `alive` whose last handle is older than `quiet`.
+    pub(crate) fn take_to_settle(&self, alive: impl Fn(u64) -> bool, quiet: std::time::Duration) -> Vec<EntryId> {
+        let mut m = self.0.lock().expect("opens lock");
+        let mut out = Vec::new();
+        m.held.retain(|&id, hs| {
+            let before = hs.len();
+            hs.retain(|h| h.client != ORPHAN && (h.since.elapsed() < quiet || alive(h.client)));
+            if hs.len() < before {
+                out.push(id);
+            }
+            !hs.is_empty()
+        });
+        out
     }
 }
 
