@@ -10,6 +10,15 @@
 //! program exits it calls [`Client::flush_releases`]. This module must not
 //! release anything itself (the program decides what is closed).
 //!
+//! A handle made with `CreateOpenHeld` ([`Client::create_open_held`])
+//! holds its file's size: its release carries the size its writes left
+//! (`ReleaseSized`, [`Client::release_held_later`]), which lands on the
+//! metadata node before the handle is released. Until then
+//! [`Client::owed_size`] has it, answers to this client's requests are
+//! raised to it ([`Client::request_ends`]), and [`Client::wait_owed`]
+//! lets a change that must come after it (a truncation, a time set, an
+//! inode moved to another node) wait for it.
+//!
 //! A release also says which stripe positions' chunk files the client
 //! changed since its previous release of the file ([`Client::note_written`],
 //! noted before each write goes out): a file its metadata node made has

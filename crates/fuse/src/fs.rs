@@ -916,8 +916,17 @@ impl Filesystem for HiveFs {
                     // The last handle here: other clients need not wait for the kept lock to run out.
                     inner.client.let_go_append(f.ent).await;
                 }
-                // A handle holding the size reports it with the release.
-                let r = if f.held.load(Ordering::Acquire) { Ok(()) } else { inner.publish_size(&f).await };
+                // A handle holding the size reports it with the release,
+                // after its buffered writes (the size is theirs too).
+                let r = if f.held.load(Ordering::Acquire) {
+                    let settled = inner.settle(f.ent.id).await;
+                    if settled.is_err() {
+                        inner.size_unsure(f.ent.id);
+                    }
+                    settled
+                } else {
+                    inner.publish_size(&f).await
+                };
                 inner.handle_gone(&f);
                 r?;
             }
