@@ -105,6 +105,9 @@ struct Inner {
     /// Cache mode paged: (ctime, mtime, size) of each file at its last open
     /// (a closed write, a truncation or a utime by anyone changes ctime).
     opened_versions: Mutex<HashMap<EntryId, (Timespec, Timespec, u64)>>,
+    /// Files with a handle being released (out of `files`, its held size
+    /// not yet owed to the metadata node), and a bell for the end of each.
+    releasing: (Mutex<HashMap<EntryId, u32>>, tokio::sync::Notify),
     /// Files this mount has set global locks on: closing them drops the
     /// closing owner's locks at the metadata node.
     locked: Mutex<HashSet<EntryId>>,
@@ -321,12 +324,47 @@ impl Inner {
         {
             return false;
         }
+        self.release_begins(f.ent.id);
         self.files.lock().expect("files").remove(&fh.0);
         self.forget_locked(f.ent.id);
         // The first release starts the sending task on the runtime.
         let _rt = self.rt.enter();
         self.handle_gone(&f);
+        self.release_ends(f.ent.id);
         true
+    }
+
+    /// A handle of `id` leaves `files`: until [`Inner::release_ends`],
+    /// [`Inner::wait_releases`] waits for it.
+    fn release_begins(&self, id: EntryId) {
+        *self.releasing.0.lock().expect("releasing").entry(id).or_default() += 1;
+    }
+
+    fn release_ends(&self, id: EntryId) {
+        let mut m = self.releasing.0.lock().expect("releasing");
+        if let Some(n) = m.get_mut(&id) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&id);
+            }
+        }
+        self.releasing.1.notify_waiters();
+    }
+
+    /// Waits until no handle of `id` (of any file: `None`) is between
+    /// leaving `files` and owing its held size (`Client::wait_owed` then
+    /// covers it): a close returns before its release is handled.
+    pub(super) async fn wait_releases(&self, id: Option<EntryId>) {
+        loop {
+            let done = self.releasing.1.notified();
+            {
+                let m = self.releasing.0.lock().expect("releasing");
+                if id.map_or(m.is_empty(), |id| !m.contains_key(&id)) {
+                    return;
+                }
+            }
+            done.await;
+        }
     }
 
     /// The last step of a release: the file has one writer less here, and
@@ -498,6 +536,7 @@ impl Filesystem for HiveFs {
                 if let Ok(e) = inner.ent(ino) {
                     inner.client.note_other_write(e.id);
                     // A size released here and still on its way would land over the new one.
+                    inner.wait_releases(Some(e.id)).await;
                     inner.client.wait_owed(e.id).await;
                 }
             }
@@ -603,6 +642,7 @@ impl Filesystem for HiveFs {
             let (p, np) = (inner.ent(parent)?, inner.ent(newparent)?);
             if p.owner != np.owner {
                 // A file's inode moves as it is: sizes released here land first.
+                inner.wait_releases(None).await;
                 inner.client.wait_owed_now().await;
             }
             inner.client.rename(p, &name, np, &newname, flags).await?;
@@ -622,6 +662,7 @@ impl Filesystem for HiveFs {
             let np = inner.ent(newparent)?;
             if inner.ent(ino).is_ok_and(|e| e.owner != np.owner) {
                 // The inode may move to the new name's node: its released size lands first.
+                inner.wait_releases(None).await;
                 inner.client.wait_owed_now().await;
             }
             let a = inner.on_ent(ino, |e| inner.client.link(e, np, &newname)).await?;
@@ -891,8 +932,16 @@ impl Filesystem for HiveFs {
             return reply.ok();
         }
         run!(self, reply, |inner| {
-            let f = inner.files.lock().expect("files").remove(&fh.0);
+            let f = {
+                let mut files = inner.files.lock().expect("files");
+                let f = files.remove(&fh.0);
+                if let Some(f) = &f {
+                    inner.release_begins(f.ent.id);
+                }
+                f
+            };
             if let Some(f) = f {
+                let _ends = ReleaseEnds(&inner, f.ent.id);
                 // After any change through this handle still running (`OpenFile::changing`).
                 drop(f.changing.write().await);
                 // The last close of an open file description drops its flock
@@ -1278,5 +1327,15 @@ fn xattr_reply(reply: ReplyXattr, v: &[u8], size: u32) {
         reply.error(Errno::from_i32(libc::ERANGE));
     } else {
         reply.data(v);
+    }
+}
+
+/// Ends a release begun with `Inner::release_begins` when dropped (also
+/// when the release's request is abandoned).
+struct ReleaseEnds<'a>(&'a Inner, EntryId);
+
+impl Drop for ReleaseEnds<'_> {
+    fn drop(&mut self) {
+        self.0.release_ends(self.1);
     }
 }

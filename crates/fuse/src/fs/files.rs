@@ -261,6 +261,7 @@ impl Inner {
             self.publish_size(&f).await?;
         }
         // And sizes released here that are still on their way.
+        self.wait_releases(Some(e.id)).await;
         self.client.wait_owed(e.id).await;
         Ok(())
     }
@@ -418,6 +419,7 @@ impl Inner {
             };
             self.client.note_other_write(ent.id);
             // A size released here and still on its way would land over the truncation.
+            self.wait_releases(Some(ent.id)).await;
             self.client.wait_owed(ent.id).await;
             // This mount's buffered writes land first, or after the truncation.
             if let Err(e) = self.settle(ent.id).await {

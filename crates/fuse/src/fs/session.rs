@@ -85,6 +85,7 @@ pub fn mount(
         acl_wanted: opts.acl,
         acl: std::sync::atomic::AtomicBool::new(false),
         opened_versions: Mutex::default(),
+        releasing: Default::default(),
         locked: Mutex::default(),
         waits: Mutex::default(),
         notifier: std::sync::OnceLock::new(),
