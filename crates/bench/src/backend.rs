@@ -10,7 +10,7 @@
 //! runtime for every answer.
 
 use hivefs_client::{Client, Ent, Options};
-use hivefs_proto::Caller;
+use hivefs_proto::{Caller, HeldSize};
 use hivefs_types::attr::{FileKind, Timespec};
 use hivefs_types::error::{ErrorCode, FsError};
 use hivefs_types::pattern::Pattern;
@@ -231,6 +231,10 @@ impl Native {
         let client = rt
             .block_on(Client::connect(opts))
             .map_err(|e| Error::other(format!("cannot connect to HiveFS at mgmtd {mgmtd}: {e}")))?;
+        // Leases on (nothing here caches attributes, so a revocation needs
+        // no action): files made here then hold their size until their
+        // release, as the mount's do (`Client::create_open_held`).
+        rt.block_on(async { client.enable_leases(Box::new(|_| {})) });
         let caller = Caller::new(getuid().as_raw(), getgid().as_raw());
         let n =
             Native { client, rt, dirs: Mutex::new(HashMap::new()), base: base.trim_matches('/').to_string(), caller };
@@ -274,16 +278,20 @@ impl Native {
     async fn open_file(&self, rel: &str, create: bool, write: bool) -> IoResult<NativeFile> {
         let (parent, name) = self.parent(rel).await?;
         let c = &self.client;
-        let (ent, attr) = if create {
+        let (ent, attr, held) = if create {
             // One request creates (or finds) and opens it, as the mount does.
-            let a = c.create_open(parent, name.as_bytes(), 0o644, false, self.caller).await.map_err(fs_io)?;
-            (Ent::from(&a), a)
+            let (a, held) =
+                c.create_open_held(parent, name.as_bytes(), 0o644, false, self.caller).await.map_err(fs_io)?;
+            (Ent::from(&a), a, held)
         } else {
             let ent = Ent::from(&c.lookup(parent, name.as_bytes()).await.map_err(fs_io)?);
-            (ent, c.open(ent, write).await.map_err(fs_io)?)
+            (ent, c.open(ent, write).await.map_err(fs_io)?, false)
         };
         let Some(pattern) = attr.pattern.clone() else {
-            let _ = c.release(ent, write).await;
+            match held {
+                true => c.release_held_later(ent, None),
+                false => drop(c.release(ent, write).await),
+            }
             return Err(Error::other(format!("{} has no stripe pattern", self.describe(rel))));
         };
         Ok(NativeFile {
@@ -295,6 +303,8 @@ impl Native {
             dirty: false,
             size: attr.size,
             seen: Some(attr.ctime),
+            held,
+            mtime: None,
         })
     }
 }
@@ -322,6 +332,10 @@ struct NativeFile {
     /// The file's ctime as last seen, while `size` is exactly where this
     /// handle's writes end (see `Client::report_size`).
     seen: Option<hivefs_types::attr::Timespec>,
+    /// Made with `CreateOpenHeld`: the size goes with the release.
+    held: bool,
+    /// The time of the last write.
+    mtime: Option<Timespec>,
 }
 
 impl NativeFile {
@@ -346,6 +360,9 @@ impl NativeFile {
         }
         r.map_err(fs_io)?;
         self.size = self.size.max(offset + buf.len() as u64);
+        if self.held {
+            self.mtime = Some(now_ts());
+        }
         Ok(())
     }
 
@@ -355,12 +372,22 @@ impl NativeFile {
         Ok(data.len())
     }
 
-    /// Publishes the size and releases the file (in the background).
+    /// Publishes the size and releases the file (in the background); a
+    /// handle that holds the size sends it with the release instead.
     async fn finish(mut self) -> IoResult<()> {
-        let published = self.publish_size().await;
+        let published = if self.held { Ok(()) } else { self.publish_size().await };
         // In the background, gathered with other closes, as the mount does.
         let _rt = self.handle.enter();
-        self.client.release_later(self.ent.id, self.ent.owner);
+        if self.held {
+            let size = self.dirty.then(|| HeldSize {
+                size: self.size,
+                mtime: self.mtime.unwrap_or_else(now_ts),
+                seen: self.seen,
+            });
+            self.client.release_held_later(self.ent, size.map(|s| (s, &self.pattern)));
+        } else {
+            self.client.release_later(self.ent.id, self.ent.owner);
+        }
         published
     }
 }

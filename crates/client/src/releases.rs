@@ -129,14 +129,15 @@ impl Client {
     }
 
     /// Releases a handle opened by [`Client::create_open_held`] in the
-    /// background, with the size its writes left (`None`: nothing written
-    /// since the size was last reported). Until the node has it,
+    /// background, with the size its writes left and the file's pattern
+    /// (`None`: nothing written since the size was last reported). Until
+    /// the node has it,
     /// [`Client::owed_size`] gives it, and this client's copies of the
     /// file's attributes are not kept.
-    pub fn release_held_later(self: &Arc<Self>, e: Ent, pattern: &Pattern, size: Option<HeldSize>) {
+    pub fn release_held_later(self: &Arc<Self>, e: Ent, size: Option<(HeldSize, &Pattern)>) {
         self.local.forget(e.id);
         let mut ticket = None;
-        if let Some(s) = size {
+        if let Some((s, _)) = size {
             let mut owed = self.releases.owed.lock().expect("owed sizes");
             let o = owed.entry(e.id).or_insert((s, 0));
             if s.size >= o.0.size {
@@ -147,7 +148,7 @@ impl Client {
             let change = Request::UpdateSize { id: e.id, size: s.size, mtime: Some(s.mtime) };
             ticket = self.leases.get().map(|session| session.begin(&change));
         }
-        let held = HeldHandle { size: size.map(|s| (s, pattern.clone())), ticket };
+        let held = HeldHandle { size: size.map(|(s, p)| (s, p.clone())), ticket };
         self.queue_release(e.owner, e.id, Some(held));
     }
 

@@ -376,7 +376,7 @@ impl Inner {
             self.drop_writer(f.ent.id);
         }
         match held {
-            Some(size) => self.client.release_held_later(f.ent, &f.pattern, size),
+            Some(size) => self.client.release_held_later(f.ent, size.map(|s| (s, &f.pattern))),
             None => self.client.release_later(f.ent.id, f.ent.owner),
         }
     }
