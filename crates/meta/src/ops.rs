@@ -183,6 +183,20 @@ pub trait Handles: Send + Sync {
     /// counts): it is still open, or closed with what is known of its
     /// chunk files (forgotten then, as by [`Handles::take_known`]).
     fn last_link(&self, id: EntryId) -> LastLink;
+    /// Whether a cross-node rename is moving file `id`'s inode away: a
+    /// change to it is refused meanwhile ([`refuse_moving`]).
+    fn moving(&self, id: EntryId) -> bool;
+    /// Rename `intent` takes file `id`'s inode (as it is now) to node `to`.
+    fn start_moving(&self, id: EntryId, intent: EntryId, to: NodeId);
+}
+
+/// Refuses a change to file `id`'s inode while a rename moves it away
+/// (the handler waits for the move and sends it where the inode went).
+pub(crate) fn refuse_moving(ctx: &Ctx<'_>, id: EntryId) -> OpResult<()> {
+    match ctx.handles.moving(id) {
+        true => Err(crate::namespace::moving_away(id)),
+        false => Ok(()),
+    }
 }
 
 /// See [`Handles::last_link`].
@@ -448,6 +462,7 @@ pub fn apply(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, m: Mutation) -> OpResult<Rep
             update_size(t, ctx, id, size, mtime, if_ctime, held)
         }
         Mutation::TouchAtime { id, at, strict } => {
+            refuse_moving(ctx, id)?;
             let mut i = inode(&t.inodes, id)?;
             if atime_due(&i, at, strict) {
                 i.atime = at;
@@ -618,6 +633,7 @@ fn symlink(
 
 fn link(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, new_parent: EntryId, new_name: &[u8]) -> OpResult<Reply> {
     check_name(new_name)?;
+    refuse_moving(ctx, id)?;
     let mut i = inode(&t.inodes, id)?;
     if i.kind == FileKind::Dir {
         return Err(fs_err!(NotPermitted, "cannot hard-link directory {id}").into());
@@ -937,6 +953,7 @@ pub fn check_truncatable(id: EntryId, i: &Inode) -> FsResult<()> {
 }
 
 fn set_attr(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, a: &SetAttr, privileged: bool) -> OpResult<Reply> {
+    refuse_moving(ctx, id)?;
     let mut i = inode(&t.inodes, id)?;
     if a.size.is_some() {
         check_truncatable(id, &i)?;
@@ -1009,6 +1026,7 @@ fn update_size(
     if_ctime: Option<Timespec>,
     held: bool,
 ) -> OpResult<Reply> {
+    refuse_moving(ctx, id)?;
     let mut i = inode(&t.inodes, id)?;
     check_truncatable(id, &i)?;
     // A lower bound from the client's own writes holds only if nothing
@@ -1041,6 +1059,7 @@ fn set_xattr(
     flags: u32,
 ) -> OpResult<Reply> {
     check_xattr_name(name)?;
+    refuse_moving(ctx, id)?;
     if value.len() > XATTR_SIZE_MAX {
         return Err(fs_err!(Range, "extended attribute value of {} bytes exceeds {XATTR_SIZE_MAX}", value.len()).into());
     }
@@ -1099,6 +1118,7 @@ fn set_xattr(
 
 fn remove_xattr(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, id: EntryId, name: &[u8]) -> OpResult<Reply> {
     check_xattr_name(name)?;
+    refuse_moving(ctx, id)?;
     let mut i = inode(&t.inodes, id)?;
     let key = child_key(id, name);
     if t.xattrs.get(key.as_slice())?.is_none() {

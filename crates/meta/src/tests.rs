@@ -1542,7 +1542,7 @@ impl Namespace {
     }
     fn opens_for_test_dec(&self, id: EntryId) {
         // Decrement without the release path's disposal check (simulates the race).
-        let mut m = self.opens.0.lock().unwrap();
+        let mut m = self.opens.state.lock().unwrap();
         m.counts.remove(&id);
     }
 }

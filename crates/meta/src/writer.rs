@@ -609,7 +609,8 @@ fn apply_all(
         };
         // A refusal that hands the operation to the cross-node protocol is
         // not its outcome: the protocol records the outcome later.
-        let handed_over = matches!(&r, Err(e) if is_needs_protocol(e));
+        // Nor is one that waits for its file to move (`namespace::moving`).
+        let handed_over = matches!(&r, Err(e) if is_needs_protocol(e) || crate::namespace::is_moving(e));
         if let (Some(op), false) = (&op, handed_over) {
             replies::put(&mut t.replies, op, now_ms, &r, &mut reply_floor)?;
         }

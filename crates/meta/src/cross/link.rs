@@ -43,6 +43,7 @@ impl LinkIntent {
         let LinkIntent { intent, id, new_parent, new_owner, new_name, op } = self;
         let node = ctx.node;
         check_name(&new_name)?;
+        refuse_moving(ctx, id)?;
         let mut i = inode(&t.inodes, id)?;
         if i.kind == FileKind::Dir {
             return Err(fs_err!(NotPermitted, "cannot hard-link directory {id}").into());

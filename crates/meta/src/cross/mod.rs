@@ -47,7 +47,7 @@ pub use unlink::{PeerDropLink, UnlinkCommit, UnlinkIntent};
 
 use crate::ops::{
     check_name, check_unlocked, dentry, dir_inode, drop_link, inherit_group, inode, is_empty_dir, load_dentry,
-    load_inode, new_inode, to_attr, touch_dir, Ctx, LINK_MAX,
+    load_inode, new_inode, refuse_moving, to_attr, touch_dir, Ctx, LINK_MAX,
 };
 use crate::store::Kv;
 use crate::store::{

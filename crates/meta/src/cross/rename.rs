@@ -70,6 +70,8 @@ impl RenameIntent {
         let moved = match local {
             Some(i) => {
                 let xattrs = scan_children(&t.xattrs, src.id, None)?.collect::<Result<Vec<_>, _>>()?;
+                // Taken as it is now: changes wait until the move ends.
+                ctx.handles.start_moving(src.id, intent, new_owner);
                 Some((i, xattrs))
             }
             None => None,

@@ -138,7 +138,7 @@ impl Namespace {
         self.multi.gate.read().expect("gate lock").as_ref().map_or(Ok(()), |g| g())
     }
 
-    fn peers(&self) -> Option<Arc<dyn Peers>> {
+    pub(super) fn peers(&self) -> Option<Arc<dyn Peers>> {
         self.multi.peers.read().expect("peers lock").clone()
     }
 
@@ -526,7 +526,7 @@ impl Namespace {
     /// delivered), and their requests that reach this node are forwarded.
     async fn hand_over_opens(&self, intent: EntryId, id: EntryId, new_owner: NodeId) {
         let count = {
-            let mut opens = self.opens.0.lock().expect("opens lock");
+            let mut opens = self.opens.state.lock().expect("opens lock");
             let count = opens.counts.remove(&id).unwrap_or(0);
             if count > 0 {
                 self.multi.moved.lock().expect("moved lock").insert(id, (new_owner, count));
@@ -639,6 +639,10 @@ impl Namespace {
     async fn start_protocol(&self, what: &str, intent: EntryId, m: MultiMut) -> Response {
         let recorded = self.submit_multi(None, m).await;
         self.multi.minting.lock().expect("minting lock").remove(&intent);
+        if recorded.is_err() {
+            // The intent may have taken a file's inode in a batch that failed.
+            self.opens.moving.end(intent, false);
+        }
         recorded?;
         self.crash(what, "intent").await?;
         self.drive(intent).await
@@ -678,7 +682,11 @@ impl Namespace {
         };
         let what = rec.step.op_name();
         match self.remote(intent, &rec.step).await? {
-            Remote::Refused(err) => self.submit_multi(rec.op, undo(&rec.step, intent, err)).await,
+            Remote::Refused(err) => {
+                let r = self.submit_multi(rec.op, undo(&rec.step, intent, err)).await;
+                self.moved(intent, false);
+                r
+            }
             Remote::Done { commit, forget, hand_over } => {
                 self.crash(what, "remote").await?;
                 let r = self.submit_multi(rec.op, *commit).await;
@@ -686,6 +694,8 @@ impl Namespace {
                 if let (Ok(_), Some((id, to))) = (&r, hand_over) {
                     self.hand_over_opens(intent, id, to).await;
                 }
+                // Changes that waited for a moved file go to its new owner now.
+                self.moved(intent, true);
                 // Only after the commit: while the intent stands, driving it
                 // again repeats the peer's step, which its record keeps
                 // from acting twice.
@@ -694,6 +704,14 @@ impl Namespace {
                 }
                 r
             }
+        }
+    }
+
+    /// Once intent `intent` is gone (committed or undone): the file it
+    /// moved, if any, takes changes again (see `moving`).
+    fn moved(&self, intent: EntryId, committed: bool) {
+        if matches!(self.read(|t| load_intent(&t.intents, intent)), Ok(None)) {
+            self.opens.moving.end(intent, committed);
         }
     }
 
@@ -834,8 +852,11 @@ impl Namespace {
             }
             Ok(out)
         })?;
-        for (_, i) in &list {
+        for (intent, i) in &list {
             self.set_pending(i.op, true);
+            if let IntentStep::Rename { id, new_owner, moved: Some(_), .. } = &i.step {
+                self.opens.moving.start(*id, *intent, *new_owner);
+            }
         }
         Ok(list)
     }
@@ -1047,7 +1068,7 @@ impl Namespace {
             }
             PeerOp::Opened { id, count } => {
                 if count > 0 {
-                    *self.opens.0.lock().expect("opens lock").counts.entry(id).or_insert(0) += count;
+                    *self.opens.state.lock().expect("opens lock").counts.entry(id).or_insert(0) += count;
                 }
                 Ok(Reply::Ok)
             }
@@ -1319,6 +1340,88 @@ mod tests {
         assert_eq!(n2.getxattr(d.id, XATTR_ACCESS).unwrap(), access.encode());
         assert_eq!(n2.getxattr(d.id, XATTR_DEFAULT).unwrap(), dflt.encode());
         assert!(intents(&n1).is_empty());
+    }
+
+    /// Peers whose destination half of a rename waits for a permit.
+    struct HeldRenameIn {
+        net: Arc<Net>,
+        permits: Arc<tokio::sync::Semaphore>,
+    }
+
+    impl Peers for HeldRenameIn {
+        fn meta_nodes(&self) -> Vec<NodeId> {
+            self.net.meta_nodes()
+        }
+        fn call_with(&self, node: NodeId, env: Envelope, req: Request) -> BoxFut<FsResult<Reply>> {
+            let wait = matches!(&req, Request::PeerStep { op: PeerOp::RenameIn { .. }, .. });
+            let (net, permits) = (self.net.clone(), self.permits.clone());
+            Box::pin(async move {
+                if wait {
+                    permits.acquire().await.expect("open").forget();
+                }
+                net.call_with(node, env, req).await
+            })
+        }
+    }
+
+    /// Changes to a file's inode made on its old node while a rename moves
+    /// it to another one (between the intent, which takes the inode, and the
+    /// commit, which removes it) wait for the move and land at the new
+    /// owner. They used to land on the copy the commit removed: a size
+    /// reported at a close right then was lost.
+    #[tokio::test]
+    async fn changes_made_while_a_rename_moves_the_inode_land_where_it_went() {
+        let c = setup().await;
+        let (n1, n2) = (c.ns(0), c.ns(1));
+        let d = attr(n1.handle(mkdir_req(EntryId::ROOT, "d")).await);
+        assert_eq!(d.owner, NodeId(2));
+        let f = attr(n1.handle(create_req(EntryId::ROOT, "f")).await);
+        let permits = Arc::new(tokio::sync::Semaphore::new(0));
+        n1.set_peers(Arc::new(HeldRenameIn { net: c.net.clone(), permits: permits.clone() }));
+        let rename = tokio::spawn({
+            let n1 = n1.clone();
+            let to_d = Request::RenameTo {
+                parent: EntryId::ROOT,
+                name: b"f".to_vec(),
+                new_parent: d.id,
+                new_parent_owner: NodeId(2),
+                new_name: b"f".to_vec(),
+                flags: 0,
+            };
+            async move { n1.handle(to_d).await }
+        });
+        while intents(&n1).is_empty() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        // The intent took the inode: a close's size report and a chmod come now.
+        let size = Request::UpdateSize { id: f.id, size: 12_345, mtime: None };
+        let size = tokio::spawn({
+            let n1 = n1.clone();
+            async move { n1.handle_env(retryable(1, &size).0, size).await }
+        });
+        let chmod = Request::SetAttr {
+            id: f.id,
+            attr: hivefs_types::attr::SetAttr { mode: Some(0o600), ..Default::default() },
+            caller: Caller::default(),
+        };
+        let chmod = tokio::spawn({
+            let n1 = n1.clone();
+            async move { n1.handle(chmod).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!size.is_finished() && !chmod.is_finished(), "changes wait while the inode moves");
+        permits.add_permits(1);
+        rename.await.unwrap().unwrap();
+        assert_eq!(attr(size.await.unwrap()).size, 12_345);
+        assert_eq!(attr(chmod.await.unwrap()).mode & 0o7777, 0o600);
+        let moved = n2.lookup_any(d.id, b"f").await.unwrap();
+        assert_eq!(
+            (moved.owner, moved.size, moved.mode & 0o7777),
+            (NodeId(2), 12_345, 0o600),
+            "landed at the new owner"
+        );
+        assert!(n1.getattr(f.id).is_err(), "nothing left on the old node");
+        assert!(intents(&n1).is_empty() && !n1.opens.moving.contains(f.id));
     }
 
     /// A rename across nodes onto another name of the same file renames

@@ -193,11 +193,14 @@ impl Namespace {
         if let Some(r) = self.forward_moved(op, &req).await {
             return r;
         }
-        self.handle_op(req, op).await
+        match super::moving::changed_file(&req) {
+            Some(id) => self.handle_moving(id, op, req).await,
+            None => self.handle_op(req, op).await,
+        }
     }
 
     /// Answers one request; mutations record their outcome under `op`.
-    async fn handle_op(&self, req: Request, op: Option<OpId>) -> Response {
+    pub(super) async fn handle_op(&self, req: Request, op: Option<OpId>) -> Response {
         let entry = |r: FsResult<EntryAttr>| r.map(Reply::Entry);
         match req {
             Request::Ping => Ok(Reply::Pong { node_type: NodeType::Meta, node: self.node }),

@@ -16,7 +16,7 @@
 //! holds (the client asks) nor keep sizes of its own (they land through
 //! the writer as `UpdateSize`).
 
-use super::{Namespace, ORPHAN, REQUESTER};
+use super::{is_moving, Namespace, ORPHAN, REQUESTER};
 use crate::leases::{LeaseKey, Requester};
 use crate::ops::Mutation;
 use hivefs_proto::{Caller, HeldSize, OpId, Reply, Request, Response, SizedRelease};
@@ -113,6 +113,16 @@ impl Namespace {
     /// client saw it, else read off its chunk files. The file's attributes
     /// then, when it is still stored here.
     async fn land_held(&self, id: EntryId, s: HeldSize, me: Option<Requester>) -> FsResult<Option<EntryAttr>> {
+        loop {
+            match self.land_held_once(id, s, me).await {
+                // Being renamed onto another node: lands where it went.
+                Err(e) if is_moving(&e) => self.opens.moving.wait(id).await,
+                r => return r,
+            }
+        }
+    }
+
+    async fn land_held_once(&self, id: EntryId, s: HeldSize, me: Option<Requester>) -> FsResult<Option<EntryAttr>> {
         // Renamed into a directory of another node meanwhile: the size goes there.
         let moved = Request::UpdateSize { id, size: s.size, mtime: Some(s.mtime) };
         if let Some(r) = self.forward_moved(None, &moved).await {
@@ -141,7 +151,7 @@ impl Namespace {
         // Read off the chunk files; applied only if nothing (a truncation)
         // changed the file while they were read, else read again.
         for _ in 0..8 {
-            if !matches!(&r, Err(e) if e.code == ErrorCode::Busy) {
+            if !matches!(&r, Err(e) if e.code == ErrorCode::Busy && !is_moving(e)) {
                 break;
             }
             let a = match self.getattr(id) {

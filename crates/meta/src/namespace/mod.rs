@@ -15,6 +15,7 @@ use crate::targets::DataTargets;
 mod cross;
 mod handlers;
 mod held;
+mod moving;
 
 use crate::writer::{
     run_batch, system_clock, Change, Clock, CommitLatency, StoreFailure, Writer, WriterState, WriterStats,
@@ -28,6 +29,7 @@ use hivefs_types::error::{FsError, FsResult};
 use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, NodeId};
 use hivefs_types::pattern::{Pattern, StripeSet};
+pub(crate) use moving::{is_moving, moving_away};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -68,7 +70,11 @@ pub struct NamespaceOptions {
 /// finished at start) and nothing is known of any file's chunk files (a
 /// remove then deletes them on every target, as for any file).
 #[derive(Default)]
-pub struct Opens(pub(crate) Mutex<OpenState>);
+pub struct Opens {
+    pub(crate) state: Mutex<OpenState>,
+    /// Files a cross-node rename is moving away (see `moving`).
+    pub(crate) moving: moving::Moving,
+}
 
 #[derive(Default)]
 pub(crate) struct OpenState {
@@ -193,7 +199,7 @@ impl Opens {
     /// `count` handles of file `id` count here now, handed over by rename
     /// `intent`; once per intent. Whether they were counted now.
     pub(crate) fn handed_over(&self, intent: EntryId, id: EntryId, count: u32) -> bool {
-        let mut m = self.0.lock().expect("opens lock");
+        let mut m = self.state.lock().expect("opens lock");
         let (seen, order) = &mut m.handed_over;
         if !seen.insert(intent) {
             return false;
@@ -210,17 +216,17 @@ impl Opens {
     }
 
     pub fn is_open(&self, id: EntryId) -> bool {
-        self.0.lock().expect("opens lock").counts.contains_key(&id)
+        self.state.lock().expect("opens lock").counts.contains_key(&id)
     }
     fn inc(&self, id: EntryId) {
-        *self.0.lock().expect("opens lock").counts.entry(id).or_insert(0) += 1;
+        *self.state.lock().expect("opens lock").counts.entry(id).or_insert(0) += 1;
     }
     /// Returns true when the last handle went away. `wrote`: the stripe
     /// positions whose chunk files the handle may have changed (see
     /// [`OpenState::chunkless`]); noted before the count drops, so that a
     /// remove that sees the file closed also sees the write.
     fn dec(&self, id: EntryId, wrote: StripeSet) -> bool {
-        let mut m = self.0.lock().expect("opens lock");
+        let mut m = self.state.lock().expect("opens lock");
         m.wrote(id, wrote);
         match m.counts.get_mut(&id) {
             Some(c) if *c > 1 => {
@@ -236,13 +242,13 @@ impl Opens {
     }
     /// The file's chunk files may exist anywhere now (a truncation).
     pub(crate) fn may_have_chunks(&self, id: EntryId) {
-        self.0.lock().expect("opens lock").take_known(id);
+        self.state.lock().expect("opens lock").take_known(id);
     }
 
     /// A handle of `client` holds the size of `id` now.
     pub(crate) fn hold(&self, id: EntryId, client: u64) {
         let now = std::time::Instant::now();
-        let mut m = self.0.lock().expect("opens lock");
+        let mut m = self.state.lock().expect("opens lock");
         let hs = m.held.entry(id).or_default();
         match hs.iter_mut().find(|h| h.client == client) {
             Some(h) => {
@@ -255,7 +261,7 @@ impl Opens {
 
     /// A handle of `client` on `id` holds its size no longer.
     pub(crate) fn unhold(&self, id: EntryId, client: u64) {
-        let mut m = self.0.lock().expect("opens lock");
+        let mut m = self.state.lock().expect("opens lock");
         let Some(hs) = m.held.get_mut(&id) else { return };
         if let Some(i) = hs.iter().position(|h| h.client == client) {
             hs[i].count -= 1;
@@ -271,14 +277,14 @@ impl Opens {
     /// Whether a client other than `requester` holds the size of `id`
     /// (or a size of it is still to be read off its chunk files).
     pub(crate) fn held_by_other(&self, id: EntryId, requester: Option<u64>) -> bool {
-        let m = self.0.lock().expect("opens lock");
+        let m = self.state.lock().expect("opens lock");
         m.held.get(&id).is_some_and(|hs| hs.iter().any(|h| Some(h.client) != requester || h.client == ORPHAN))
     }
 
     /// Takes the holds to settle from the chunk files: orphans, and those
     /// of clients not `alive` whose last handle is older than `quiet`.
     pub(crate) fn take_to_settle(&self, alive: impl Fn(u64) -> bool, quiet: std::time::Duration) -> Vec<EntryId> {
-        let mut m = self.0.lock().expect("opens lock");
+        let mut m = self.state.lock().expect("opens lock");
         let mut out = Vec::new();
         m.held.retain(|&id, hs| {
             let before = hs.len();
@@ -297,7 +303,7 @@ impl crate::ops::Handles for Opens {
         Opens::is_open(self, id)
     }
     fn created(&self, id: EntryId, open: bool) {
-        let mut m = self.0.lock().expect("opens lock");
+        let mut m = self.state.lock().expect("opens lock");
         if open {
             *m.counts.entry(id).or_insert(0) += 1;
         }
@@ -307,18 +313,24 @@ impl crate::ops::Handles for Opens {
         self.inc(id);
     }
     fn take_known(&self, id: EntryId) -> Option<StripeSet> {
-        self.0.lock().expect("opens lock").take_known(id)
+        self.state.lock().expect("opens lock").take_known(id)
     }
     fn last_link(&self, id: EntryId) -> crate::ops::LastLink {
         use crate::ops::LastLink;
         // Under the lock a release that reports a write notes it before
         // its handle stops counting.
-        let mut m = self.0.lock().expect("opens lock");
+        let mut m = self.state.lock().expect("opens lock");
         if m.counts.contains_key(&id) {
             LastLink::Open
         } else {
             LastLink::Closed(m.take_known(id))
         }
+    }
+    fn moving(&self, id: EntryId) -> bool {
+        self.moving.contains(id)
+    }
+    fn start_moving(&self, id: EntryId, intent: EntryId, to: NodeId) {
+        self.moving.start(id, intent, to);
     }
 }
 
