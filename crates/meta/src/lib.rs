@@ -208,6 +208,13 @@ impl MetaHandler {
 }
 
 impl Handler for MetaHandler {
+    /// Metadata requests are CPU work on memory, and a mutation commits in
+    /// the task that submits it when no other commit runs (see `writer`):
+    /// a connection's lone request is answered in its reader's task.
+    fn run_inline(&self, req: &Request) -> bool {
+        !matches!(req, Request::LeaseWait { .. } | Request::LeaseWaitDirs { .. } | Request::Events { .. })
+    }
+
     async fn handle(&self, env: Envelope, req: Request, payload: Vec<u8>, _peer: &Peer) -> (Response, Vec<u8>) {
         if req == Request::RefreshView {
             let r = self.cluster.refresh().await.map(|_| Reply::Ok);

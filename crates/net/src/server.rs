@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
 /// Largest handshake body accepted from a peer (a client hello is about 70 bytes).
@@ -66,6 +66,15 @@ pub trait Handler: Send + Sync + 'static {
         payload: Vec<u8>,
         peer: &Peer,
     ) -> impl Future<Output = (Response, Vec<u8>)> + Send;
+
+    /// Whether `req`, when it is its connection's only request in flight,
+    /// is first run in the task that reads the connection (answered there
+    /// if it ends without waiting, else it goes on in a task of its own).
+    /// For requests that are mostly short CPU work; not for disk I/O,
+    /// which would hold up the connection's next request.
+    fn run_inline(&self, _req: &Request) -> bool {
+        false
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -458,20 +467,9 @@ where
     let (rd, wr) = tokio::io::split(stream);
     // Header, body and a small payload usually arrive in one read.
     let mut rd = BufReader::with_capacity(16 << 10, rd);
-    let (tx, mut rx) = mpsc::channel::<Outgoing>(cfg.max_inflight_per_conn.max(1));
-    let writer = tokio::spawn(async move {
-        let mut w = BufWriter::with_capacity(64 << 10, wr);
-        while let Some(out) = rx.recv().await {
-            if write_frame(&mut w, FrameKind::Response, out.request_id, 0, &out.body, &out.payload).await.is_err() {
-                return;
-            }
-            // Flush only when nothing else is queued: batches small replies.
-            if rx.is_empty() && w.flush().await.is_err() {
-                return;
-            }
-        }
-    });
-    let conn_inflight = Arc::new(Semaphore::new(cfg.max_inflight_per_conn.max(1)));
+    let replies = Arc::new(Replies::new(wr));
+    let max_inflight = cfg.max_inflight_per_conn.max(1);
+    let conn_inflight = Arc::new(Semaphore::new(max_inflight));
     let in_flight = hivefs_metrics::metrics()
         .requests_in_flight
         .get_or_create_owned(&hivefs_metrics::ServiceLabels { service: hivefs_metrics::service() });
@@ -487,7 +485,7 @@ where
             Err(ReadError::Frame(e)) => {
                 // The header itself is bad: the stream cannot be resynchronised.
                 shared.refused(Refusal::BadFrame, peer.addr, &format!("malformed frame, closing connection: {e}"));
-                let _ = tx.send(error_reply(0, FsError::new(ErrorCode::Protocol, e.to_string()))).await;
+                let _ = replies.send(error_reply(0, FsError::new(ErrorCode::Protocol, e.to_string()))).await;
                 break;
             }
         };
@@ -509,7 +507,7 @@ where
         let rid = frame.header.request_id;
         if frame.header.kind != FrameKind::Request {
             let e = FsError::new(ErrorCode::Protocol, format!("expected a request frame, got {:?}", frame.header.kind));
-            if tx.send(error_reply(rid, e)).await.is_err() {
+            if replies.send(error_reply(rid, e)).await.is_err() {
                 break;
             }
             continue;
@@ -519,7 +517,7 @@ where
             Err(e) => {
                 let what = format!("malformed request (type {}): {e}", frame.header.msg_type);
                 shared.refused(Refusal::BadFrame, peer.addr, &what);
-                if tx.send(error_reply(rid, FsError::new(ErrorCode::Protocol, e.to_string()))).await.is_err() {
+                if replies.send(error_reply(rid, FsError::new(ErrorCode::Protocol, e.to_string()))).await.is_err() {
                     break;
                 }
                 continue;
@@ -534,8 +532,10 @@ where
             p_bytes = p;
         }
         let held = Held { _conn: p_conn, _ip: p_ip, _bytes: p_bytes };
+        // The only request of the connection in flight: run here first.
+        let lone = conn_inflight.available_permits() + 1 >= max_inflight && handler.run_inline(&req);
         let handler = handler.clone();
-        let tx = tx.clone();
+        let replies = replies.clone();
         let peer = peer.clone();
         let (in_flight, client) = (in_flight.clone(), client.clone());
         let fut = async move {
@@ -549,18 +549,95 @@ where
             };
             in_flight.dec();
             hivefs_metrics::served(op, start.elapsed(), resp.is_ok(), bytes_in, payload.len(), &client, uid);
-            let _ = tx.send(Outgoing { request_id: rid, body: encode_body(&resp), payload, _held: Some(held) }).await;
+            let _ =
+                replies.send(Outgoing { request_id: rid, body: encode_body(&resp), payload, _held: Some(held) }).await;
         };
-        // A large future is boxed once instead of being copied by value
-        // through the spawn's frames into its task (see SPAWN_BOX_MIN).
-        if std::mem::size_of_val(&fut) > SPAWN_BOX_MIN {
+        if lone {
+            // Most requests of a connection with one at a time in flight end
+            // without waiting for anything (a read; a mutation that commits
+            // in its own task, see the meta crate's writer): answered here,
+            // with no task spawned and no other thread woken. One that waits
+            // goes on in a task of its own.
+            let mut fut = Box::pin(fut);
+            let first = std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx))).await;
+            if first.is_pending() {
+                tokio::spawn(fut);
+            }
+        } else if std::mem::size_of_val(&fut) > SPAWN_BOX_MIN {
+            // A large future is boxed once instead of being copied by value
+            // through the spawn's frames into its task (see SPAWN_BOX_MIN).
             tokio::spawn(Box::pin(fut));
         } else {
             tokio::spawn(fut);
         }
     }
-    drop(tx);
-    let _ = writer.await;
+}
+
+/// The replies of one connection. Whichever task has a reply ready writes
+/// it, with those queued meanwhile (one writes at a time; the others queue
+/// and go on), and flushes once nothing more is queued: small replies that
+/// end together share a `send`, and no task is woken only to write. A
+/// queued reply keeps its request's claims on the limits until written.
+struct Replies<W> {
+    queue: Mutex<ReplyQueue>,
+    w: tokio::sync::Mutex<BufWriter<W>>,
+}
+
+#[derive(Default)]
+struct ReplyQueue {
+    out: Vec<Outgoing>,
+    /// A task is writing (and writes what is queued before it stops).
+    writing: bool,
+    /// A write failed: the connection is gone.
+    broken: bool,
+}
+
+impl<W: AsyncWrite + Unpin> Replies<W> {
+    fn new(w: W) -> Replies<W> {
+        Replies { queue: Mutex::default(), w: tokio::sync::Mutex::new(BufWriter::with_capacity(64 << 10, w)) }
+    }
+
+    /// Queues `o` and writes the queue unless another task is writing.
+    /// `Err`: the connection is gone.
+    async fn send(&self, o: Outgoing) -> Result<(), ()> {
+        {
+            let mut q = self.queue.lock().expect("replies");
+            if q.broken {
+                return Err(());
+            }
+            q.out.push(o);
+            if std::mem::replace(&mut q.writing, true) {
+                return Ok(());
+            }
+        }
+        let mut w = self.w.lock().await;
+        let broken = |q: &mut ReplyQueue| {
+            q.broken = true;
+            q.writing = false;
+            q.out.clear();
+            Err(())
+        };
+        loop {
+            let batch = std::mem::take(&mut self.queue.lock().expect("replies").out);
+            if batch.is_empty() {
+                let flushed = w.flush().await;
+                let mut q = self.queue.lock().expect("replies");
+                if flushed.is_err() {
+                    return broken(&mut q);
+                }
+                if q.out.is_empty() {
+                    q.writing = false;
+                    return Ok(());
+                }
+                continue;
+            }
+            for o in &batch {
+                if write_frame(&mut *w, FrameKind::Response, o.request_id, 0, &o.body, &o.payload).await.is_err() {
+                    return broken(&mut self.queue.lock().expect("replies"));
+                }
+            }
+        }
+    }
 }
 
 /// Request futures larger than this many bytes are boxed before they are

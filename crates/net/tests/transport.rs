@@ -10,9 +10,15 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Echoes the payload of a write back as data; sleeps on ReadChunk with len 999.
+/// A connection's lone request runs first in its reader's task (so the
+/// tests here cover that path, a request that waits included).
 struct Echo;
 
 impl Handler for Echo {
+    fn run_inline(&self, _req: &Request) -> bool {
+        true
+    }
+
     async fn handle(
         &self,
         env: hivefs_proto::Envelope,
