@@ -5,45 +5,14 @@ use crate::local::Local;
 use crate::{Client, Ent};
 use bytes::Bytes;
 use hivefs_chunk::io::{chunk_io_code, read_at_cached_into, read_at_full_into};
+use hivefs_cluster::{concurrently, unit_err as target_err, Pending};
 use hivefs_proto::{Reply, Request, FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE};
 use hivefs_types::attr::Timespec;
 use hivefs_types::error::{ErrorCode, FsError, FsResult};
-use hivefs_types::ids::{EntryId, NodeId, NodeType, TargetId};
+use hivefs_types::ids::{EntryId, TargetId};
 use hivefs_types::pattern::{Pattern, Piece, StripeUnit};
 use std::os::unix::fs::FileExt;
 use tokio::task::JoinSet;
-
-/// A request's future for [`concurrently`].
-type Pending<T> = std::pin::Pin<Box<dyn std::future::Future<Output = FsResult<T>> + Send>>;
-
-/// Runs `futs` at once inside the calling task instead of as tasks of their
-/// own: every request leaves in the first poll, from the calling thread (a
-/// mount's FUSE thread), and no worker is woken to start one. The results
-/// come in completion order; the first error ends the wait (the others are
-/// dropped, abandoning their requests as aborting spawned tasks did).
-async fn concurrently<T>(mut futs: Vec<Pending<T>>) -> FsResult<Vec<T>> {
-    let mut out = Vec::with_capacity(futs.len());
-    std::future::poll_fn(|cx| {
-        let mut i = 0;
-        while i < futs.len() {
-            match futs[i].as_mut().poll(cx) {
-                std::task::Poll::Ready(Ok(v)) => {
-                    out.push(v);
-                    drop(futs.swap_remove(i));
-                }
-                std::task::Poll::Ready(Err(e)) => return std::task::Poll::Ready(Err(e)),
-                std::task::Poll::Pending => i += 1,
-            }
-        }
-        if futs.is_empty() {
-            std::task::Poll::Ready(Ok(()))
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await?;
-    Ok(out)
-}
 
 /// Waits for a set's blocking tasks (local chunk file I/O), failing at the first error.
 async fn join_all(mut set: JoinSet<FsResult<()>>) -> FsResult<()> {
@@ -91,35 +60,6 @@ async fn join_one(set: &mut JoinSet<FsResult<()>>) -> FsResult<()> {
 
 fn local_err(t: TargetId, entry: EntryId, e: std::io::Error) -> FsError {
     FsError::new(chunk_io_code(&e), format!("storage target {t}, file {entry} (chunk file on this host): {e}"))
-}
-
-fn target_err(t: StripeUnit, entry: EntryId, e: FsError) -> FsError {
-    if e.message.contains("target") || e.message.contains("group") {
-        e
-    } else {
-        FsError::new(e.code, format!("{t}, file {entry}: {}", e.message))
-    }
-}
-
-/// Chunk lengths found by one task of [`Client::size_from_targets`], by stripe index.
-enum Lens {
-    One(usize, u64),
-    Many(Vec<usize>, Vec<u64>),
-}
-
-/// The length of `target`'s chunk file of `entry` (stripe unit `unit`), asked over the network.
-async fn stat_chunk(
-    cluster: std::sync::Arc<hivefs_cluster::Cluster>,
-    budget: std::time::Duration,
-    unit: StripeUnit,
-    target: TargetId,
-    entry: EntryId,
-) -> FsResult<u64> {
-    match cluster.call_unit(unit, Request::StatChunk { target, entry }, Bytes::new(), budget).await {
-        Ok((Reply::ChunkLen(l), _)) => Ok(l),
-        Ok((r, _)) => Err(FsError::new(ErrorCode::Protocol, format!("odd stat reply {r:?}"))),
-        Err(e) => Err(target_err(unit, entry, e)),
-    }
 }
 
 impl Client {
@@ -364,59 +304,19 @@ impl Client {
     /// `StatChunks` per storage node (each stripe unit alone for a
     /// mirrored file, whose groups answer through their primaries).
     pub async fn size_from_targets(&self, pattern: &Pattern, entry: EntryId) -> FsResult<u64> {
-        let mut asks: Vec<Pending<Lens>> = Vec::new();
         let mut lens = vec![0u64; pattern.targets().len()];
-        let mut by_node: std::collections::BTreeMap<NodeId, Vec<usize>> = Default::default();
-        let view = self.cluster.view();
+        let mut remote: Vec<(usize, StripeUnit)> = Vec::new();
         for (i, &target) in pattern.targets().iter().enumerate() {
             match self.local_file(pattern, i, entry, false).await {
-                Local::File(f) => {
-                    lens[i] = f.metadata().map_err(|e| local_err(target, entry, e))?.len();
-                    continue;
-                }
-                Local::NoChunk => continue,
-                Local::Network => {}
-            }
-            match (pattern.unit(i), view.targets.get(&target)) {
-                (StripeUnit::Target(_), Some(t)) => by_node.entry(t.node).or_default().push(i),
-                (unit, _) => {
-                    let call = stat_chunk(self.cluster.clone(), self.mirror_retry, unit, target, entry);
-                    asks.push(Box::pin(async move { call.await.map(|l| Lens::One(i, l)) }));
-                }
+                Local::File(f) => lens[i] = f.metadata().map_err(|e| local_err(target, entry, e))?.len(),
+                Local::NoChunk => {}
+                Local::Network => remote.push((i, pattern.unit(i))),
             }
         }
-        for (node, idxs) in by_node {
-            let targets: Vec<TargetId> = idxs.iter().map(|&i| pattern.targets()[i]).collect();
-            let (cluster, budget) = (self.cluster.clone(), self.mirror_retry);
-            asks.push(Box::pin(async move {
-                let pool = cluster.node_pool(NodeType::Storage, node).await?;
-                let req = Request::StatChunks { entry, targets };
-                match pool.call_with(&Default::default(), &req, Bytes::new()).await {
-                    Ok((Reply::ChunkLens(l), _)) if l.len() == idxs.len() => Ok(Lens::Many(idxs, l)),
-                    Ok((r, _)) => Err(FsError::new(ErrorCode::Protocol, format!("odd StatChunks reply {r:?}"))),
-                    // A storage node of an older version, or one that moved to
-                    // another address while the call repeated: one request per
-                    // target (each routed anew).
-                    Err(e)
-                        if matches!(e.code, ErrorCode::Protocol | ErrorCode::NotSupported)
-                            || hivefs_net::node_moved(&e) =>
-                    {
-                        let Request::StatChunks { targets, .. } = req else { unreachable!("built above") };
-                        let mut lens = Vec::with_capacity(targets.len());
-                        for t in targets {
-                            lens.push(stat_chunk(cluster.clone(), budget, StripeUnit::Target(t), t, entry).await?);
-                        }
-                        Ok(Lens::Many(idxs, lens))
-                    }
-                    Err(e) => Err(FsError::new(e.code, format!("storage node {node}, file {entry}: {}", e.message))),
-                }
-            }));
-        }
-        for answer in concurrently(asks).await? {
-            match answer {
-                Lens::One(i, l) => lens[i] = l,
-                Lens::Many(idxs, ls) => idxs.into_iter().zip(ls).for_each(|(i, l)| lens[i] = l),
-            }
+        if !remote.is_empty() {
+            let units: Vec<StripeUnit> = remote.iter().map(|&(_, u)| u).collect();
+            let got = self.cluster.chunk_lens(&units, entry, self.mirror_retry).await?;
+            remote.iter().zip(got).for_each(|(&(i, _), l)| lens[i] = l);
         }
         Ok(pattern.size_from_chunk_lens(&lens))
     }
@@ -640,39 +540,5 @@ impl Client {
             syncs.push(Box::pin(async move { call.await.map(|_| ()).map_err(|e| target_err(unit, entry, e)) }));
         }
         concurrently(syncs).await.map(|_| ())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    fn after(ms: u64, r: FsResult<u64>) -> Pending<u64> {
-        Box::pin(async move {
-            tokio::time::sleep(Duration::from_millis(ms)).await;
-            r
-        })
-    }
-
-    /// Every future runs at once: all results, the whole wait as long as the slowest.
-    #[tokio::test(start_paused = true)]
-    async fn concurrently_runs_every_future_at_once() {
-        let start = tokio::time::Instant::now();
-        let mut got = concurrently(vec![after(30, Ok(3)), after(10, Ok(1)), after(20, Ok(2))]).await.unwrap();
-        assert_eq!(start.elapsed(), Duration::from_millis(30));
-        got.sort();
-        assert_eq!(got, vec![1, 2, 3]);
-        assert!(concurrently::<u64>(Vec::new()).await.unwrap().is_empty());
-    }
-
-    /// The first error ends the wait; slower futures are not waited for.
-    #[tokio::test(start_paused = true)]
-    async fn concurrently_stops_at_the_first_error() {
-        let start = tokio::time::Instant::now();
-        let e = FsError::new(ErrorCode::Io, "target 3 failed");
-        let r = concurrently(vec![after(1000, Ok(1)), after(10, Err(e)), after(5, Ok(2))]).await;
-        assert_eq!(r.unwrap_err().message, "target 3 failed");
-        assert_eq!(start.elapsed(), Duration::from_millis(10));
     }
 }

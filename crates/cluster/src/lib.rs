@@ -3,13 +3,16 @@
 //! Owns: a service's persistent identity (`node.toml`: uuid and assigned id),
 //! registration with mgmtd, the heartbeat loop, and a cached, periodically
 //! refreshed view of nodes and targets used to route requests by node or
-//! target id, and [`Latch`], the set-once flag services and clients wait
-//! on. It must not hold policy (choosers, states): mgmtd decides, this
-//! crate only reads.
+//! target id, requests to several storage nodes at once (`chunks`: the
+//! lengths of a file's chunk files), and [`Latch`], the set-once flag
+//! services and clients wait on. It must not hold policy (choosers,
+//! states): mgmtd decides, this crate only reads.
 
 #![forbid(unsafe_code)]
 
+mod chunks;
 mod latch;
+pub use chunks::{concurrently, unit_err, Pending};
 pub use latch::Latch;
 
 use hivefs_net::{Call, Pools};

@@ -7,7 +7,7 @@
 
 use hivefs_cluster::Cluster;
 use hivefs_proto::{CapacityPool, Reachability, Request, UNLINK_CHUNKS_MAX};
-use hivefs_types::error::{ErrorCode, FsError, FsResult};
+use hivefs_types::error::{ErrorCode, FsResult};
 use hivefs_types::ids::{EntryId, NodeId, PoolId, TargetId};
 use hivefs_types::pattern::StripeUnit;
 use std::future::Future;
@@ -179,26 +179,7 @@ impl DataTargets for ClusterTargets {
 
     fn chunk_lens(&self, units: Vec<StripeUnit>, entry: EntryId) -> BoxFut<FsResult<Vec<u64>>> {
         let cluster = self.cluster.clone();
-        Box::pin(async move {
-            let mut asks = tokio::task::JoinSet::new();
-            for (i, unit) in units.into_iter().enumerate() {
-                let cluster = cluster.clone();
-                asks.spawn(async move {
-                    let req = Request::StatChunk { target: placeholder(unit), entry };
-                    match cluster.call_unit(unit, req, bytes::Bytes::new(), MIRROR_RETRY).await {
-                        Ok((hivefs_proto::Reply::ChunkLen(l), _)) => Ok((i, l)),
-                        Ok((r, _)) => Err(hivefs_types::fs_err!(Protocol, "odd answer to StatChunk: {r:?}")),
-                        Err(e) => Err(FsError::new(e.code, format!("target {unit}, file {entry}: {}", e.message))),
-                    }
-                });
-            }
-            let mut lens = vec![0; asks.len()];
-            while let Some(r) = asks.join_next().await {
-                let (i, l) = r.map_err(|e| hivefs_types::fs_err!(Internal, "chunk length task: {e}"))??;
-                lens[i] = l;
-            }
-            Ok(lens)
-        })
+        Box::pin(async move { cluster.chunk_lens(&units, entry, MIRROR_RETRY).await })
     }
 
     fn unlink_chunk(&self, unit: StripeUnit, entry: EntryId) -> BoxFut<FsResult<()>> {

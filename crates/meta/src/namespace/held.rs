@@ -19,6 +19,7 @@
 use super::{is_moving, Namespace, ORPHAN, REQUESTER};
 use crate::leases::{LeaseKey, Requester};
 use crate::ops::Mutation;
+use hivefs_cluster::concurrently;
 use hivefs_proto::{Caller, HeldSize, OpId, Reply, Request, Response, SizedRelease};
 use hivefs_types::attr::{EntryAttr, FileKind};
 use hivefs_types::error::{ErrorCode, FsResult};
@@ -80,10 +81,13 @@ impl Namespace {
         let since = self.leases.mark();
         let me = client.map(|c| Requester { client: c, token: since.token });
         let landings: Vec<_> = handles.iter().filter_map(|h| Some((h.id, h.size?))).collect();
-        let results =
-            join_all(landings.iter().map(|&(id, s)| Box::pin(self.land_held(id, s, me)) as Pending<'_>)).await;
+        // All at once, in this task; each outcome kept (none ends the wait).
+        let lands: Vec<Landing<'_>> = landings
+            .iter()
+            .map(|&(id, s)| Box::pin(async move { Ok((id, self.land_held(id, s, me).await)) }) as Landing<'_>)
+            .collect();
         let mut attrs = Vec::new();
-        for (&(id, _), r) in landings.iter().zip(results) {
+        for (id, r) in concurrently(lands).await? {
             match r {
                 Ok(Some(a)) => {
                     let ms = match client {
@@ -235,6 +239,9 @@ pub fn spawn_held_settler(ns: Arc<Namespace>) -> JoinHandle<()> {
     })
 }
 
+/// A held size landing: the file, and its attributes then (or why not).
+type Landing<'a> = Pin<Box<dyn Future<Output = FsResult<(EntryId, FsResult<Option<EntryAttr>>)>> + Send + 'a>>;
+
 /// The entry an answer carries, under the wrappers a leasing answer may have.
 fn answered_entry(r: &Reply) -> Option<&EntryAttr> {
     match r {
@@ -242,30 +249,6 @@ fn answered_entry(r: &Reply) -> Option<&EntryAttr> {
         Reply::WithParent { reply, .. } | Reply::DirNames { reply, .. } => answered_entry(reply),
         _ => None,
     }
-}
-
-type Landing = FsResult<Option<EntryAttr>>;
-type Pending<'a> = Pin<Box<dyn Future<Output = Landing> + Send + 'a>>;
-
-/// Runs `futs` at once in the calling task; their outputs in order.
-async fn join_all(futs: impl Iterator<Item = Pending<'_>>) -> Vec<Landing> {
-    let mut slots: Vec<(Pending<'_>, Option<Landing>)> = futs.map(|f| (f, None)).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, out) in slots.iter_mut().filter(|(_, out)| out.is_none()) {
-            match f.as_mut().poll(cx) {
-                std::task::Poll::Ready(r) => *out = Some(r),
-                std::task::Poll::Pending => pending = true,
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    slots.into_iter().map(|(_, out)| out.expect("every future finished")).collect()
 }
 
 #[cfg(test)]
