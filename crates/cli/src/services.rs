@@ -198,6 +198,15 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")
 }
 
+/// The runtime of a service with `workers` threads.
+fn runtime_with(workers: usize) -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
 /// Starts the metrics endpoint of this process (named `service`) when it has an address.
 async fn serve_metrics(service: &'static str, listen: Option<&str>) -> Result<()> {
     hivefs_metrics::set_service(service);
@@ -247,10 +256,11 @@ pub fn run_meta(a: MetaArgs) -> Result<()> {
     apply_common(&a.common, &mut cfg.dir, &mut cfg.listen, &mut cfg.secret_file);
     a.member.apply(&mut cfg.mgmtd, &mut cfg.advertise);
     cfg.metrics_listen = a.common.metrics_listen.clone().or(cfg.metrics_listen);
-    runtime()?.block_on(async {
+    let workers = cfg.worker_threads();
+    runtime_with(workers)?.block_on(async {
         serve_metrics("meta", cfg.metrics_listen.as_deref()).await?;
         let svc = hivefs_meta::start(cfg).await.map_err(|e| anyhow!("meta: {e}"))?;
-        info!("metadata node {} serving on {}", svc.node_id, svc.local_addr);
+        info!("metadata node {} serving on {} ({workers} worker threads)", svc.node_id, svc.local_addr);
         notify(&format!("READY=1\nSTATUS=metadata node {} serving on {}", svc.node_id, svc.local_addr));
         tokio::select! {
             _ = wait_for_signal() => {

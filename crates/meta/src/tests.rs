@@ -1746,6 +1746,12 @@ mod service {
         assert!(e.contains("checkpoint_bytes = 4096 is below the least allowed, 65536"), "{e}");
         std::fs::write(&f, "checkpoint_bytes = 65536\n").unwrap();
         assert_eq!(Config::load(&f).unwrap().checkpoint_bytes, 65536);
+        // Worker threads: one per two cores by default, at least one; or as set.
+        let cores = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(c.workers, 0);
+        assert_eq!(c.worker_threads(), (cores / 2).max(1));
+        std::fs::write(&f, "workers = 3\n").unwrap();
+        assert_eq!(Config::load(&f).unwrap().worker_threads(), 3);
     }
 }
 
