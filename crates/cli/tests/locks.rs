@@ -226,6 +226,11 @@ fn locks_of_a_killed_client_end_with_its_lease() {
     drop(b);
 }
 
+/// Two mounts append to one file at once: every record lands whole, in
+/// each writer's order, and the append lock changes hands when asked for
+/// (a mount never waits for a lock it keeps itself, which it did when a
+/// lock taken while the revoked one was let go landed in a forgotten slot:
+/// each such append waited for that lock to run out).
 #[test]
 fn o_append_from_two_mounts_never_overwrites() {
     const N: usize = 150;
@@ -233,8 +238,10 @@ fn o_append_from_two_mounts_never_overwrites() {
     // Records straddle 4 KiB chunks on two targets.
     let fs = TestFs::up(&["--storage", "2", "--targets-per-storage", "1", "--chunk-size", "4k"]);
     std::fs::write(fs.path("log"), b"").unwrap();
-    let m2 = fs.second_mount();
-    let paths = [fs.path("log"), m2.mnt.join("log")];
+    let ports = [free_port(), free_port()];
+    let mounts =
+        [0, 1].map(|i| fs.extra_mount(["a", "b"][i], &["--metrics-listen", &format!("127.0.0.1:{}", ports[i])]));
+    let paths = [mounts[0].mnt.join("log"), mounts[1].mnt.join("log")];
     let writers: Vec<_> = paths
         .iter()
         .enumerate()
@@ -270,6 +277,14 @@ fn o_append_from_two_mounts_never_overwrites() {
         next[w] += 1;
     }
     assert_eq!(next, [N, N]);
+    // Kept locks went because the other mount asked, not because they ran
+    // out (a writer descheduled for a whole second could let one expire).
+    let let_go = |kind: &str| -> u64 {
+        ports.iter().map(|&p| counter(p, "hivefs_append_locks_let_go_total", &format!("kind=\"{kind}\""))).sum()
+    };
+    let (revoked, expired) = (let_go("revoked"), let_go("expired"));
+    assert!(revoked > 0, "no append lock was revoked: the two mounts never took turns");
+    assert!(expired <= 2, "{expired} append locks ran out while the other mount waited ({revoked} revoked)");
 }
 
 /// `fcntl(F_OFD_GETLK)`: the conflicting lock as (type, start, len, pid).

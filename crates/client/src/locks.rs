@@ -53,11 +53,12 @@ impl LockSession {
         for slot in wanted {
             let client = client.clone();
             tokio::spawn(async move {
-                let kept = slot.kept.lock().await.take();
-                if let Some(k) = kept {
+                let mut kept = slot.kept.lock().await;
+                if let Some(k) = kept.take() {
                     debug!("letting the append lock of {} go: another client wants it", k.ent.id);
-                    client.unlock_append(k.ent, k.lock).await;
+                    hivefs_metrics::append_lock_let_go("revoked");
                     client.forget_slot(k.ent.id, &slot);
+                    client.unlock_append(k.ent, k.lock).await;
                 }
             });
         }
@@ -260,13 +261,33 @@ impl Client {
     /// confirmation because one waits, when it runs out unused, on a failed
     /// write, and by [`Client::let_go_append`].
     pub async fn append(self: &Arc<Self>, e: Ent, pattern: &Pattern, data: &[u8]) -> FsResult<u64> {
-        let slot = {
-            let mut all = self.locks.appends.lock().expect("append locks");
-            self.locks.any_appends.store(true, Ordering::Release);
-            all.entry(e.id).or_default().clone()
-        };
-        let mut kept = slot.kept.lock().await;
-        let mut last = false;
+        loop {
+            let slot = {
+                let mut all = self.locks.appends.lock().expect("append locks");
+                self.locks.any_appends.store(true, Ordering::Release);
+                all.entry(e.id).or_default().clone()
+            };
+            let kept = slot.kept.lock().await;
+            // A slot let go while this append waited for it is out of the
+            // map: a lock taken in it would be one nobody finds (and the
+            // next append's own lock would wait for it to run out).
+            if self.is_slot(e.id, &slot) {
+                return self.append_in(e, pattern, data, &slot, kept).await;
+            }
+        }
+    }
+
+    /// [`Client::append`] in `slot`, the file's slot, with its lock `kept`.
+    async fn append_in(
+        self: &Arc<Self>,
+        e: Ent,
+        pattern: &Pattern,
+        data: &[u8],
+        slot: &Arc<AppendSlot>,
+        mut kept: tokio::sync::MutexGuard<'_, Option<Kept>>,
+    ) -> FsResult<u64> {
+        // Why the lock goes after this append, if it does.
+        let mut last: Option<&'static str> = None;
         if let Some(k) = kept.as_mut() {
             if Instant::now() + APPEND_CONFIRM >= k.until {
                 let sent = Instant::now();
@@ -279,7 +300,7 @@ impl Client {
                         slot.stale.store(true, Ordering::Release);
                     }
                     // Refused because another client waits: one more append, then it goes.
-                    Ok(Some(_)) if in_time => last = true,
+                    Ok(Some(_)) if in_time => last = Some("refused"),
                     // Too late to know that it stayed this client's (or failed):
                     // let go, and start afresh below.
                     r => {
@@ -287,6 +308,7 @@ impl Client {
                             debug!("confirming the append lock of {} failed: {err}", e.id);
                         }
                         let k = kept.take().expect("kept");
+                        hivefs_metrics::append_lock_let_go("late");
                         self.unlock_append(e, k.lock).await;
                     }
                 }
@@ -309,7 +331,7 @@ impl Client {
             let until = sent + APPEND_HOLD;
             // Granted after a long wait: trusted for this append only.
             if Instant::now() + APPEND_CONFIRM >= until {
-                last = true;
+                last = Some("waited");
             } else {
                 self.expire_append(e, slot.clone(), lock.owner);
             }
@@ -327,15 +349,22 @@ impl Client {
         match &r {
             Ok(at) => k.end = at + data.len() as u64,
             // Part of it may have landed: the end is not known.
-            Err(_) => last = true,
+            Err(_) => last = Some("failed"),
         }
-        if last {
+        if let Some(why) = last {
+            // Out of the map before the lock goes (an append waiting for
+            // this slot then starts a new one).
             let k = kept.take().expect("kept");
+            hivefs_metrics::append_lock_let_go(why);
+            self.forget_slot(e.id, slot);
             self.unlock_append(e, k.lock).await;
-            drop(kept);
-            self.forget_slot(e.id, &slot);
         }
         r
+    }
+
+    /// Whether `slot` is the slot of file `id` in the map.
+    fn is_slot(&self, id: EntryId, slot: &Arc<AppendSlot>) -> bool {
+        self.locks.appends.lock().expect("append locks").get(&id).is_some_and(|s| Arc::ptr_eq(s, slot))
     }
 
     fn forget_slot(&self, id: EntryId, slot: &Arc<AppendSlot>) {
@@ -399,6 +428,7 @@ impl Client {
         };
         if let Some(slot) = slot {
             if let Some(k) = slot.kept.lock().await.take() {
+                hivefs_metrics::append_lock_let_go("closed");
                 self.unlock_append(e, k.lock).await;
             }
         }
@@ -427,9 +457,9 @@ impl Client {
                 let mut kept = slot.kept.lock().await;
                 if kept.as_ref().is_some_and(|k| k.lock.owner == owner && Instant::now() >= k.until) {
                     let k = kept.take().expect("kept");
-                    client.unlock_append(e, k.lock).await;
-                    drop(kept);
+                    hivefs_metrics::append_lock_let_go("expired");
                     client.forget_slot(e.id, &slot);
+                    client.unlock_append(e, k.lock).await;
                     return;
                 }
             }

@@ -260,9 +260,27 @@ impl LockTable {
     /// `Ok(Some(c))`: still refused by `c`. Fails when the client's lease
     /// ends while it waits.
     pub async fn acquire(&self, entry: EntryId, l: &FileLock, wait: Duration) -> FsResult<Option<FileLock>> {
+        self.acquire_telling(entry, l, wait, |_| {}).await
+    }
+
+    /// [`LockTable::acquire`] that calls `tell` with each lock of another
+    /// client found in the way of append lock `l`, once per lock: that
+    /// client may keep it between appends and is asked to let it go. While
+    /// a request waits the lock can change hands (the holder lets it go and
+    /// takes a new one before this waiter looks again), so each new holder
+    /// is told, not only the first: a holder nobody told keeps its lock
+    /// until it runs out ([`APPEND_HOLD`]).
+    pub async fn acquire_telling(
+        &self,
+        entry: EntryId,
+        l: &FileLock,
+        wait: Duration,
+        mut tell: impl FnMut(&FileLock),
+    ) -> FsResult<Option<FileLock>> {
         let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
         let mut waiting = None;
         let mut waiter: Option<Waiter<'_>> = None;
+        let mut told: Option<FileLock> = None;
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
@@ -279,6 +297,11 @@ impl LockTable {
                 None => return Ok(None),
                 Some(c) => c,
             };
+            let other = l.kind == LockKind::Append && c.client != 0 && c.client != l.client;
+            if other && told.is_none_or(|t| !same_owner(&t, &c)) {
+                tell(&c);
+                told = Some(c);
+            }
             match &waiter {
                 Some(w) if w.cancelled() => return Ok(Some(c)),
                 Some(_) => {}
@@ -574,5 +597,37 @@ mod tests {
         assert!(t.state.lock().unwrap().append_waiters.is_empty(), "the waiter is no longer counted");
         // Nobody waits now: the new holder's confirmation is granted.
         assert_eq!(t.acquire(E, &append(2, 7), Duration::ZERO).await.unwrap(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_client_that_takes_the_append_lock_while_another_waits_is_told() {
+        let t = Arc::new(LockTable::new(Duration::from_secs(60)));
+        let now = Instant::now();
+        for c in 1..=2 {
+            t.touch(c, now);
+        }
+        tokio::time::sleep(APPEND_GRACE).await;
+        assert_eq!(t.acquire(E, &append(1, 1), Duration::ZERO).await.unwrap(), None);
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let (t2, told2) = (t.clone(), told.clone());
+        let waiter = tokio::spawn(async move {
+            let tell = |c: &FileLock| told2.lock().unwrap().push((c.client, c.owner));
+            t2.acquire_telling(E, &append(2, 7), Duration::from_secs(30), tell).await
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(*told.lock().unwrap(), [(1, 1)], "the holder is told once");
+        // The holder lets go and takes the lock again with a new owner before
+        // the waiter looks: the new lock's holder is told too.
+        t.unlock(E, &append(1, 1));
+        assert_eq!(t.acquire(E, &append(1, 2), Duration::ZERO).await.unwrap(), None);
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        assert_eq!(*told.lock().unwrap(), [(1, 1), (1, 2)]);
+        // Woken again with the same holder: not told twice.
+        t.unlock(E, &append(2, 99));
+        tokio::task::yield_now().await;
+        assert_eq!(told.lock().unwrap().len(), 2);
+        t.unlock(E, &append(1, 2));
+        assert_eq!(waiter.await.unwrap().unwrap(), None);
     }
 }

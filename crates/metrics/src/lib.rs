@@ -136,6 +136,7 @@ pub struct Metrics {
     pub nodes: Family<StateLabels, Gauge>,
     pub targets: Family<StateLabels, Gauge>,
     pub events: Family<KindLabels, Counter>,
+    pub append_locks_let_go: Family<KindLabels, Counter>,
     pub resident_bytes: Family<ServiceLabels, Gauge<u64, AtomicU64>>,
     pub cpu_seconds: Family<ServiceLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
     pub build_info: Family<KeyLabels, Gauge>,
@@ -165,6 +166,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     nodes: Family::default(),
     targets: Family::default(),
     events: Family::default(),
+    append_locks_let_go: Family::default(),
     resident_bytes: Family::default(),
     cpu_seconds: Family::default(),
     build_info: Family::default(),
@@ -232,6 +234,14 @@ fn registry() -> &'static Registry {
         r.register("nodes", "Registered nodes, by type and reachability (mgmtd)", m.nodes.clone());
         r.register("targets", "Registered storage targets, by reachability (mgmtd)", m.targets.clone());
         r.register("events", "File-system modification events, by outcome", m.events.clone());
+        r.register(
+            "append_locks_let_go",
+            "Append locks a client kept between appends and let go, by why: revoked (another client asked), \
+             refused (a confirmation refused: another client waits), expired (unused for its hold), closed (the \
+             file's last handle closed), waited (granted too late to keep), late (a confirmation answered too \
+             late), failed (an append failed)",
+            m.append_locks_let_go.clone(),
+        );
         r.register("resident_memory_bytes", "Resident memory of the process (VmRSS)", m.resident_bytes.clone());
         r.register("cpu_seconds", "CPU time of the process (user and system)", m.cpu_seconds.clone());
         r.register("build_info", "Version of the running binary (key)", m.build_info.clone());
@@ -495,6 +505,11 @@ pub fn registered(nodes: bool, kind: &'static str, state: &'static str, n: usize
 pub fn event(emitted: bool) {
     let kind = if emitted { "emitted" } else { "dropped" };
     metrics().events.get_or_create(&KindLabels { service: service(), kind }).inc();
+}
+
+/// A client let a kept append lock go, for reason `why`.
+pub fn append_lock_let_go(why: &'static str) {
+    metrics().append_locks_let_go.get_or_create(&KindLabels { service: service(), kind: why }).inc();
 }
 
 /// One metadata journal batch.

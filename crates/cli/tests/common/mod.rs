@@ -454,15 +454,21 @@ pub fn free_port() -> u16 {
 /// Requests of type `op` that the process serving metrics on `port` has
 /// sent to other services so far (`hivefs_calls_total`).
 pub fn calls_sent(port: u16, op: &str) -> u64 {
+    counter(port, "hivefs_calls_total", &format!("op=\"{op}\""))
+}
+
+/// The sum of counter `name`'s series with `label` (`key="value"`) of the
+/// process serving metrics on `port` (0 when there is none yet).
+pub fn counter(port: u16, name: &str, label: &str) -> u64 {
     let o = Command::new("curl")
         .args(["-sf", "--max-time", "5", &format!("http://127.0.0.1:{port}/metrics")])
         .output()
         .expect("run curl (Debian package curl)");
     assert!(o.status.success(), "metrics on port {port}");
     let text = String::from_utf8_lossy(&o.stdout);
-    let label = format!("op=\"{op}\"");
+    let series = format!("{name}{{");
     text.lines()
-        .filter(|l| l.starts_with("hivefs_calls_total{") && l.contains(&label))
+        .filter(|l| l.starts_with(&series) && l.contains(label))
         .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
         .sum()
 }

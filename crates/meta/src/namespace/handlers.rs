@@ -8,7 +8,7 @@ use super::{Namespace, REQUESTER};
 use crate::fsck::{scan_dentries, scan_disposals, scan_inodes};
 use crate::locks::check_range;
 use crate::ops::Mutation;
-use hivefs_proto::{Envelope, LockKind, OpId, Reply, Request, Response};
+use hivefs_proto::{Envelope, FileLock, OpId, Reply, Request, Response};
 use hivefs_types::attr::{EntryAttr, FileKind};
 use hivefs_types::error::FsResult;
 use hivefs_types::fs_err;
@@ -357,13 +357,9 @@ impl Namespace {
                 // Only entries stored here can be locked here.
                 ns.getattr(entry)?;
                 t.touch(lock.client, now);
-                if lock.kind == LockKind::Append {
-                    // A client keeping the append lock lets it go when told (see `locks`).
-                    if let Some(c) = t.test(entry, &lock).filter(|c| c.client != 0 && c.client != lock.client) {
-                        ns.leases.notify(c.client, entry);
-                    }
-                }
-                t.acquire(entry, &lock, Duration::from_millis(u64::from(wait_ms))).await.map(Reply::Lock)
+                // A client keeping the append lock lets it go when told (see `locks`).
+                let tell = |c: &FileLock| ns.leases.notify(c.client, entry);
+                t.acquire_telling(entry, &lock, Duration::from_millis(u64::from(wait_ms)), tell).await.map(Reply::Lock)
             }
             Request::LockRelease { entry, lock } => {
                 check_range(entry, &lock)?;
