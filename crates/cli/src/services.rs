@@ -260,7 +260,7 @@ pub fn run_meta(a: MetaArgs) -> Result<()> {
     runtime_with(workers)?.block_on(async {
         serve_metrics("meta", cfg.metrics_listen.as_deref()).await?;
         let svc = hivefs_meta::start(cfg).await.map_err(|e| anyhow!("meta: {e}"))?;
-        info!("metadata node {} serving on {} ({workers} worker threads)", svc.node_id, svc.local_addr);
+        info!("metadata node {} serving on {} (workers: {workers})", svc.node_id, svc.local_addr);
         notify(&format!("READY=1\nSTATUS=metadata node {} serving on {}", svc.node_id, svc.local_addr));
         tokio::select! {
             _ = wait_for_signal() => {
