@@ -194,7 +194,7 @@ pub trait Handles: Send + Sync {
 /// (the handler waits for the move and sends it where the inode went).
 pub(crate) fn refuse_moving(ctx: &Ctx<'_>, id: EntryId) -> OpResult<()> {
     match ctx.handles.moving(id) {
-        true => Err(crate::namespace::moving_away(id)),
+        true => Err(moving_away(id)),
         false => Ok(()),
     }
 }
@@ -420,6 +420,20 @@ pub(crate) fn needs_protocol(why: String) -> OpError {
 
 pub(crate) fn is_needs_protocol(e: &FsError) -> bool {
     e.code == ErrorCode::CrossDevice && e.message.starts_with(NEEDS)
+}
+
+const MOVING: &str = "is moving to another metadata node: ";
+
+/// The refusal of a change to file `id`'s inode while a cross-node rename
+/// moves it (`namespace::moving`).
+pub(crate) fn moving_away(id: EntryId) -> OpError {
+    OpError::Fs(FsError::new(ErrorCode::Busy, format!("file {id} {MOVING}try again once it has moved")))
+}
+
+/// Whether `e` is [`moving_away`]'s refusal (an internal signal: never
+/// answered to a client, never recorded as an operation's outcome).
+pub(crate) fn is_moving(e: &FsError) -> bool {
+    e.code == ErrorCode::Busy && e.message.contains(MOVING)
 }
 
 // ------------------------------------------------------------- mutations

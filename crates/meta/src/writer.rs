@@ -31,7 +31,7 @@
 
 use crate::chooser;
 use crate::cross::MultiMut;
-use crate::ops::{is_needs_protocol, Ctx, Mutation};
+use crate::ops::{is_moving, is_needs_protocol, Ctx, Mutation};
 use crate::replies;
 use crate::store::journal::AppendError;
 use crate::store::log::Log;
@@ -610,7 +610,7 @@ fn apply_all(
         // A refusal that hands the operation to the cross-node protocol is
         // not its outcome: the protocol records the outcome later.
         // Nor is one that waits for its file to move (`namespace::moving`).
-        let handed_over = matches!(&r, Err(e) if is_needs_protocol(e) || crate::namespace::is_moving(e));
+        let handed_over = matches!(&r, Err(e) if is_needs_protocol(e) || is_moving(e));
         if let (Some(op), false) = (&op, handed_over) {
             replies::put(&mut t.replies, op, now_ms, &r, &mut reply_floor)?;
         }

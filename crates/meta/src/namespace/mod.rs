@@ -17,6 +17,7 @@ mod handlers;
 mod held;
 mod moving;
 
+pub(crate) use crate::ops::is_moving;
 use crate::writer::{
     run_batch, system_clock, Change, Clock, CommitLatency, StoreFailure, Writer, WriterState, WriterStats,
 };
@@ -29,7 +30,6 @@ use hivefs_types::error::{FsError, FsResult};
 use hivefs_types::fs_err;
 use hivefs_types::ids::{EntryId, NodeId};
 use hivefs_types::pattern::{Pattern, StripeSet};
-pub(crate) use moving::{is_moving, moving_away};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use std::collections::{HashMap, HashSet, VecDeque};

@@ -4,7 +4,7 @@
 //! inode here in between (a size reported at a close or a release, a
 //! chmod, a time set, an xattr, a link) would be made to the copy that goes
 //! away. So from the intent to its end such changes are refused with
-//! [`moving_away`] before they write anything (and are not recorded as the
+//! [`crate::ops::moving_away`] before they write anything (and are not recorded as the
 //! operation's outcome), wait here ([`Moving::wait`]), and then go where
 //! the inode is: to the new owner after a commit, here after an undo.
 //!
@@ -12,27 +12,13 @@
 //! before the node serves ([`Namespace::load_pending`]). This module must
 //! not decide what moves (the rename's intent does).
 
-use crate::store::OpError;
+use crate::ops::is_moving;
 use hivefs_proto::{Envelope, OpId, Request, Response};
-use hivefs_types::error::{ErrorCode, FsError};
 use hivefs_types::ids::{EntryId, NodeId};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use tokio::sync::watch;
-
-const MOVING: &str = "is moving to another metadata node: ";
-
-/// The refusal of a change to file `id`'s inode while it is moving.
-pub(crate) fn moving_away(id: EntryId) -> OpError {
-    OpError::Fs(FsError::new(ErrorCode::Busy, format!("file {id} {MOVING}try again once it has moved")))
-}
-
-/// Whether `e` is [`moving_away`]'s refusal (an internal signal: never
-/// answered to a client, never recorded as an operation's outcome).
-pub(crate) fn is_moving(e: &FsError) -> bool {
-    e.code == ErrorCode::Busy && e.message.contains(MOVING)
-}
 
 /// The moves in progress, by file, and where recent ones went.
 #[derive(Default)]
@@ -173,6 +159,9 @@ impl super::Namespace {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::moving_away;
+    use crate::store::OpError;
+    use hivefs_types::error::{ErrorCode, FsError};
 
     #[tokio::test]
     async fn waiters_go_on_when_the_move_ends_and_learn_where_it_went() {
