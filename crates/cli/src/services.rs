@@ -173,6 +173,15 @@ pub struct MountArgs {
     /// inherit default ACLs (see docs/decisions.md, "POSIX ACLs").
     #[arg(long)]
     pub no_acl: bool,
+    /// Ask the metadata node at every create. By default a file created in a directory
+    /// this mount made (while it holds the lease on that directory's names) is answered
+    /// at once under an id the node handed out ahead, and sent to the node with the other
+    /// new files of that moment in one request, within about a round trip. Other clients
+    /// see it whenever they look (they recall the lease, which waits for it); its close and
+    /// fsync (of the file or the directory) return once it is on the node, with the node's
+    /// error if it refused it; a mount killed before it was sent loses it (not closed yet).
+    #[arg(long)]
+    pub no_create_ahead: bool,
     /// Log level.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -437,6 +446,7 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
         writeback: writeback_limits(a.writeback_buffer)?,
         atime: a.atime.parse().map_err(|e: String| anyhow::anyhow!(e))?,
         acl: !a.no_acl,
+        create_ahead: !a.no_create_ahead,
     };
     info!("mounting HiveFS (mgmtd {}) on {}", a.mgmtd, mnt.display());
     let mounted = format!("READY=1\nSTATUS=mounted on {}", mnt.display());

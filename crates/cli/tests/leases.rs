@@ -414,3 +414,54 @@ fn a_size_held_by_a_killed_mount_is_read_off_the_chunk_files() {
     assert_eq!(std::fs::metadata(fs.path("f")).unwrap().len(), data.len() as u64, "size after a restart");
     drop(writer);
 }
+
+/// Files created in a directory this mount made are answered at once and
+/// reach the metadata node in batches (`CreateMany`), not one
+/// `CreateOpenHeld` each. Another mount sees every one of them right after
+/// its create returned: its look recalls this mount's lease on the names,
+/// which waits for them. Files made ahead by a mount that fsyncs the
+/// directory and is then killed are all there, and fsck finds nothing.
+#[test]
+fn files_made_ahead_show_elsewhere_at_once_and_go_in_batches() {
+    let fs = TestFs::up(&["--storage", "1"]);
+    let writer = fs.extra_mount("writer", &[]);
+    let w = |rel: &str| writer.mnt.join(rel);
+    std::fs::create_dir(w("d")).unwrap();
+    let (held0, many0) = (meta_requests(&fs, "CreateOpenHeld"), meta_requests(&fs, "CreateMany"));
+    for i in 0..200 {
+        std::fs::write(w(&format!("d/f{i}")), format!("file {i}")).unwrap();
+    }
+    let held = meta_requests(&fs, "CreateOpenHeld") - held0;
+    let many = meta_requests(&fs, "CreateMany") - many0;
+    // The first creates go the usual way while the ids are on their way.
+    assert!(held < 10 && many > 0, "200 creates: {held} CreateOpenHeld, {many} CreateMany");
+    let mut names: Vec<String> =
+        std::fs::read_dir(fs.path("d")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names.len(), 200, "another mount lists every file at once");
+    for i in 0..200 {
+        assert_eq!(std::fs::read(fs.path(&format!("d/f{i}"))).unwrap(), format!("file {i}").as_bytes(), "f{i}");
+    }
+    // The lease went back: creates there ask the node, and show too.
+    std::fs::write(w("d/late"), b"late").unwrap();
+    assert_eq!(std::fs::read(fs.path("d/late")).unwrap(), b"late");
+
+    // Looked at after each create: each look sees it.
+    std::fs::create_dir(w("e")).unwrap();
+    for i in 0..30 {
+        std::fs::write(w(&format!("e/g{i}")), b"g").unwrap();
+        assert!(std::fs::metadata(fs.path(&format!("e/g{i}"))).is_ok(), "e/g{i} right after its create");
+    }
+
+    // fsync of the directory, then the mount is killed: nothing lost.
+    std::fs::create_dir(w("k")).unwrap();
+    for i in 0..100 {
+        std::fs::write(w(&format!("k/h{i}")), b"").unwrap();
+    }
+    std::fs::File::open(w("k")).unwrap().sync_all().unwrap();
+    let killed = std::process::Command::new("kill").args(["-9", &writer.pid().to_string()]).status().unwrap();
+    assert!(killed.success());
+    drop(writer);
+    assert_eq!(std::fs::read_dir(fs.path("k")).unwrap().count(), 100, "files made ahead and fsynced");
+    fs.assert_fsck_clean();
+}

@@ -19,7 +19,7 @@
 
 use crate::overlap::{Changes, Ticket, Touches};
 use hivefs_proto::Request;
-use hivefs_types::attr::EntryAttr;
+use hivefs_types::attr::{EntryAttr, Timespec};
 use hivefs_types::ids::EntryId;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -46,6 +46,9 @@ struct State {
     attrs: HashMap<EntryId, (EntryAttr, Instant)>,
     changes: Changes,
     swept: usize,
+    /// The time of this client's latest file made ahead per directory:
+    /// an answer read before it is raised to it.
+    ahead: HashMap<EntryId, Timespec>,
 }
 
 pub(crate) struct DirAttrs {
@@ -67,6 +70,10 @@ impl DirAttrs {
         }
         let mut s = self.state.lock().expect("dir attrs");
         let s = &mut *s;
+        if matches!(req, Request::CreateMany { .. }) {
+            // Files made ahead: what is kept already has their times.
+            return s.changes.begin(touches);
+        }
         s.changes.begin_dropping(touches, &mut s.attrs)
     }
 
@@ -78,7 +85,11 @@ impl DirAttrs {
         }
         let mut s = self.state.lock().expect("dir attrs");
         let alone = s.changes.end(&t);
-        if let (Touches::One(id), Some(p), true) = (t.touches, parent, alone) {
+        if let (Touches::One(id), Some(mut p), true) = (t.touches, parent, alone) {
+            if let Some(&at) = s.ahead.get(&id) {
+                p.mtime = p.mtime.max(at);
+                p.ctime = p.ctime.max(at);
+            }
             if p.id == id {
                 let now = Instant::now();
                 if s.attrs.len() > 2 * s.swept + 1024 {
@@ -87,6 +98,21 @@ impl DirAttrs {
                 }
                 s.attrs.insert(id, (p, sent + self.ttl));
             }
+        }
+    }
+
+    /// This client made a file in `dir` at `at` without asking (the
+    /// client's `ahead`): kept attributes of `dir` take its times.
+    pub(crate) fn made_ahead(&self, dir: EntryId, at: Timespec) {
+        let mut s = self.state.lock().expect("dir attrs");
+        if s.ahead.len() >= 1024 && !s.ahead.contains_key(&dir) {
+            s.ahead.clear();
+        }
+        let latest = s.ahead.entry(dir).or_insert(at);
+        *latest = (*latest).max(at);
+        if let Some((a, _)) = s.attrs.get_mut(&dir) {
+            a.mtime = a.mtime.max(at);
+            a.ctime = a.ctime.max(at);
         }
     }
 

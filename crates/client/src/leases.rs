@@ -204,7 +204,7 @@ impl LeaseSession {
 
     /// Leases on directories' names (`Reply::DirNames`) for a request sent
     /// at `sent`; `made`: the directory the request made (granted empty).
-    fn granted_dirs(&self, grants: &[(EntryId, u32)], made: Option<EntryId>, sent: Instant) {
+    pub(crate) fn granted_dirs(&self, grants: &[(EntryId, u32)], made: Option<EntryId>, sent: Instant) {
         let mut h = self.held.lock().expect("leases");
         for &(dir, ms) in grants {
             if ms == 0 || h.revoked.get(&dir).is_some_and(|&at| at >= sent) {
@@ -226,6 +226,47 @@ impl LeaseSession {
             h.dir_names = h.dirs.values().map(|d| d.names.len()).sum();
             h.swept_dirs = h.dirs.len();
         }
+    }
+
+    /// Runs `f` with the time left on this client's lease on `dir`'s names
+    /// while it lasts at least `margin` more and `name` is not among them;
+    /// when `f` makes the name (returns `Some`), it is among them after.
+    /// Under the lock revocations take: a revocation handled after this
+    /// sees what `f` did.
+    pub(crate) fn with_dir_absent<R>(
+        &self,
+        dir: EntryId,
+        name: &[u8],
+        margin: Duration,
+        f: impl FnOnce(Duration) -> Option<R>,
+    ) -> Option<R> {
+        if name.len() > hivefs_types::NAME_MAX {
+            return None;
+        }
+        let mut h = self.held.lock().expect("leases");
+        let left = h.dirs.get(&dir).map(|d| d.end.saturating_duration_since(Instant::now()))?;
+        if left < margin || h.dirs.get(&dir).is_some_and(|d| d.names.contains(name)) {
+            return None;
+        }
+        let r = f(left)?;
+        h.add_name(dir, name);
+        Some(r)
+    }
+
+    /// File `a`, made ahead by this client, is known to nobody else until
+    /// `until` (the lease on its directory's names then): its attributes
+    /// answer this client's asks meanwhile, as after its own change.
+    pub(crate) fn made_ahead(&self, a: &EntryAttr, until: Instant) {
+        let mut h = self.held.lock().expect("leases");
+        let e = h.ends.entry(a.id).or_insert(until);
+        *e = (*e).max(until);
+        h.attrs.insert(a.id, (a.clone(), until));
+    }
+
+    /// Drops what the kernel may cache of file `id` (and, with `names`,
+    /// every cached name) as a revocation would, without one.
+    pub(crate) fn drop_copies(&self, id: EntryId, names: bool) {
+        self.revoke(&[id], names);
     }
 
     /// Keeps the leased directories' names true after this client's request
@@ -437,14 +478,15 @@ impl Client {
         }
         let (session, cluster, client, wait) =
             (session.clone(), self.cluster.clone(), self.ops.client, self.wait_slice());
-        let locks = self.locks.clone();
-        tokio::spawn(poll(session, locks, cluster, client, node, wait));
+        let (locks, ahead) = (self.locks.clone(), self.ahead.clone());
+        tokio::spawn(poll(session, locks, ahead, cluster, client, node, wait));
     }
 }
 
 async fn poll(
     session: Arc<LeaseSession>,
     locks: Arc<crate::locks::LockSession>,
+    ahead: Arc<crate::ahead::Ahead>,
     cluster: Arc<Cluster>,
     client: u64,
     node: NodeId,
@@ -473,6 +515,10 @@ async fn poll(
                 }
                 session.revoke(&ids, names);
                 locks.revoked(&ids);
+                if !ids.is_empty() {
+                    // A recalled directory's files made ahead land before the acknowledgement.
+                    ahead.landed().await;
+                }
                 acked = upto;
                 backoff = Duration::from_millis(50);
                 continue;

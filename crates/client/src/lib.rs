@@ -12,6 +12,7 @@
 
 #![forbid(unsafe_code)]
 
+mod ahead;
 mod data;
 mod dirattrs;
 mod leases;
@@ -105,6 +106,8 @@ pub struct Client {
     local: local::LocalChunks,
     /// Releases on their way (see `releases`).
     releases: Arc<releases::Releases>,
+    /// Files made ahead (see `ahead`).
+    ahead: Arc<ahead::Ahead>,
     /// Quota limits fetched from mgmtd (see `quota`).
     quotas: quota::Quotas,
     /// A metadata node answered `UpdateSizeIf` as unknown (an older
@@ -199,6 +202,7 @@ impl Client {
             dir_attrs: std::sync::OnceLock::new(),
             local: local::LocalChunks::new(opts.short_circuit, opts.secret.clone()),
             releases: Default::default(),
+            ahead: Default::default(),
             quotas: Default::default(),
             no_size_if: Default::default(),
         });
@@ -258,6 +262,11 @@ impl Client {
     /// With leases on, the envelope names this client's lease session, and a
     /// granted lease is remembered (the answer is then an ordinary `Entry`).
     async fn meta(&self, owner: NodeId, req: &Request) -> FsResult<Reply> {
+        if !matches!(req, Request::CreateMany { .. } | Request::ReserveCreates { .. }) {
+            // Nothing overtakes a file made ahead (see `ahead`).
+            self.ahead.landed().await;
+            self.ahead.before(req);
+        }
         let plain = req.is_idempotent() || matches!(req, Request::Open { .. } | Request::Release { .. });
         let op = (!plain).then(|| self.ops.begin());
         let mut env = Envelope { op: op.as_ref().map(|o| o.op), lease_client: None, mirror: None };

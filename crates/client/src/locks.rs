@@ -104,6 +104,8 @@ impl Client {
     }
 
     async fn lock_rpc(&self, owner: NodeId, req: &Request) -> FsResult<Reply> {
+        // A file made ahead is on its node before anything locks it (see `ahead`).
+        self.ahead_landed().await;
         self.cluster.call_meta(owner, &Default::default(), req, self.mirror_retry).await
     }
 

@@ -277,6 +277,8 @@ impl Client {
     /// One round: every queued release, one request per node (more for
     /// more than [`RELEASE_MANY_MAX`]), the nodes at once.
     async fn release_round(self: &Arc<Self>, batch: Batch) {
+        // Files made ahead land before their releases (see `ahead`).
+        self.ahead_landed().await;
         let mut sends = tokio::task::JoinSet::new();
         for (node, mut handles) in batch {
             let c = self.clone();

@@ -695,11 +695,17 @@ impl Filesystem for HiveFs {
         run!(self, reply, |inner| {
             let p = inner.ent(parent)?;
             let excl = flags & libc::O_EXCL != 0;
+            // Made ahead where this mount leases the directory's names: no
+            // request now, and name and attributes cached while that lease lasts.
+            let ahead = inner.client.create_ahead(p, &name, m, c);
             // One request creates the file and counts the open. Always
             // exclusive: the kernel takes whatever this answers as a file
             // the call created, and checks neither permissions nor O_TRUNC.
             let mut tries = 0;
             let ((a, held), created) = loop {
+                if let Some((a, _)) = &ahead {
+                    break ((a.clone(), true), true);
+                }
                 tries += 1;
                 match inner.client.create_open_held(p, &name, m, true, c).await {
                     Ok(a) => break (a, true),
@@ -732,7 +738,14 @@ impl Filesystem for HiveFs {
                 // cached.
                 let leased = created;
                 inner.client.with_leases(a.id, Some((p.id, &name)), |attrs, name_left| {
-                    let ttl = if leased { attrs.min(inner.entry_ttl(name_left)) } else { ATTR_TTL };
+                    let ttl = match ahead {
+                        Some((_, left)) => {
+                            let left = left.saturating_sub(Duration::from_millis(100));
+                            left.min(inner.entry_ttl(left))
+                        }
+                        None if leased => attrs.min(inner.entry_ttl(name_left)),
+                        None => ATTR_TTL,
+                    };
                     reply.created(&ttl, &inner.entry_reply(&a), Generation(0), FileHandle(fh), open_flags)
                 })
             })
@@ -891,15 +904,19 @@ impl Filesystem for HiveFs {
     }
 
     fn flush(&self, req: &Request, _ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
-        if self.inner.file(fh).is_ok_and(|f| self.inner.quiet_close(&f)) {
+        // A file made ahead closes once it is on its metadata node (see the client's `ahead`).
+        let ahead = |f: &OpenFile| self.inner.client.ahead_pending(f.ent.id);
+        if self.inner.file(fh).is_ok_and(|f| !ahead(&f) && self.inner.quiet_close(&f)) {
             return reply.ok();
         }
         run_killable!(self, req, reply, |inner| {
             let f = inner.file(fh)?;
+            let landed = inner.client.ahead_file_landed(f.ent.id).await;
             // Buffered writes land before the locks go (whoever takes them next sees them).
             let settled = inner.settle(f.ent.id).await;
             // A close drops the closing process's fcntl locks on the file (POSIX).
             inner.drop_locks(f.ent, lock_owner, LockKind::Posix).await;
+            landed?;
             settled?;
             if !f.held.load(Ordering::Acquire) {
                 inner.publish_size(&f).await?;
@@ -911,6 +928,8 @@ impl Filesystem for HiveFs {
     fn fsync(&self, req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         run_killable!(self, req, reply, |inner| {
             let f = inner.file(fh)?;
+            // A file made ahead is on its metadata node first.
+            inner.client.ahead_file_landed(f.ent.id).await?;
             inner.settle(f.ent.id).await?;
             inner.client.fsync(&f.pattern, f.ent.id).await?;
             inner.publish_size(&f).await?;
@@ -1228,9 +1247,12 @@ impl Filesystem for HiveFs {
 
     /// Every namespace change is committed by its metadata node before it is
     /// acknowledged (and on disk with `sync = true`), so a directory has
-    /// nothing left to commit.
+    /// nothing left to commit but files this mount made ahead.
     fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        reply.ok();
+        run!(self, reply, |inner| {
+            inner.client.ahead_landed().await;
+            Ok(move |reply: ReplyEmpty| reply.ok())
+        })
     }
 
     fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

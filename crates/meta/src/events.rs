@@ -98,6 +98,9 @@ pub fn draft_op(m: &Mutation) -> Draft {
             let k = if *kind == FileKind::File { EventKind::Create } else { EventKind::Mknod };
             Draft::Now(Event { parent: Some(*parent), name: name.clone(), uid: Some(*uid), ..event(k) })
         }
+        Mutation::CreateAs { parent, name, uid, .. } => {
+            Draft::Now(Event { parent: Some(*parent), name: name.clone(), uid: Some(*uid), ..event(EventKind::Create) })
+        }
         Mutation::Mkdir { parent, name, uid, .. } => {
             Draft::Now(Event { parent: Some(*parent), name: name.clone(), uid: Some(*uid), ..event(EventKind::Mkdir) })
         }

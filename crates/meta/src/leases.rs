@@ -134,6 +134,9 @@ struct State {
     change_seq: u64,
     next_token: u64,
     last_sweep: Option<Instant>,
+    /// Directories where a client makes files ahead of telling this node
+    /// (write-back creates), and which client.
+    write_back: HashMap<EntryId, u64>,
 }
 
 pub struct Leases {
@@ -153,6 +156,8 @@ pub struct Leases {
     /// The last write of [`UNTIL_FILE`] failed, and when it was tried (ms).
     record_failed: AtomicBool,
     last_attempt: AtomicU64,
+    /// Entries of [`State::write_back`]: none, no request looks there.
+    write_backs: AtomicU64,
 }
 
 impl Default for Leases {
@@ -168,6 +173,7 @@ impl Default for Leases {
             want_later: AtomicBool::new(false),
             record_failed: AtomicBool::new(false),
             last_attempt: AtomicU64::new(0),
+            write_backs: AtomicU64::new(0),
         }
     }
 }
@@ -314,6 +320,54 @@ impl Leases {
     /// Whether `client` polls with `LeaseWaitDirs` (see [`Leases::grant_names`]).
     pub fn takes_dir_names(&self, client: u64) -> bool {
         self.state.lock().expect("leases").sessions.get(&client).is_some_and(|s| s.dirs)
+    }
+
+    /// Whether `client` holds a lease on `dir`'s names that no change is
+    /// revoking, with at least `margin` left.
+    pub fn holds_names(&self, client: u64, dir: EntryId, margin: Duration) -> bool {
+        let h = self.hasher.hash_one(LeaseKey::Names(dir));
+        let st = self.state.lock().expect("leases");
+        let until = Instant::now() + margin;
+        st.holders.get(&h).is_some_and(|hs| {
+            hs.iter().any(|x| x.client == client && x.item == Some(dir) && x.revoked.is_none() && x.end > until)
+        })
+    }
+
+    /// Whether some client makes files ahead somewhere (see [`Leases::write_back`]).
+    pub fn any_write_back(&self) -> bool {
+        self.write_backs.load(Ordering::Acquire) > 0
+    }
+
+    /// `client`, holding the lease on `dir`'s names, makes files there
+    /// ahead of telling this node (write-back creates): from now on
+    /// [`Leases::recall`] takes that lease back before another client's
+    /// request reads or changes `dir`'s names.
+    pub fn write_back(&self, client: u64, dir: EntryId) {
+        let mut st = self.state.lock().expect("leases");
+        if st.write_back.insert(dir, client).is_none() {
+            self.write_backs.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Before a request of `requester` (`None`: a client without leases,
+    /// or another node) reads or changes the names of `dir`: a client that
+    /// makes files there ahead of telling this node gives its lease on the
+    /// names back first, which it does once those files are here.
+    pub async fn recall(&self, dir: EntryId, requester: Option<Requester>) {
+        if self.write_backs.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        {
+            let mut st = self.state.lock().expect("leases");
+            match st.write_back.get(&dir) {
+                Some(&c) if requester.is_none_or(|r| r.client != c) => {
+                    st.write_back.remove(&dir);
+                    self.write_backs.fetch_sub(1, Ordering::AcqRel);
+                }
+                _ => return,
+            }
+        }
+        self.revoke(&[LeaseKey::Names(dir)], requester).await;
     }
 
     fn grant_as(&self, client: u64, key: LeaseKey, since: Mark, renewal: bool) -> u32 {
@@ -530,6 +584,15 @@ impl Leases {
         });
         st.changed.retain(|_, &mut (_, at, _)| now.saturating_duration_since(at) < CHANGE_MEMORY);
         st.sessions.retain(|_, s| s.alive(now));
+        // Write-back ends with the lease on the directory's names.
+        if !st.write_back.is_empty() {
+            let State { holders, write_back, .. } = &mut *st;
+            write_back.retain(|&dir, &mut client| {
+                let h = self.hasher.hash_one(LeaseKey::Names(dir));
+                holders.get(&h).is_some_and(|hs| hs.iter().any(|x| x.client == client && x.item == Some(dir)))
+            });
+            self.write_backs.store(st.write_back.len() as u64, Ordering::Release);
+        }
         if st.holders.capacity() > 4 * st.holders.len() + 1024 {
             st.holders.shrink_to_fit();
         }

@@ -58,6 +58,27 @@ pub enum Mutation {
         /// The creating client opens the file (a handle is counted).
         open: bool,
     },
+    /// A regular file a client made ahead of telling this node (write-back
+    /// create, `Request::CreateMany`) under an id and pattern this node
+    /// reserved for it: made open (its creator holds a handle). Found
+    /// already made under that id (a repeat), it answers as made.
+    CreateAs {
+        parent: EntryId,
+        name: Vec<u8>,
+        id: EntryId,
+        pattern: Pattern,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        umask: Option<u32>,
+        at: Timespec,
+    },
+    /// Mints `count` ids and chooses as many stripe patterns for regular
+    /// files of directory `parent` (`Request::ReserveCreates`); writes nothing.
+    Reserve {
+        parent: EntryId,
+        count: u32,
+    },
     Mkdir {
         parent: EntryId,
         name: Vec<u8>,
@@ -446,6 +467,9 @@ impl Mutation {
         matches!(
             self,
             Mutation::Create { .. }
+                | Mutation::CreateAs { .. }
+                // Ids for creates to come: none while the target runs low.
+                | Mutation::Reserve { .. }
                 | Mutation::Mkdir { .. }
                 | Mutation::Symlink { .. }
                 | Mutation::Link { .. }
@@ -459,8 +483,13 @@ pub fn apply(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, m: Mutation) -> OpResult<Rep
     match m {
         Mutation::CreateRoot => create_root(t, ctx),
         Mutation::Create { parent, name, kind, mode, rdev, excl, uid, gid, umask, open } => {
-            create(t, ctx, parent, &name, kind, mode, rdev, (excl, open), (uid, gid, umask))
+            create(t, ctx, parent, &name, kind, mode, rdev, (excl, open), (uid, gid, umask), None)
         }
+        Mutation::CreateAs { parent, name, id, pattern, mode, uid, gid, umask, at } => {
+            let made = Made { id, pattern, at };
+            create(t, ctx, parent, &name, FileKind::File, mode, 0, (true, true), (uid, gid, umask), Some(made))
+        }
+        Mutation::Reserve { parent, count } => reserve(t, ctx, parent, count),
         Mutation::Mkdir { parent, name, mode, uid, gid, umask } => {
             mkdir(t, ctx, parent, &name, mode, (uid, gid, umask))
         }
@@ -507,6 +536,64 @@ fn create_root(t: &mut Tables<'_>, ctx: &mut Ctx<'_>) -> OpResult<Reply> {
     Ok(Reply::Entry(to_attr(id, &root, ctx.node)))
 }
 
+/// About the most bytes of ids and patterns one reservation answers with.
+const RESERVED_BYTES_MAX: usize = 256 << 10;
+
+/// What a client chose for a file it made ahead (`Mutation::CreateAs`).
+struct Made {
+    id: EntryId,
+    pattern: Pattern,
+    at: Timespec,
+}
+
+/// Ids and patterns for files a client will make in `parent` ahead of
+/// telling this node. A reserved id is never minted again (ids of a boot
+/// run up in sequence, and each boot mints in a new epoch).
+fn reserve(t: &mut Tables<'_>, ctx: &mut Ctx<'_>, parent: EntryId, count: u32) -> OpResult<Reply> {
+    let pdir = dir_inode(&t.inodes, parent)?;
+    let dp = pdir.dir_pattern.clone().unwrap_or_default();
+    let mut slots = Vec::with_capacity(count as usize);
+    // The answer stays well inside a frame, however wide the patterns.
+    let mut bytes = 0;
+    for _ in 0..count {
+        let pattern = (ctx.choose)(&dp)?;
+        bytes += 32 + 5 * pattern.stripe_count();
+        slots.push((ctx.mint()?, pattern));
+        if bytes > RESERVED_BYTES_MAX {
+            break;
+        }
+    }
+    Ok(Reply::Reserved { slots, lease_ms: 0 })
+}
+
+/// Refuses a file made ahead whose id this node did not mint (a later id
+/// than any minted, another node's) or that is taken, or whose pattern the
+/// directory's stripe settings could not have chosen.
+fn check_made(t: &Tables<'_>, ctx: &Ctx<'_>, dp: &DirPattern, m: &Made) -> OpResult<()> {
+    let minted = m.id.node == ctx.node.0
+        && (m.id.epoch < ctx.epoch || (m.id.epoch == ctx.epoch && m.id.counter <= *ctx.counter));
+    if !minted || m.id == EntryId::ROOT {
+        return Err(fs_err!(Invalid, "entry id {} was not reserved by metadata node {}", m.id, ctx.node).into());
+    }
+    if load_inode(&t.inodes, m.id)?.is_some() {
+        return Err(fs_err!(Exists, "entry id {} is taken on metadata node {}", m.id, ctx.node).into());
+    }
+    let p = &m.pattern;
+    let mirrored = p.kind() == hivefs_types::pattern::PatternKind::BuddyMirror;
+    let most = if dp.stripe_count == 0 { usize::MAX } else { dp.stripe_count as usize };
+    if p.chunk_size() != dp.chunk_size || mirrored != dp.mirror || p.stripe_count() > most {
+        return Err(fs_err!(
+            Invalid,
+            "stripe pattern of file {} does not fit its directory's settings (chunk size {}, {} targets)",
+            m.id,
+            dp.chunk_size,
+            dp.stripe_count
+        )
+        .into());
+    }
+    Ok(())
+}
+
 #[allow(clippy::too_many_arguments)] // mirrors the request's fields
 fn create(
     t: &mut Tables<'_>,
@@ -518,6 +605,7 @@ fn create(
     rdev: u32,
     (excl, open): (bool, bool),
     (uid, gid, umask): Creator,
+    made: Option<Made>,
 ) -> OpResult<Reply> {
     check_name(name)?;
     if matches!(kind, FileKind::Dir | FileKind::Symlink) {
@@ -527,6 +615,11 @@ fn create(
     }
     let mut pdir = dir_inode(&t.inodes, parent)?;
     if let Some(d) = load_dentry(&t.dentries, parent, name)? {
+        if let Some(m) = made.as_ref().filter(|m| m.id == d.id) {
+            // Made by an earlier attempt of the same request.
+            let i = dentry_inode(&t.inodes, parent, name, &d)?;
+            return Ok(Reply::Entry(to_attr(m.id, &i, ctx.node)));
+        }
         // open(O_CREAT) without O_EXCL opens an existing regular file.
         if !excl && kind == FileKind::File && d.kind == FileKind::File {
             let i = dentry_inode(&t.inodes, parent, name, &d)?;
@@ -545,17 +638,25 @@ fn create(
     inherit_group(&pdir, kind, &mut mode, &mut gid);
     let pool = (kind == FileKind::File).then(|| pdir.dir_pattern.as_ref().map_or(PoolId::DEFAULT, |p| p.pool));
     ctx.quota.admit(&t.usage, uid, gid, pool)?;
-    let pattern = if kind == FileKind::File {
-        let dp = pdir.dir_pattern.clone().unwrap_or_default();
-        Some((ctx.choose)(&dp)?)
-    } else {
-        None
+    let dp = || pdir.dir_pattern.clone().unwrap_or_default();
+    let (pattern, fixed) = match made {
+        Some(m) => {
+            check_made(t, ctx, &dp(), &m)?;
+            // The client's clock stamps the file unless it is far off this node's.
+            let at = if m.at.sec.abs_diff(ctx.now.sec) <= 60 { m.at } else { ctx.now };
+            (Some(m.pattern), Some((m.id, at)))
+        }
+        None if kind == FileKind::File => (Some((ctx.choose)(&dp())?), None),
+        None => (None, None),
     };
     // ---- writes only below this line
-    let mut i = new_inode(kind, mode, uid, gid, ctx.now);
+    let mut i = new_inode(kind, mode, uid, gid, fixed.map_or(ctx.now, |(_, at)| at));
     i.rdev = rdev;
     i.pattern = pattern;
-    let id = ctx.mint()?;
+    let id = match fixed {
+        Some((id, _)) => id,
+        None => ctx.mint()?,
+    };
     t.put_inode(id, &i)?;
     if kind == FileKind::File {
         ctx.handles.created(id, open);

@@ -1933,3 +1933,132 @@ async fn a_made_directory_is_leased_empty_but_not_on_a_repeat() {
     assert!(g.iter().any(|&(dir, ms)| dir == d.id && ms > 0), "renewed by a create there: {g:?}");
     assert!(grants(h.ok(sent(11, 1, mkdir("e"))).await).is_empty(), "a client polling without dirs");
 }
+
+/// Envelope of lease client `client` without an operation id.
+fn leasing(client: u64, r: Request) -> Sent {
+    Sent(Envelope { op: None, lease_client: Some(client), mirror: None }, r)
+}
+
+/// A directory made by lease client 9 (which holds the lease on its
+/// names), and ids with patterns reserved there.
+async fn made_ahead_setup(h: &H, n: u32) -> (EntryAttr, Vec<(EntryId, hivefs_types::pattern::Pattern)>) {
+    h.ns().leases.set_duration(std::time::Duration::from_secs(2));
+    // The first change waits out the leases a previous run may have granted.
+    h.mkdir(ROOT, "warm").await;
+    h.ok(Request::LeaseWaitDirs { client: 9, acked: 0, wait_ms: 0 }).await;
+    h.ok(leasing(9, Request::Mkdir { parent: ROOT, name: b"d".to_vec(), mode: 0o755, caller: ME })).await;
+    let Ok(Reply::Entry(d)) = h.lookup(ROOT, "d").await else { panic!("no d") };
+    match h.ok(leasing(9, Request::ReserveCreates { parent: d.id, count: n })).await {
+        Reply::Reserved { slots, lease_ms } => {
+            assert_eq!(slots.len(), n as usize);
+            assert!(lease_ms > 0, "the reservation renews the lease on the names");
+            (d, slots)
+        }
+        r => panic!("{r:?}"),
+    }
+}
+
+fn new_file(name: &str, slot: &(EntryId, hivefs_types::pattern::Pattern), at: i64) -> hivefs_proto::NewFile {
+    hivefs_proto::NewFile {
+        name: name.into(),
+        id: slot.0,
+        pattern: slot.1.clone(),
+        mode: 0o640,
+        caller: ME,
+        at: ts(at),
+    }
+}
+
+/// Per file the leases (attributes, name) granted, and the files refused.
+type MadeMany = (Vec<(u32, u32)>, Vec<(u32, ErrorCode)>);
+
+fn made_many(r: Reply) -> MadeMany {
+    match r {
+        Reply::WithParent { reply, .. } => made_many(*reply),
+        Reply::CreatedMany { leases, failed, .. } => (leases, failed.into_iter().map(|(k, e)| (k, e.code)).collect()),
+        r => panic!("{r:?}"),
+    }
+}
+
+/// Files a client made ahead land under the ids and patterns reserved for
+/// them, with the client's times, held open by it; a repeat of the batch
+/// changes nothing; ids this node did not hand out, taken ids and patterns
+/// the directory could not have chosen are refused file by file; a client
+/// without the lease on the names gets no ids.
+#[tokio::test]
+async fn files_made_ahead_land_under_their_reserved_ids_once() {
+    let h = H::new().await;
+    let (d, slots) = made_ahead_setup(&h, 8).await;
+    let files: Vec<_> = (0..3).map(|i| new_file(&format!("f{i}"), &slots[i], 990)).collect();
+    let batch = Request::CreateMany { parent: d.id, files: files.clone() };
+    let (leases, failed) = made_many(h.ok(leasing(9, batch.clone())).await);
+    assert!(failed.is_empty(), "{failed:?}");
+    assert!(leases.iter().all(|&(a, n)| a > 0 && n > 0), "attributes and names leased: {leases:?}");
+    for (i, f) in files.iter().enumerate() {
+        // Asked by its maker (others get the size off the chunk files, which hold it).
+        let a = match h.call(leasing(9, Request::Lookup { parent: d.id, name: f.name.clone() })).await {
+            Ok(Reply::Entry(a) | Reply::Leased { attr: a, .. }) => a,
+            r => panic!("f{i}: {r:?}"),
+        };
+        assert_eq!((a.id, a.pattern.as_ref(), a.mode, a.uid, a.ctime), (f.id, Some(&f.pattern), 0o640, 1000, ts(990)));
+        assert!(h.ns().opens.is_open(a.id), "held open by its maker");
+    }
+    // A repeat (its answer lost): nothing new, nothing refused.
+    let (_, failed) = made_many(h.ok(leasing(9, batch)).await);
+    assert!(failed.is_empty(), "{failed:?}");
+    assert_eq!(h.readdir_all(d.id, 100).await.len(), 3);
+    // Refused one by one: an id never handed out, a taken id under a new
+    // name, a pattern with another chunk size; the good one lands.
+    let mut unminted = new_file("u", &slots[3], 990);
+    unminted.id.counter += 1_000_000;
+    let taken = new_file("t", &slots[0], 990);
+    let mut wide = new_file("w", &slots[4], 990);
+    wide.pattern = hivefs_types::pattern::Pattern::new(
+        wide.pattern.kind(),
+        wide.pattern.chunk_size() * 2,
+        wide.pattern.targets().to_vec(),
+    )
+    .unwrap();
+    let good = new_file("g", &slots[5], 990);
+    let (_, failed) = made_many(
+        h.ok(leasing(9, Request::CreateMany { parent: d.id, files: vec![unminted, taken, wide, good] })).await,
+    );
+    assert_eq!(failed, vec![(0, ErrorCode::Invalid), (1, ErrorCode::Exists), (2, ErrorCode::Invalid)]);
+    assert!(h.call(leasing(9, Request::Lookup { parent: d.id, name: b"g".to_vec() })).await.is_ok());
+    // Another client holds no lease on the names there.
+    h.ok(Request::LeaseWaitDirs { client: 11, acked: 0, wait_ms: 0 }).await;
+    assert_eq!(h.code(leasing(11, Request::ReserveCreates { parent: d.id, count: 4 })).await, ErrorCode::Busy);
+}
+
+/// Another client's look at a directory where a client makes files ahead
+/// waits until that client gave back its lease on the names, which it does
+/// after its files landed: the look sees them.
+#[tokio::test]
+async fn another_clients_look_waits_for_the_files_made_ahead() {
+    let h = H::new().await;
+    let (d, slots) = made_ahead_setup(&h, 2).await;
+    let look = h.call(leasing(11, Request::ReadDir { dir: d.id, after: None, max: 100 }));
+    tokio::pin!(look);
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(200), &mut look).await.is_err(),
+        "the look waits for the lease holder"
+    );
+    let upto = match h.ok(Request::LeaseWaitDirs { client: 9, acked: 0, wait_ms: 0 }).await {
+        Reply::Revoked { ids, upto, .. } => {
+            assert!(ids.contains(&d.id), "the names of d recalled: {ids:?}");
+            upto
+        }
+        r => panic!("{r:?}"),
+    };
+    let batch = Request::CreateMany { parent: d.id, files: vec![new_file("x", &slots[0], 1000)] };
+    assert!(made_many(h.ok(leasing(9, batch)).await).1.is_empty());
+    h.ok(Request::LeaseWaitDirs { client: 9, acked: upto, wait_ms: 0 }).await;
+    match look.await.unwrap() {
+        Reply::DirPage { entries, .. } => {
+            assert_eq!(entries.iter().map(|e| e.name.as_slice()).collect::<Vec<_>>(), vec![b"x".as_slice()])
+        }
+        r => panic!("{r:?}"),
+    }
+    // The lease went back: no more ids for client 9 there.
+    assert_eq!(h.code(leasing(9, Request::ReserveCreates { parent: d.id, count: 4 })).await, ErrorCode::Busy);
+}

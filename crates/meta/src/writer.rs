@@ -570,6 +570,12 @@ fn apply_all(
         (None, _) => None,
     };
     st.low_space = free.map(|(f, _)| (std::time::Instant::now() + std::time::Duration::from_secs(1), f));
+    // Ids for files made ahead go already below twice the reserve, so that
+    // files made with ids in hand still find room when they land.
+    let ahead_low = match st.space_reserve.as_ref().map(|(_, min)| *min) {
+        Some(min) => free.is_some() || st.disk_free().is_some_and(|f| f < 2 * min),
+        None => false,
+    };
     let (node, epoch) = (st.node, st.epoch);
     let handles = st.handles.clone();
     let mut counter = st.counter;
@@ -600,6 +606,10 @@ fn apply_all(
             (Some((free, min)), true) => Err(fs_err!(
                 NoSpace,
                 "metadata node {node}: its data dir has {free} bytes free, less than min_free_bytes = {min}"
+            )),
+            _ if ahead_low && matches!(m, Change::Op(Mutation::Reserve { .. })) => Err(fs_err!(
+                NoSpace,
+                "metadata node {node}: its data dir has less than twice min_free_bytes free: no ids ahead"
             )),
             _ => match m.apply(t, &mut ctx) {
                 Ok(r) => Ok(r),

@@ -5,7 +5,7 @@
 use hivefs_types::attr::{EntryAttr, FileKind, SetAttr, Timespec};
 use hivefs_types::error::FsError;
 use hivefs_types::ids::{BuddyGroupId, EntryId, NodeId, NodeType, PoolId, TargetId};
-use hivefs_types::pattern::{DirPattern, StripeSet, StripeUnit};
+use hivefs_types::pattern::{DirPattern, Pattern, StripeSet, StripeUnit};
 use serde::{Deserialize, Serialize};
 
 /// Handshake messages (frame kind `Hello`). See `hivefs-net` for the exchange.
@@ -874,7 +874,47 @@ pub enum Request {
     ReleaseSized {
         handles: Vec<SizedRelease>,
     },
+    /// Entry ids and stripe patterns for up to [`RESERVE_MAX`] regular
+    /// files the client will make in `parent` ahead of telling this node
+    /// (write-back creates, `CreateMany`); answer `Reserved`. Only for a
+    /// client holding the lease on `parent`'s names (the envelope names
+    /// it); refused (`NotSupported`) where the node could not make the file
+    /// as the client would (a default ACL or the setgid bit on `parent`,
+    /// quota limits). From then on another client's request that reads or
+    /// changes `parent`'s names first recalls that lease, which the client
+    /// gives back only after its creates there have landed.
+    ReserveCreates {
+        parent: EntryId,
+        count: u32,
+    },
+    /// Regular files the client made in `parent` under ids and patterns
+    /// this node reserved for it (`ReserveCreates`), each open with a
+    /// handle that holds its size (as `CreateOpenHeld`); at most
+    /// [`CREATE_MANY_MAX`]. A file already made under its id by an earlier
+    /// attempt counts as made (so a repeat is harmless). Answer `CreatedMany`.
+    CreateMany {
+        parent: EntryId,
+        files: Vec<NewFile>,
+    },
 }
+
+/// One file of `Request::CreateMany`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewFile {
+    pub name: Vec<u8>,
+    /// Reserved by `ReserveCreates`, with its pattern.
+    pub id: EntryId,
+    pub pattern: Pattern,
+    pub mode: u32,
+    pub caller: Caller,
+    /// When the client made it (its times).
+    pub at: Timespec,
+}
+
+/// Most ids one `ReserveCreates` hands out.
+pub const RESERVE_MAX: u32 = 1024;
+/// Most files in one `CreateMany`.
+pub const CREATE_MANY_MAX: usize = 1024;
 
 /// One handle of `Request::ReleaseSized`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -1182,6 +1222,8 @@ impl Request {
             Request::ReleaseMany { ids, wrote } => ("handles", ids.len().max(wrote.len()), RELEASE_MANY_MAX),
             Request::ReleaseWritten { handles } => ("handles", handles.len(), RELEASE_MANY_MAX),
             Request::ReleaseSized { handles } => ("handles", handles.len(), RELEASE_MANY_MAX),
+            Request::CreateMany { files, .. } => ("files", files.len(), CREATE_MANY_MAX),
+            Request::ReserveCreates { count, .. } => ("ids", *count as usize, RESERVE_MAX as usize),
             Request::DigestChunks { entries, .. } => ("chunk files", entries.len(), DIGEST_CHUNKS_MAX),
             Request::QuotaUsage { ids } => ("users and groups", ids.len(), QUOTA_IDS_MAX),
             Request::QuotaReport { usage, by_unit, .. } => {
@@ -1219,6 +1261,7 @@ impl Request {
             Request::Create { parent, .. }
             | Request::CreateOpen { parent, .. }
             | Request::CreateOpenHeld { parent, .. }
+            | Request::CreateMany { parent, .. }
             | Request::Mkdir { parent, .. }
             | Request::Symlink { parent, .. }
             | Request::Unlink { parent, .. }
@@ -1271,6 +1314,10 @@ impl Request {
                 // client falls back to `UpdateSize`.
                 | Request::UpdateSizeIf { .. }
                 | Request::LeaseDirNames { .. }
+                // A file made by the first attempt counts as made.
+                | Request::CreateMany { .. }
+                // A repeat hands out other ids; the first ones go unused.
+                | Request::ReserveCreates { .. }
                 | Request::LockCancel { .. }
                 | Request::PeerStep { .. }
                 | Request::WriteChunk { .. }
@@ -1501,6 +1548,20 @@ pub enum Reply {
     Landed {
         attrs: Vec<(EntryAttr, u32)>,
     },
+    /// Answer to `ReserveCreates`: ids with their patterns, and for how
+    /// long (ms) the lease on the directory's names lasts from the request.
+    Reserved {
+        slots: Vec<(EntryId, Pattern)>,
+        lease_ms: u32,
+    },
+    /// Answer to `CreateMany`: per file (in order) the leases granted on
+    /// its attributes and on its name (ms, 0: none); the files not made,
+    /// by index, with why; the renewed lease on the directory's names (ms).
+    CreatedMany {
+        leases: Vec<(u32, u32)>,
+        failed: Vec<(u32, FsError)>,
+        lease_ms: u32,
+    },
 }
 
 /// How a new directory's owner (metadata node) is chosen; a per-directory
@@ -1688,7 +1749,7 @@ mod tests {
             let (m, _): (T, _) = postcard::take_from_bytes(&body).unwrap_or_else(|e| panic!("id {id}: {e}"));
             name_of(&m)
         }
-        const REQUESTS: [&str; 90] = [
+        const REQUESTS: [&str; 92] = [
             "Ping",
             "RegisterNode",
             "RegisterTarget",
@@ -1779,8 +1840,10 @@ mod tests {
             "LockCancel",
             "CreateOpenHeld",
             "ReleaseSized",
+            "ReserveCreates",
+            "CreateMany",
         ];
-        const REPLIES: [&str; 49] = [
+        const REPLIES: [&str; 51] = [
             "Ok",
             "Pong",
             "NodeRegistered",
@@ -1830,6 +1893,8 @@ mod tests {
             "Quotas",
             "Fenced",
             "Landed",
+            "Reserved",
+            "CreatedMany",
         ];
         for (id, want) in REQUESTS.iter().enumerate() {
             assert_eq!(decoded::<Request>(id), *want, "request id {id}");

@@ -148,6 +148,10 @@ pub struct MountOptions {
     /// the umask is applied there too. Off: the mode bits alone decide (ACL
     /// attributes are still stored, and a chmod still updates them).
     pub acl: bool,
+    /// Files created in directories whose names this mount leases are
+    /// answered at once and sent to the metadata node in batches (the
+    /// client crate's `ahead`).
+    pub create_ahead: bool,
 }
 
 impl Default for MountOptions {
@@ -162,6 +166,7 @@ impl Default for MountOptions {
             writeback: Default::default(),
             atime: Atime::NoAtime,
             acl: true,
+            create_ahead: true,
         }
     }
 }

@@ -147,6 +147,9 @@ pub fn mount(
         if !inner.dir_attr_ttl.is_zero() {
             inner.client.cache_dir_attrs(inner.dir_attr_ttl);
         }
+        if opts.create_ahead {
+            inner.client.enable_ahead();
+        }
     }
     if opts.cache_mode == CacheMode::Paged {
         set_read_ahead(mnt, MAX_IO / 1024);

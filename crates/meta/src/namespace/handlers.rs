@@ -62,6 +62,18 @@ impl Namespace {
                 };
                 self.create_open_held(client, env.op, parent, name, mode, excl, caller).await
             }
+            Request::ReserveCreates { parent, count } => {
+                let Some(client) = env.lease_client else {
+                    return Err(fs_err!(Invalid, "ReserveCreates without the lease client holding the names"));
+                };
+                self.reserve_creates(client, parent, count).await
+            }
+            Request::CreateMany { parent, files } => {
+                let Some(client) = env.lease_client else {
+                    return Err(fs_err!(Invalid, "CreateMany without the lease client holding the names"));
+                };
+                self.create_many(client, parent, files).await
+            }
             Request::RetiredRetryable | Request::RetiredLeasing => {
                 Err(fs_err!(NotSupported, "{} is a retired message (the envelope replaced it)", req.name()))
             }
@@ -120,6 +132,36 @@ impl Namespace {
         Ok(if grants.is_empty() { reply } else { Reply::DirNames { grants, reply: Box::new(reply) } })
     }
 
+    /// Before `req` reads or changes a directory's names: a client making
+    /// files there ahead of telling this node lands them first (see `ahead`).
+    async fn recall_names(&self, req: &Request) {
+        if !self.leases.any_write_back() {
+            return;
+        }
+        let me = REQUESTER.try_with(|c| *c).ok();
+        let (a, b) = match req {
+            Request::ReadDir { dir, .. } | Request::ReadDirFirst { dir, .. } => (Some(*dir), None),
+            Request::Rename { parent, new_parent, .. } | Request::RenameTo { parent, new_parent, .. } => {
+                (Some(*parent), Some(*new_parent))
+            }
+            Request::LinkTo { new_parent, .. } => (Some(*new_parent), None),
+            // How new files there are made (stripe settings, default ACL, setgid).
+            Request::SetDirPattern { id, .. }
+            | Request::SetAttr { id, .. }
+            | Request::SetXattr { id, .. }
+            | Request::RemoveXattr { id, .. } => (Some(*id), None),
+            // The directory removed must be seen empty.
+            Request::Rmdir { parent, name } => {
+                let child = self.read(|t| crate::ops::load_dentry(&t.dentries, *parent, name)).ok().flatten();
+                (Some(*parent), child.map(|d| d.id))
+            }
+            r => (r.names().map(|(p, _)| p).or(r.changed_dir()), None),
+        };
+        for dir in [a, b].into_iter().flatten() {
+            self.leases.recall(dir, me).await;
+        }
+    }
+
     /// Leases on directories' names for a client that takes them: the
     /// directory a mkdir (answered `made`) made here, empty; and a renewal
     /// of the lease on the directory the request changed.
@@ -142,6 +184,12 @@ impl Namespace {
             _ => None,
         };
         let fresh = made.map(|d| (d, self.leases.grant_names(client, d, since, true)));
+        if let Some((d, ms)) = fresh {
+            if ms > 0 {
+                // It may make files there ahead (see `ahead`): nobody else knows the directory yet.
+                self.leases.write_back(client, d);
+            }
+        }
         let renewed = changed.map(|d| (d, self.leases.grant_names(client, d, since, false)));
         fresh.into_iter().chain(renewed).filter(|&(_, ms)| ms > 0).collect()
     }
@@ -190,6 +238,7 @@ impl Namespace {
     }
 
     async fn handle_unleased(&self, op: Option<OpId>, req: Request) -> Response {
+        self.recall_names(&req).await;
         if let Some(r) = self.forward_moved(op, &req).await {
             return r;
         }

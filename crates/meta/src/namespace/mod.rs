@@ -12,6 +12,7 @@ use crate::store::{sys, sys_get, usage, Store, StoreError};
 use crate::store::{OpError, ReadTables};
 use crate::targets::DataTargets;
 
+mod ahead;
 mod cross;
 mod handlers;
 mod held;
