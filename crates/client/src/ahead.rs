@@ -75,6 +75,8 @@ pub(crate) struct Ahead {
     landed: Notify,
     /// Files the node refused, until their next fsync or close.
     failed: Mutex<HashMap<EntryId, FsError>>,
+    /// Entries of `failed` (a close looks without the lock while none).
+    failures: AtomicU64,
     /// Nodes that make no files ahead (refused the reservation for good).
     refused: Mutex<HashSet<NodeId>>,
 }
@@ -273,8 +275,8 @@ impl Client {
     /// (on its way, or refused and not reported yet).
     pub fn ahead_pending(&self, id: EntryId) -> bool {
         self.on_its_way(id) || {
-            let failed = self.ahead.failed.lock().expect("ahead failed");
-            !failed.is_empty() && failed.contains_key(&id)
+            self.ahead.failures.load(Ordering::Acquire) > 0
+                && self.ahead.failed.lock().expect("ahead failed").contains_key(&id)
         }
     }
 
@@ -303,11 +305,13 @@ impl Client {
     /// Why file `id`, made ahead, did not land (once; `None`: it did, or
     /// it was not made ahead).
     pub fn ahead_failed(&self, id: EntryId) -> Option<FsError> {
-        let mut failed = self.ahead.failed.lock().expect("ahead failed");
-        if failed.is_empty() {
+        if self.ahead.failures.load(Ordering::Acquire) == 0 {
             return None;
         }
-        failed.remove(&id)
+        let mut failed = self.ahead.failed.lock().expect("ahead failed");
+        let e = failed.remove(&id);
+        self.ahead.failures.store(failed.len() as u64, Ordering::Release);
+        e
     }
 
     /// One batch to `node` answered (or given up): the files' leases are
@@ -379,7 +383,9 @@ impl Client {
             String::from_utf8_lossy(&p.file.name),
             p.file.id
         );
-        self.ahead.failed.lock().expect("ahead failed").insert(p.file.id, e);
+        let mut failed = self.ahead.failed.lock().expect("ahead failed");
+        failed.insert(p.file.id, e);
+        self.ahead.failures.store(failed.len() as u64, Ordering::Release);
     }
 }
 

@@ -134,9 +134,6 @@ struct State {
     change_seq: u64,
     next_token: u64,
     last_sweep: Option<Instant>,
-    /// Directories where a client makes files ahead of telling this node
-    /// (write-back creates), and which client.
-    write_back: HashMap<EntryId, u64>,
 }
 
 pub struct Leases {
@@ -156,7 +153,11 @@ pub struct Leases {
     /// The last write of [`UNTIL_FILE`] failed, and when it was tried (ms).
     record_failed: AtomicBool,
     last_attempt: AtomicU64,
-    /// Entries of [`State::write_back`]: none, no request looks there.
+    /// Directories where a client makes files ahead of telling this node
+    /// (write-back creates), and which client. Apart from [`State`]: every
+    /// request that names a directory looks here while it has entries.
+    write_back: Mutex<HashMap<EntryId, u64>>,
+    /// Entries of `write_back`: none, no request looks there.
     write_backs: AtomicU64,
 }
 
@@ -173,6 +174,7 @@ impl Default for Leases {
             want_later: AtomicBool::new(false),
             record_failed: AtomicBool::new(false),
             last_attempt: AtomicU64::new(0),
+            write_back: Mutex::default(),
             write_backs: AtomicU64::new(0),
         }
     }
@@ -343,10 +345,9 @@ impl Leases {
     /// [`Leases::recall`] takes that lease back before another client's
     /// request reads or changes `dir`'s names.
     pub fn write_back(&self, client: u64, dir: EntryId) {
-        let mut st = self.state.lock().expect("leases");
-        if st.write_back.insert(dir, client).is_none() {
-            self.write_backs.fetch_add(1, Ordering::AcqRel);
-        }
+        let mut wb = self.write_back.lock().expect("write-back dirs");
+        wb.insert(dir, client);
+        self.write_backs.store(wb.len() as u64, Ordering::Release);
     }
 
     /// Before a request of `requester` (`None`: a client without leases,
@@ -358,11 +359,11 @@ impl Leases {
             return;
         }
         {
-            let mut st = self.state.lock().expect("leases");
-            match st.write_back.get(&dir) {
+            let mut wb = self.write_back.lock().expect("write-back dirs");
+            match wb.get(&dir) {
                 Some(&c) if requester.is_none_or(|r| r.client != c) => {
-                    st.write_back.remove(&dir);
-                    self.write_backs.fetch_sub(1, Ordering::AcqRel);
+                    wb.remove(&dir);
+                    self.write_backs.store(wb.len() as u64, Ordering::Release);
                 }
                 _ => return,
             }
@@ -585,13 +586,13 @@ impl Leases {
         st.changed.retain(|_, &mut (_, at, _)| now.saturating_duration_since(at) < CHANGE_MEMORY);
         st.sessions.retain(|_, s| s.alive(now));
         // Write-back ends with the lease on the directory's names.
-        if !st.write_back.is_empty() {
-            let State { holders, write_back, .. } = &mut *st;
-            write_back.retain(|&dir, &mut client| {
+        if self.any_write_back() {
+            let mut wb = self.write_back.lock().expect("write-back dirs");
+            wb.retain(|&dir, &mut client| {
                 let h = self.hasher.hash_one(LeaseKey::Names(dir));
-                holders.get(&h).is_some_and(|hs| hs.iter().any(|x| x.client == client && x.item == Some(dir)))
+                st.holders.get(&h).is_some_and(|hs| hs.iter().any(|x| x.client == client && x.item == Some(dir)))
             });
-            self.write_backs.store(st.write_back.len() as u64, Ordering::Release);
+            self.write_backs.store(wb.len() as u64, Ordering::Release);
         }
         if st.holders.capacity() > 4 * st.holders.len() + 1024 {
             st.holders.shrink_to_fit();
